@@ -1,0 +1,49 @@
+// The one place where heterospec's ops are declared (TORCH_LIBRARY). Kernels register per dispatch
+// key next to their code: csrc/cpu/*.cpp (CPU) and csrc/cuda/*.cu (CUDA). Fake (meta) kernels live
+// in heterospec/ops.py. Conventions: snake_case, int64 indices with -1 sentinel, written arguments
+// annotated (a!), no stream arguments (kernels run on the current stream).
+#include <torch/library.h>
+
+// The CMake build (libheterospec_ops.so, loaded with torch.ops.load_library or from C++) defines
+// HETEROSPEC_NO_PYTHON: no Python module stub and no libpython dependency.
+#ifndef HETEROSPEC_NO_PYTHON
+#include <Python.h>
+
+extern "C" {
+// Importing heterospec._C runs the static registrations below; no pybind11 module is needed.
+PyObject* PyInit__C(void) {
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  return PyModule_Create(&module_def);
+}
+}
+#endif  // HETEROSPEC_NO_PYTHON
+
+TORCH_LIBRARY(heterospec, m) {
+  // Meta-path entropy: top-k log-probs of each draft node plus the cumulative Top-K entropy.
+  m.def("topk_entropy(Tensor logits, int k, Tensor? parent_entropy=None) -> "
+        "(Tensor topk_logprobs, Tensor topk_ids, Tensor path_entropy)");
+  // Entropy bin of each request and that bin's action (extra draft depth, Top-N budget).
+  m.def("entropy_bin_policy(Tensor path_entropy, Tensor bin_edges, Tensor bin_extra_depth, "
+        "Tensor bin_budget) -> (Tensor bins, Tensor extra_depth, Tensor budget)");
+  // Top-N pruning: the budgets[b] best candidates, closed under ancestors, parents first.
+  m.def("select_tree_nodes(Tensor scores, Tensor parents, Tensor budgets, int max_nodes) -> "
+        "(Tensor tree_cand, Tensor tree_parents, Tensor num_nodes)");
+  // Ancestor mask, positions and first-child / next-sibling links of the selected tree.
+  m.def("build_tree(Tensor tree_parents, Tensor num_nodes, Tensor prefix_lens) -> "
+        "(Tensor tree_mask, Tensor positions, Tensor first_child, Tensor next_sibling)");
+  // FlashInfer custom_mask (flat, ragged over requests) for prefix + tree attention.
+  m.def("tree_attention_mask(Tensor tree_mask, Tensor num_nodes, Tensor prefix_lens, int mask_numel) -> "
+        "(Tensor custom_mask, Tensor mask_indptr)");
+  // The same mask padded to a static cache width, for scaled_dot_product_attention.
+  m.def("dense_tree_attention_mask(Tensor tree_mask, Tensor prefix_lens, int width) -> Tensor");
+  // Greedy verification: longest path whose tokens match the target's argmax, plus the bonus.
+  m.def("verify_greedy(Tensor tree_tokens, Tensor target_ids, Tensor first_child, Tensor next_sibling, "
+        "Tensor num_nodes) -> (Tensor accept_path, Tensor accept_len, Tensor bonus)");
+  // Lossless multi-candidate rejection sampling over siblings with caller-supplied uniforms.
+  m.def("verify_sampling(Tensor tree_tokens, Tensor target_probs, Tensor first_child, Tensor next_sibling, "
+        "Tensor num_nodes, Tensor coins, Tensor final_coins) -> "
+        "(Tensor accept_path, Tensor accept_len, Tensor bonus)");
+  // Move the accepted path's K/V rows to the end of each request's committed prefix, in place.
+  m.def("compact_kv_(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor accept_path, Tensor accept_len, "
+        "Tensor prefix_lens) -> ()");
+}

@@ -1,0 +1,83 @@
+"""Cheap Python-side argument checks for the op wrappers (dtype, rank, device, sizes).
+
+They only look at metadata, so they work on fake tensors under ``torch.compile`` and never
+synchronise with a device. Every failure is a ``ValueError`` worded like the C++ checks:
+``"select_tree_nodes: expected parents of dtype torch.int64, got torch.int32"``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
+import torch
+
+DTypes = Union[torch.dtype, Sequence[torch.dtype]]
+
+FLOAT_LOGITS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _dtype_names(dtypes: Sequence[torch.dtype]) -> str:
+    names = [str(d) for d in dtypes]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+
+
+def check_tensor(
+    op: str,
+    name: str,
+    x: object,
+    *,
+    dtype: Optional[DTypes] = None,
+    ndim: Optional[int] = None,
+    layout: str = "",
+    device: Optional[torch.device] = None,
+    device_of: str = "",
+) -> torch.Tensor:
+    """Validate one tensor argument of ``op`` and return it.
+
+    Parameters
+    ----------
+    op, name:
+        Op and argument names used in the message.
+    dtype:
+        Allowed dtype(s).
+    ndim, layout:
+        Expected rank, and a shape description for the message (``"[B, T]"``).
+    device, device_of:
+        Expected device and the name of the argument it comes from.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{op}: expected {name} to be a torch.Tensor, got {type(x).__name__}")
+    if dtype is not None:
+        allowed = (dtype,) if isinstance(dtype, torch.dtype) else tuple(dtype)
+        if x.dtype not in allowed:
+            raise ValueError(f"{op}: expected {name} of dtype {_dtype_names(allowed)}, got {x.dtype}")
+    if ndim is not None and x.dim() != ndim:
+        raise ValueError(
+            f"{op}: expected {name} to have {ndim} dimensions {layout}, got {x.dim()} dimensions "
+            f"with shape {list(x.shape)}".replace("  ", " ")
+        )
+    if device is not None and x.device != device:
+        raise ValueError(f"{op}: expected {name} on device {device} (the device of {device_of}), got {x.device}")
+    return x
+
+
+def check_size(op: str, name: str, x: torch.Tensor, dim: int, expected: int, what: str) -> None:
+    """``x.size(dim)`` must equal ``expected``; ``what`` says where the expectation comes from.
+
+    Sizes may be symbolic under ``torch.compile``; those are left to the op itself.
+    """
+    got = x.size(dim)
+    if isinstance(got, int) and isinstance(expected, int) and got != expected:
+        raise ValueError(
+            f"{op}: expected {name}.size({dim}) == {expected} ({what}), got {got} "
+            f"({name} has shape {list(x.shape)})"
+        )
+
+
+def check_int(op: str, name: str, value: object, *, minimum: Optional[int] = None) -> int:
+    """A Python int argument (bools rejected), optionally bounded below."""
+    if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)):
+        raise ValueError(f"{op}: expected {name} to be an int, got {type(value).__name__}")
+    if minimum is not None and isinstance(value, int) and value < minimum:
+        raise ValueError(f"{op}: expected {name} >= {minimum}, got {value}")
+    return value  # type: ignore[return-value]

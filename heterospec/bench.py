@@ -1,0 +1,268 @@
+"""End-to-end benchmark: autoregressive vs EAGLE-3 vs HeteroSpec, side by side in one run.
+
+For every prompt of every set the methods run back to back on the same engine (their order rotates
+from prompt to prompt so that no method always runs first), so each speedup is a ratio measured
+in one run on one machine. Greedy outputs are compared token for token as a correctness check.
+Also: :func:`verify_latency_curve`, how verification latency grows with tree tokens on this device.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import statistics
+import time
+from collections import defaultdict
+from typing import Dict, List, Optional, Sequence
+
+import torch
+
+from . import ops
+from .engine import METHODS
+
+
+def machine_description(device) -> str:
+    if getattr(device, "type", str(device)).startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.get_device_name(device)
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} threads)"
+
+
+def _acceptance_rates(records: List[dict], max_len: int) -> List[float]:
+    """P(accept_len >= i) for i = 1..max_len: the per-position acceptance rate of the tree."""
+    if not records:
+        return []
+    return [sum(r["accept_len"] >= i for r in records) / len(records) for i in range(1, max_len + 1)]
+
+
+def summarize(runs: List[dict]) -> Dict[str, Dict[str, dict]]:
+    """Aggregate per (set, method): totals, rates and ratios against autoregressive."""
+    by = defaultdict(list)
+    for r in runs:
+        by[(r["set"], r["method"])].append(r)
+    out: Dict[str, Dict[str, dict]] = defaultdict(dict)
+    for (name, method), rs in by.items():
+        tokens = sum(r["new_tokens"] for r in rs)
+        total_s = sum(r["total_s"] for r in rs)
+        decode_s = sum(r["total_s"] - r["prefill_s"] for r in rs)
+        rounds = sum(r["rounds"] for r in rs)
+        calls = sum(r["target_calls"] for r in rs)
+        verified = sum(r["verified_tokens"] for r in rs)
+        recs = [x for r in rs for x in r["records"]]
+        out[name][method] = {
+            "prompts": len(rs), "new_tokens": tokens, "total_s": total_s,
+            "tokens_per_s": tokens / total_s if total_s else float("nan"),
+            "decode_tokens_per_s": tokens / decode_s if decode_s else float("nan"),
+            "tau": (sum(x["accept_len"] + 1 for x in recs) / len(recs)) if recs else 1.0,
+            "target_calls": calls, "verified_tokens": verified,
+            "verified_per_call": verified / calls if calls else float("nan"),
+            "draft_ms_per_round": 1e3 * sum(r["draft_s"] for r in rs) / rounds if rounds else 0.0,
+            "verify_ms_per_call": 1e3 * sum(r["verify_s"] for r in rs) / calls if calls else float("nan"),
+            "acceptance_rates": _acceptance_rates(recs, max((x["depth"] for x in recs), default=0)),
+        }
+    for name, ms in out.items():
+        ar = ms.get("autoregressive")
+        for method, m in ms.items():
+            m["speedup"] = m["tokens_per_s"] / ar["tokens_per_s"] if ar else float("nan")
+            e3 = ms.get("eagle3")
+            m["vs_eagle3"] = m["tokens_per_s"] / e3["tokens_per_s"] if e3 else float("nan")
+    return out
+
+
+def markdown_table(summary: Dict[str, Dict[str, dict]], methods: Sequence[str]) -> str:
+    head = ("| set | method | tok/s | speedup vs AR | vs eagle3 | tau | target calls | verified/call "
+            "| draft ms/round | verify ms/call |")
+    lines = [head, "|" + "---|" * 10]
+    means = defaultdict(lambda: defaultdict(list))
+    for name, ms in summary.items():
+        for method in methods:
+            if method not in ms:
+                continue
+            m = ms[method]
+            lines.append(f"| {name} | {method} | {m['tokens_per_s']:.2f} | {m['speedup']:.2f}x | {m['vs_eagle3']:.3f} "
+                         f"| {m['tau']:.2f} | {m['target_calls']} | {m['verified_per_call']:.1f} "
+                         f"| {m['draft_ms_per_round']:.1f} | {m['verify_ms_per_call']:.1f} |")
+            for key in ("speedup", "vs_eagle3", "tau", "verified_per_call"):
+                means[method][key].append(m[key])
+    for method in methods:
+        if method in means:
+            mm = {k: statistics.fmean(v) for k, v in means[method].items()}
+            lines.append(f"| **mean** | {method} | | {mm['speedup']:.2f}x | {mm['vs_eagle3']:.3f} | {mm['tau']:.2f} "
+                         f"| | {mm['verified_per_call']:.1f} | | |")
+    return "\n".join(lines)
+
+
+def plot(summary, runs, out_dir: str) -> List[str]:
+    """Speedup per set, and for HeteroSpec the entropy-bin histogram and acceptance per bin."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    sets = list(summary)
+    methods = [m for m in ("autoregressive", "eagle3", "heterospec") if any(m in summary[s] for s in sets)]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    w = 0.8 / max(len(methods), 1)
+    for i, m in enumerate(methods):
+        ax.bar([j + i * w for j in range(len(sets))], [summary[s].get(m, {}).get("speedup", 0) for s in sets],
+               width=w, label=m)
+    ax.set_xticks([j + w * (len(methods) - 1) / 2 for j in range(len(sets))], sets)
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_ylabel("speedup vs autoregressive")
+    ax.legend()
+    ax.set_title("End-to-end speedup (same engine, same prompts, one run)")
+    fig.tight_layout()
+    paths.append(os.path.join(out_dir, "speedup.png"))
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+
+    recs = [x for r in runs if r["method"] == "heterospec" for x in r["records"]]
+    if recs:
+        nb = max(x["bin"] for x in recs) + 1
+        counts = [sum(x["bin"] == b for x in recs) for b in range(nb)]
+        acc = [statistics.fmean([x["accept_len"] + 1 for x in recs if x["bin"] == b]) if counts[b] else 0
+               for b in range(nb)]
+        verified = [statistics.fmean([x["verified"] for x in recs if x["bin"] == b]) if counts[b] else 0
+                    for b in range(nb)]
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+        a1.bar(range(nb), counts)
+        a1.set_xlabel("entropy bin (0 = lowest H(P*))")
+        a1.set_ylabel("rounds")
+        a1.set_title("HeteroSpec rounds per entropy bin")
+        a2.bar(range(nb), acc, label="tokens per round (tau)")
+        a2.plot(range(nb), verified, "o-", color="C3", label="verified nodes")
+        a2.set_xlabel("entropy bin")
+        a2.set_title("Acceptance length and verified nodes per bin")
+        a2.legend()
+        fig.tight_layout()
+        paths.append(os.path.join(out_dir, "entropy_bins.png"))
+        fig.savefig(paths[-1], dpi=120)
+        plt.close(fig)
+    return paths
+
+
+def run_e2e(engine, sets: Sequence[str], n: int = 8, max_new_tokens: int = 128, out_dir: str = "bench/out",
+            methods: Sequence[str] = ("autoregressive", "eagle3", "heterospec"), seed: int = 0,
+            progress: bool = True) -> dict:
+    """Run every method on every prompt, interleaved; write JSON, Markdown and plots to ``out_dir``."""
+    from tqdm.auto import tqdm
+
+    from .datasets import PROMPT_SETS, load_prompts
+
+    methods = [m for m in METHODS if m in methods]
+    os.makedirs(out_dir, exist_ok=True)
+    prompt_sets = {name: load_prompts(name, n=n, seed=seed) for name in sets}
+    # Warm up every code path once so that first-call costs are not charged to one method.
+    warm = next(iter(prompt_sets.values()))[0].text
+    for m in methods:
+        engine.generate(warm, max_new_tokens=8, method=m)
+    runs, mismatches = [], []
+    total = sum(len(p) for p in prompt_sets.values()) * len(methods)
+    bar = tqdm(total=total, desc="bench", disable=not progress, unit="gen")
+    for name, prompts in prompt_sets.items():
+        for i, prompt in enumerate(prompts):
+            order = methods[i % len(methods):] + methods[:i % len(methods)]
+            outputs = {}
+            for m in order:
+                t0 = time.perf_counter()
+                res = engine.generate(prompt.text, max_new_tokens=max_new_tokens, method=m)
+                wall = time.perf_counter() - t0
+                d = res.stats.to_dict()
+                d.update(set=name, prompt_id=prompt.id, wall_s=wall, finish=res.finish_reason)
+                runs.append(d)
+                outputs[m] = res.token_ids
+                bar.update(1)
+                bar.set_postfix(set=name, method=m, tau=f"{res.stats.tau:.2f}")
+            ref = outputs.get("autoregressive")
+            for m, toks in outputs.items():
+                if ref is not None and toks != ref:
+                    mismatches.append({"set": name, "prompt_id": prompt.id, "method": m})
+    bar.close()
+    summary = summarize(runs)
+    meta = {
+        "machine": machine_description(engine.device), "device": str(engine.device),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "config": engine.config.to_dict(), "bins": engine.bins.to_dict() if "heterospec" in methods else None,
+        "prompts_per_set": n, "max_new_tokens": max_new_tokens, "seed": seed, "methods": methods,
+        "greedy_mismatches": mismatches,
+        "dtype": str(next(engine.target.parameters()).dtype),
+    }
+    table = markdown_table(summary, methods)
+    with open(os.path.join(out_dir, "e2e.json"), "w") as f:
+        json.dump({"meta": meta, "summary": summary, "runs": runs}, f, indent=1)
+    with open(os.path.join(out_dir, "e2e.md"), "w") as f:
+        f.write(f"Machine: {meta['machine']}; device {meta['device']}, {meta['dtype']}; {meta['date']}\n\n")
+        f.write(f"Tree: {meta['config']}; {n} prompts per set, max_new_tokens={max_new_tokens}, greedy\n\n")
+        f.write(table + "\n")
+        f.write(f"\nGreedy outputs differing from autoregressive: {len(mismatches)}\n")
+    paths = plot(summary, runs, out_dir)
+    print(table)
+    print(f"greedy mismatches vs autoregressive: {len(mismatches)}")
+    print("wrote", ", ".join([os.path.join(out_dir, "e2e.json"), os.path.join(out_dir, "e2e.md")] + paths))
+    return {"meta": meta, "summary": summary, "runs": runs}
+
+
+def verify_latency_curve(engine, sizes: Sequence[int] = (1, 2, 4, 8, 16, 32, 64), context: int = 256,
+                         repeats: int = 5, out_dir: Optional[str] = "bench/out") -> dict:
+    """Median latency of one target forward over a ``T``-token tree after ``context`` tokens."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    target, dev = engine.target, engine.device
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    vocab = target.config.vocab_size
+    cache = target.new_cache(1, context + max(sizes) + 1)
+    lens = torch.zeros(1, dtype=torch.int64, device=dev)
+    with torch.inference_mode():
+        prompt = torch.randint(0, vocab, (1, context), generator=gen).to(dev)
+        target(prompt, torch.arange(context, device=dev)[None], cache, lens, None, None, return_features=False)
+        prefix = torch.full((1,), context, dtype=torch.int64, device=dev)
+        times = {}
+        for T in sizes:
+            # A chain-plus-branches tree of T nodes: the shape only changes the mask, not the cost.
+            parents = torch.tensor([[-1] + [max(0, (i - 1) // 2) for i in range(1, T)]], device=dev)
+            num = torch.tensor([T], device=dev)
+            mask, pos, _, _ = ops.build_tree(parents, num, prefix)
+            toks = torch.randint(0, vocab, (1, T), generator=gen).to(dev)
+            samples = []
+            for _ in range(repeats + 1):
+                if dev.type == "cuda":
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                target(toks, pos, cache, prefix, mask, num, return_features=True)
+                if dev.type == "cuda":
+                    torch.cuda.synchronize()
+                samples.append(time.perf_counter() - t0)
+            times[T] = statistics.median(samples[1:])
+    base = times.get(1) or times[min(times)]
+    result = {"machine": machine_description(dev), "context": context, "dtype": str(next(target.parameters()).dtype),
+              "latency_ms": {T: 1e3 * t for T, t in times.items()},
+              "ratio_to_one_token": {T: t / base for T, t in times.items()}}
+    for T in sizes:
+        print(f"T={T:4d}  {1e3 * times[T]:8.1f} ms  {times[T] / base:5.2f}x one-token step")
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, "verify_curve.json"), "w") as f:
+            json.dump(result, f, indent=1)
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot(list(times), [1e3 * t for t in times.values()], "o-")
+        ax.set_xlabel("tree tokens verified in one forward")
+        ax.set_ylabel("latency (ms)")
+        ax.set_title(f"Verification latency, context {context}\n{result['machine'][:60]}")
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, "verify_curve.png"), dpi=120)
+        plt.close(fig)
+        print("wrote", os.path.join(out_dir, "verify_curve.json"), os.path.join(out_dir, "verify_curve.png"))
+    return result

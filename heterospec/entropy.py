@@ -1,0 +1,133 @@
+"""Entropy bins and the per-bin actions of HeteroSpec.
+
+The cumulative meta-path Top-K entropy of a draft round, ``H(P*)``, is quantised by the edges of a
+depth-3 CART regression tree (fitted by :mod:`heterospec.calibrate`). Bin 0 is the lowest entropy.
+The lowest ``aggressive_bins`` bins draft deeper (DED) and verify fewer nodes (TNP); the others keep
+the EAGLE-3 tree.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import warnings
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+import torch
+
+from .config import SpecConfig
+
+BINS_FILENAME = "entropy_bins.json"
+# Fallback edges when no calibration file exists, as fractions of the largest possible path
+# entropy (depth + 1) * log(K): a conservative guess that puts only very peaked rounds in the
+# aggressive bins. Calibrate for real use (`heterospec calibrate`).
+FALLBACK_FRACTIONS = (0.02, 0.05, 0.1, 0.2, 0.3, 0.45, 0.6)
+
+
+@dataclass
+class EntropyBins:
+    """Ascending bin edges (``len(edges) + 1`` bins) and where they came from."""
+
+    edges: List[float]
+    provenance: dict = field(default_factory=dict)
+    bin_mean_rank: Optional[List[float]] = None
+    bin_counts: Optional[List[int]] = None
+
+    def __post_init__(self) -> None:
+        self.edges = [float(e) for e in self.edges]
+        if any(not math.isfinite(e) for e in self.edges):
+            raise ValueError(f"EntropyBins: edges must be finite, got {self.edges}")
+        if any(b <= a for a, b in zip(self.edges, self.edges[1:])):
+            raise ValueError(f"EntropyBins: edges must be strictly ascending, got {self.edges}")
+
+    @property
+    def num_bins(self) -> int:
+        return len(self.edges) + 1
+
+    @property
+    def is_fallback(self) -> bool:
+        return bool(self.provenance.get("fallback"))
+
+    def bin_of(self, entropy: float) -> int:
+        """Python-side bin lookup with the op's rule: count edges strictly below ``entropy``."""
+        if math.isnan(entropy):
+            return self.num_bins - 1
+        return sum(1 for e in self.edges if entropy > e)
+
+    @classmethod
+    def fallback(cls, config: SpecConfig) -> "EntropyBins":
+        top = (config.depth + 1) * math.log(config.resolved_entropy_k) if config.resolved_entropy_k > 1 else 1.0
+        edges = [f * top for f in FALLBACK_FRACTIONS]
+        return cls(edges, provenance={"fallback": True,
+                                      "rule": f"edges = (depth+1)*log(K) * {list(FALLBACK_FRACTIONS)}",
+                                      "depth": config.depth, "K": config.resolved_entropy_k})
+
+    def to_dict(self) -> dict:
+        return {"edges": self.edges, "bin_mean_rank": self.bin_mean_rank, "bin_counts": self.bin_counts,
+                "provenance": self.provenance}
+
+    def save(self, path: str) -> None:
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(self.to_dict(), f, indent=2)
+            f.write("\n")
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str) -> "EntropyBins":
+        try:
+            with open(path) as f:
+                data = json.load(f)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"entropy bins file not found: {path}") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"entropy bins file {path} is not valid JSON: {e}") from None
+        if not isinstance(data, dict) or "edges" not in data:
+            raise ValueError(f"entropy bins file {path} has no 'edges' list")
+        return cls(data["edges"], provenance=data.get("provenance") or {},
+                   bin_mean_rank=data.get("bin_mean_rank"), bin_counts=data.get("bin_counts"))
+
+    @classmethod
+    def find(cls, draft_dir: Optional[str], config: SpecConfig, quiet: bool = False) -> "EntropyBins":
+        """The calibrated bins next to the draft, else the documented fallback (with a warning)."""
+        if draft_dir:
+            path = os.path.join(draft_dir, BINS_FILENAME)
+            if os.path.exists(path):
+                return cls.load(path)
+        if not quiet:
+            warnings.warn(f"no {BINS_FILENAME} next to the draft ({draft_dir or 'in-memory draft'}): "
+                          "HeteroSpec uses fallback entropy bins; run `heterospec calibrate` to fit "
+                          "them for this model pair", stacklevel=2)
+        return cls.fallback(config)
+
+
+class BinPolicy:
+    """Per-round decision for a batch: entropy bin -> (extra draft depth, draft nodes to verify).
+
+    ``budget`` counts draft nodes (root excluded): ``verified nodes - 1``.
+    """
+
+    def __init__(self, bins: EntropyBins, config: SpecConfig, device) -> None:
+        self.bins = bins
+        self.config = config
+        extra, nodes = config.bin_actions(bins.num_bins)
+        self.extra_depth = list(extra)
+        self.nodes = list(nodes)
+        self.max_extra_depth = max(extra)
+        self.max_nodes = max(nodes) - 1
+        self._edges = torch.tensor(bins.edges, dtype=torch.float32, device=device)
+        self._extra = torch.tensor(extra, dtype=torch.int64, device=device)
+        self._budget = torch.tensor([n - 1 for n in nodes], dtype=torch.int64, device=device)
+
+    def decide(self, path_entropy: torch.Tensor):
+        """``path_entropy [B]`` float32 -> ``(bins, extra_depth, budget)``, each ``[B]`` int64."""
+        from . import ops
+        return ops.entropy_bin_policy(path_entropy, self._edges, self._extra, self._budget)
+
+    def describe(self) -> List[dict]:
+        lo = [-math.inf] + self.bins.edges
+        hi = self.bins.edges + [math.inf]
+        return [{"bin": i, "entropy_range": (lo[i], hi[i]), "extra_depth": self.extra_depth[i],
+                 "verified_nodes": self.nodes[i]} for i in range(self.bins.num_bins)]

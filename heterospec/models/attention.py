@@ -1,0 +1,121 @@
+"""Target attention backends over the static KV cache: prefix + tree with a custom mask.
+
+Each target forward calls `backend.plan(...)` once (mask construction, FlashInfer planning), then
+`backend.run(plan, q, k_cache, v_cache)` per layer after that layer's K/V rows are in the cache.
+
+- "sdpa": torch scaled_dot_product_attention with the dense bool mask of
+  `torch.ops.heterospec.dense_tree_attention_mask` ([B, T, width]); any device and dtype.
+- "flashinfer": `BatchPrefillWithPagedKVCacheWrapper` (CUDA, fp16/bf16). Each layer's cache
+  [B, S_max, H_kv, D] is viewed as B pages of page_size = S_max (one page per request, last page
+  length L_b + T); the bool custom mask comes from `torch.ops.heterospec.tree_attention_mask`.
+  Every request contributes all T query rows (padding rows of a tree see only themselves).
+- "auto": flashinfer on CUDA when importable and the dtype is fp16/bf16, else sdpa.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .. import ops
+from .kv_cache import KVCache
+from .layers import sdpa
+
+_FLASHINFER_WORKSPACE_BYTES = 128 << 20
+
+
+def causal_tree_mask(batch_size: int, T: int, device) -> torch.Tensor:
+    """The tree of a plain sequence: [B, T, T] lower-triangular."""
+    return torch.ones(T, T, dtype=torch.bool, device=device).tril().expand(batch_size, T, T)
+
+
+@dataclass
+class SdpaPlan:
+    mask: torch.Tensor  # [B, T, W] bool
+    width: int
+
+
+class SdpaAttention:
+    name = "sdpa"
+
+    def plan(self, tree_mask: torch.Tensor, prefix_lens: torch.Tensor, cache: KVCache, n_heads: int,
+             scale: float) -> SdpaPlan:
+        T = tree_mask.shape[1]
+        S = cache.max_length
+        # On CPU attend only up to the longest request; on CUDA use S_max (no host sync).
+        width = S if prefix_lens.is_cuda else min(S, int(prefix_lens.max()) + T)
+        self.scale = scale
+        return SdpaPlan(ops.dense_tree_attention_mask(tree_mask.contiguous(), prefix_lens, width), width)
+
+    def run(self, plan: SdpaPlan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        # q: [B, T, Hq, D]; k_cache, v_cache: [B, S_max, Hkv, D] -> [B, T, Hq, D]
+        W = plan.width
+        return sdpa(q, k_cache[:, :W], v_cache[:, :W], plan.mask, self.scale)
+
+
+class FlashInferAttention:
+    """Paged batch prefill with a custom mask (GPU only; written without a GPU to test on)."""
+
+    name = "flashinfer"
+
+    def __init__(self, device: torch.device):
+        import flashinfer  # lazy: only on CUDA hosts
+
+        self._workspace = torch.empty(_FLASHINFER_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        self._wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, kv_layout="NHD")
+
+    def plan(self, tree_mask: torch.Tensor, prefix_lens: torch.Tensor, cache: KVCache, n_heads: int,
+             scale: float):
+        B, T, _ = tree_mask.shape
+        dev = tree_mask.device
+        S, n_kv, D, dtype = cache.max_length, cache.k.shape[3], cache.k.shape[4], cache.k.dtype
+        if dtype not in (torch.float16, torch.bfloat16):
+            raise ValueError(f"the flashinfer backend needs float16 or bfloat16, got {dtype}")
+        num_nodes = torch.full((B,), T, dtype=torch.long, device=dev)
+        kv_lens = prefix_lens + T  # [B]
+        mask_numel = T * int(kv_lens.sum())  # plan() syncs with the host anyway
+        custom_mask, _ = ops.tree_attention_mask(tree_mask.contiguous(), num_nodes, prefix_lens, mask_numel)
+        assert custom_mask.dtype == torch.bool and custom_mask.numel() == mask_numel, "custom_mask size mismatch"
+        i32 = dict(dtype=torch.int32, device=dev)
+        qo_indptr = torch.arange(B + 1, **i32) * T
+        kv_indptr = torch.arange(B + 1, **i32)  # one page per request
+        kv_indices = torch.arange(B, **i32)  # page b = request b's [S_max, H, D] slab
+        self._wrapper.plan(
+            qo_indptr, kv_indptr, kv_indices, kv_lens.to(torch.int32),
+            n_heads, n_kv, D, S,
+            custom_mask=custom_mask, q_data_type=dtype, kv_data_type=dtype, sm_scale=scale,
+        )
+        return (B, T)
+
+    def run(self, plan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        # q: [B, T, Hq, D]; k_cache, v_cache: [B, S_max, Hkv, D] (= [pages, page_size, Hkv, D])
+        B, T = plan
+        o = self._wrapper.run(q.reshape(B * T, q.shape[2], q.shape[3]), (k_cache, v_cache))
+        return o.view(B, T, q.shape[2], q.shape[3])
+
+
+def flashinfer_available() -> bool:
+    try:
+        import flashinfer  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def make_backend(name: str, device: torch.device, dtype: torch.dtype):
+    device = torch.device(device)
+    if name == "auto":
+        ok = device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) and flashinfer_available()
+        name = "flashinfer" if ok else "sdpa"
+    if name == "sdpa":
+        return SdpaAttention()
+    if name == "flashinfer":
+        if device.type != "cuda":
+            raise ValueError(f"the flashinfer attention backend needs a CUDA device, the model is on {device}")
+        if dtype not in (torch.float16, torch.bfloat16):
+            raise ValueError(f"the flashinfer attention backend needs float16 or bfloat16 weights, got {dtype}")
+        if not flashinfer_available():
+            raise ImportError("attn_backend='flashinfer' but flashinfer cannot be imported")
+        return FlashInferAttention(device)
+    raise ValueError(f"unknown attention backend {name!r} (expected 'auto', 'sdpa' or 'flashinfer')")

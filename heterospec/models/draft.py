@@ -1,0 +1,615 @@
+"""EAGLE-3 draft model: one fused decoder layer over (token embedding, target feature).
+
+Architecture (docs/design.md; reference eagle-mechanics §3.2), per position:
+
+    g = fc(h) if h is the 3*Ht-wide target feature else h          # fc: 3Ht -> H, no bias
+    residual = g
+    x = cat(input_layernorm(embed(token)), hidden_norm(g))         # [.., 2H], embedding first
+    a = residual + o_proj(attn(q/k/v_proj(x)))                     # q/k/v: 2H -> heads * head_dim
+    a = a + mlp(post_attention_layernorm(a))                       # output a: pre-norm hidden
+    logits = lm_head(norm(a))                                      # draft vocabulary (Vd rows)
+
+Draft ids map to target ids through offsets: target_id = draft_id + d2t[draft_id]; t2d [V] bool
+marks the target ids that are in the draft vocabulary.
+
+Positions (docs/design.md): the draft entry at position p pairs the target feature at p with the
+token at p + 1. The draft cache length equals the target's committed length L; a tree node at
+depth d (target position L + d) is fed at draft position L + d - 1.
+
+Checkpoint format: the public EAGLE-3 layout: config.json (LlamaConfig keys + draft_vocab_size,
+optional target_hidden_size, eagle_config.eagle_aux_hidden_state_layer_ids, no rope_theta means
+10000) and model.safetensors or pytorch_model.bin with keys fc.weight, midlayer.*, norm.weight,
+lm_head.weight, d2t, t2d and optionally embed_tokens.weight (else the target's embedding is used).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from .kv_cache import KVCache, _host_checks_enabled
+from .layers import MLP, QKVO, RMSNorm, Rotary, assign_weights, rope_inv_freq, sdpa
+
+_ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters")
+_KNOWN_KEYS = {
+    "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+    "vocab_size", "draft_vocab_size", "target_hidden_size", "rms_norm_eps", "max_position_embeddings",
+    "num_hidden_layers", "attention_bias", "bias", "mlp_bias", "eagle_config", "norm_before_residual",
+    "torch_dtype", "dtype", "model_type", "architectures", "hidden_act", "tie_word_embeddings", *_ROPE_KEYS,
+}
+
+
+@dataclass
+class DraftConfig:
+    """The public EAGLE-3 config.json, parsed. Unknown keys are kept in `extra` and written back."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int  # target vocabulary (length of t2d)
+    draft_vocab_size: int  # rows of lm_head (length of d2t)
+    target_hidden_size: int  # Ht; fc maps 3 * Ht -> hidden_size
+    rms_norm_eps: float = 1e-5
+    max_position_embeddings: int = 2048
+    rope: dict = field(default_factory=dict)  # rope_theta / rope_scaling / rope_parameters as found
+    aux_layer_ids: tuple[int, ...] | None = None  # eagle_aux_hidden_state_layer_ids ("output of layer k")
+    use_aux_hidden_state: bool = True  # False: no fc, features are already H wide
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    norm_before_residual: bool = False  # vLLM variant: residual = hidden_norm(g)
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DraftConfig":
+        model_type = d.get("model_type", "llama")
+        if model_type != "llama":
+            raise ValueError(f"unsupported architecture: {model_type}")
+        layers = d.get("num_hidden_layers", 1)
+        if layers != 1:
+            raise ValueError(f"unsupported EAGLE-3 draft: num_hidden_layers={layers} (only 1 is supported)")
+        if d.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"unsupported EAGLE-3 draft: hidden_act={d['hidden_act']!r}")
+        try:
+            hidden, heads = int(d["hidden_size"]), int(d["num_attention_heads"])
+            vocab = int(d["vocab_size"])
+            inter = int(d["intermediate_size"])
+        except KeyError as e:
+            raise ValueError(f"EAGLE-3 config.json lacks {e.args[0]!r}") from None
+        eagle = d.get("eagle_config") or {}
+        ids = eagle.get("eagle_aux_hidden_state_layer_ids")
+        return cls(
+            hidden_size=hidden,
+            intermediate_size=inter,
+            num_attention_heads=heads,
+            num_key_value_heads=int(d.get("num_key_value_heads") or heads),
+            head_dim=int(d.get("head_dim") or hidden // heads),
+            vocab_size=vocab,
+            draft_vocab_size=int(d.get("draft_vocab_size") or vocab),
+            target_hidden_size=int(d.get("target_hidden_size") or hidden),
+            rms_norm_eps=float(d.get("rms_norm_eps", 1e-5)),
+            max_position_embeddings=int(d.get("max_position_embeddings", 2048)),
+            rope={k: d[k] for k in _ROPE_KEYS if d.get(k) is not None},
+            aux_layer_ids=tuple(int(i) for i in ids) if ids is not None else None,
+            use_aux_hidden_state=bool(eagle.get("use_aux_hidden_state", True)),
+            attention_bias=bool(d.get("attention_bias", d.get("bias", False))),
+            mlp_bias=bool(d.get("mlp_bias", False)),
+            norm_before_residual=bool(d.get("norm_before_residual", False)),
+            extra={k: v for k, v in d.items() if k not in _KNOWN_KEYS},
+        )
+
+    def to_dict(self, dtype: torch.dtype | None = None) -> dict:
+        d = {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_act": "silu",
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "num_hidden_layers": 1,
+            "rms_norm_eps": self.rms_norm_eps,
+            "max_position_embeddings": self.max_position_embeddings,
+            "vocab_size": self.vocab_size,
+            "draft_vocab_size": self.draft_vocab_size,
+            "tie_word_embeddings": False,
+            **self.rope,
+        }
+        if self.target_hidden_size != self.hidden_size:
+            d["target_hidden_size"] = self.target_hidden_size
+        if self.attention_bias:
+            d["attention_bias"] = True
+        if self.mlp_bias:
+            d["mlp_bias"] = True
+        if self.norm_before_residual:
+            d["norm_before_residual"] = True
+        eagle = {}
+        if self.aux_layer_ids is not None:
+            eagle["eagle_aux_hidden_state_layer_ids"] = list(self.aux_layer_ids)
+        if not self.use_aux_hidden_state:
+            eagle["use_aux_hidden_state"] = False
+        if eagle:
+            d["eagle_config"] = eagle
+        if dtype is not None:
+            d["torch_dtype"] = str(dtype).removeprefix("torch.")
+        return {**self.extra, **d}
+
+    @property
+    def aux_layers(self) -> tuple[int, ...] | None:
+        """Target layers whose INPUT hidden states feed the draft (the config ids + 1), or None."""
+        return None if self.aux_layer_ids is None else tuple(i + 1 for i in self.aux_layer_ids)
+
+    def hf_rope_config(self):
+        from transformers import LlamaConfig
+
+        return LlamaConfig(
+            hidden_size=self.hidden_size, num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads, head_dim=self.head_dim,
+            max_position_embeddings=self.max_position_embeddings, **self.rope,
+        )
+
+
+@dataclass
+class DraftTreeState:
+    """Tree-step K/V and ancestor rows of the nodes fed so far in this round (never cached)."""
+
+    k: torch.Tensor | None = None  # [B, N, Hkv, D]
+    v: torch.Tensor | None = None  # [B, N, Hkv, D]
+    anc: torch.Tensor | None = None  # [B, N, N] bool: anc[b, i, j] = node j is i or an ancestor of i
+
+    @property
+    def num_nodes(self) -> int:
+        return 0 if self.k is None else self.k.shape[1]
+
+
+class TrainOutput(NamedTuple):
+    logits: list  # per TTT step: [B, S, Vd] float32 (empty when return_logits=False)
+    hidden: list  # per TTT step: [B, S, H] pre-norm draft hidden
+
+
+class DraftMidLayer(nn.Module):
+    def __init__(self, c: DraftConfig):
+        super().__init__()
+        H = c.hidden_size
+        self.input_layernorm = RMSNorm(H, c.rms_norm_eps)
+        self.hidden_norm = RMSNorm(H, c.rms_norm_eps)
+        self.self_attn = QKVO(2 * H, H, c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.attention_bias)
+        self.post_attention_layernorm = RMSNorm(H, c.rms_norm_eps)
+        self.mlp = MLP(H, c.intermediate_size, c.mlp_bias)
+
+
+def _load_state_dict(path: str) -> dict:
+    """model.safetensors (or any *.safetensors) else pytorch_model.bin (weights_only)."""
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if files:
+        from safetensors.torch import load_file
+
+        out = {}
+        for f in files:
+            out.update(load_file(f))
+        return out
+    binf = os.path.join(path, "pytorch_model.bin")
+    if os.path.isfile(binf):
+        return dict(torch.load(binf, map_location="cpu", weights_only=True))
+    raise FileNotFoundError(f"EAGLE-3 draft directory {path} has no model.safetensors or pytorch_model.bin")
+
+
+def _target_spec(target) -> dict:
+    """Sizes, embedding, dtype and device of a TargetModel or a transformers Llama model."""
+    from .target import TargetModel
+
+    if isinstance(target, TargetModel):
+        c = target.config
+        return dict(vocab=c.vocab_size, hidden=c.hidden_size, layers=c.num_layers, heads=c.num_heads,
+                    kv_heads=c.num_kv_heads, head_dim=c.head_dim, inter=c.intermediate_size, eps=c.rms_norm_eps,
+                    hf_config=c.hf_config, embedding=target.embed_tokens, dtype=target.dtype,
+                    device=target.device, model=target)
+    if hasattr(target, "get_input_embeddings") and hasattr(target, "config"):
+        c = target.config
+        emb = target.get_input_embeddings()
+        heads = c.num_attention_heads
+        return dict(vocab=c.vocab_size, hidden=c.hidden_size, layers=c.num_hidden_layers, heads=heads,
+                    kv_heads=c.num_key_value_heads or heads,
+                    head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads,
+                    inter=c.intermediate_size, eps=c.rms_norm_eps, hf_config=c, embedding=emb,
+                    dtype=emb.weight.dtype, device=emb.weight.device, model=None)
+    raise TypeError(f"expected a TargetModel or a transformers causal LM, got {type(target).__name__}")
+
+
+class Eagle3Draft(nn.Module):
+    """The EAGLE-3 draft. Build with `from_pretrained`, `for_target` or `Eagle3Draft(config)`."""
+
+    def __init__(self, config: DraftConfig, own_embedding: bool = False):
+        super().__init__()
+        c = self.config = config
+        H = c.hidden_size
+        self.fc = nn.Linear(3 * c.target_hidden_size, H, bias=False) if c.use_aux_hidden_state else None
+        self.midlayer = DraftMidLayer(c)
+        self.norm = RMSNorm(H, c.rms_norm_eps)
+        self.lm_head = nn.Linear(H, c.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.ones(c.vocab_size, dtype=torch.bool))
+        self.embed_tokens = nn.Embedding(c.vocab_size, H) if own_embedding else None
+        self._shared_embedding: list[nn.Module] = []  # the target's; a list keeps it unregistered
+        inv_freq, scaling = rope_inv_freq(c.hf_rope_config())
+        self.rotary = Rotary(inv_freq, scaling)
+
+    # ---- properties -------------------------------------------------------------------------
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    def aux_layers(self, num_layers: int | None = None) -> tuple[int, ...] | None:
+        """Target layers whose INPUT hidden states this draft consumes: the ids the config names
+        (eagle_aux_hidden_state_layer_ids + 1), else the EAGLE-3 default (2, L//2, L-3) for a target
+        of `num_layers` layers, else None."""
+        if self.config.aux_layers is not None:
+            return self.config.aux_layers
+        if num_layers is None:
+            return None
+        from .target import default_aux_layers
+
+        return default_aux_layers(num_layers)
+
+    @property
+    def embedding(self) -> nn.Module:
+        if self.embed_tokens is not None:
+            return self.embed_tokens
+        if not self._shared_embedding:
+            raise RuntimeError(
+                "this EAGLE-3 draft has no embed_tokens: attach it to its target first "
+                "(Eagle3Draft.from_pretrained(path, target=...), draft.attach(target) or draft.set_embedding(...))"
+            )
+        return self._shared_embedding[0]
+
+    def set_embedding(self, embedding: nn.Module) -> None:
+        """Use `embedding` (an nn.Embedding of shape [vocab_size, hidden_size]) without owning it."""
+        w = embedding.weight
+        want = (self.config.vocab_size, self.config.hidden_size)
+        if tuple(w.shape) != want:
+            raise ValueError(f"embedding has shape {list(w.shape)}, the draft needs {list(want)} "
+                             f"(vocabulary size, draft hidden size)")
+        self.embed_tokens = None
+        self._shared_embedding = [embedding]
+
+    def attach(self, target) -> "Eagle3Draft":
+        """Check that the draft fits `target`, share its embedding (unless the checkpoint has its
+        own) and point the target's feature taps at the layers the draft config names, if any."""
+        t = _target_spec(target)
+        c = self.config
+        if t["vocab"] != c.vocab_size:
+            raise ValueError(f"vocabulary mismatch: the draft maps onto a vocabulary of {c.vocab_size} tokens, "
+                             f"the target has {t['vocab']}")
+        if t["hidden"] != c.target_hidden_size:
+            raise ValueError(f"hidden-size mismatch: the draft expects target features of width "
+                             f"3 x {c.target_hidden_size}, the target hidden size is {t['hidden']}")
+        if self.embed_tokens is None:
+            if t["hidden"] != c.hidden_size:
+                raise ValueError(f"hidden-size mismatch: the draft (hidden {c.hidden_size}) has no embed_tokens and "
+                                 f"cannot share the target's embedding (width {t['hidden']})")
+            self.set_embedding(t["embedding"])
+        aux = self.config.aux_layers
+        if aux is not None:
+            if any(i < 0 or i > t["layers"] for i in aux):
+                raise ValueError(f"the draft taps target layers {list(aux)} but the target has {t['layers']} layers")
+            if t["model"] is not None:
+                t["model"].config.aux_layers = tuple(aux)
+        return self
+
+    # ---- construction -----------------------------------------------------------------------
+
+    @classmethod
+    def for_target(cls, target, draft_vocab_size: int | None = None, seed: int = 0,
+                   kept_ids=None, dtype: torch.dtype | None = None) -> "Eagle3Draft":
+        """A randomly initialised draft sized after `target` (TargetModel or HF Llama).
+
+        kept_ids: target ids of the draft vocabulary (any order, unique; sorted here); default the
+        first `draft_vocab_size` ids. draft_vocab_size None = the target vocabulary (or len(kept_ids)).
+        """
+        t = _target_spec(target)
+        V = t["vocab"]
+        if kept_ids is not None:
+            kept = torch.as_tensor(kept_ids, dtype=torch.long).flatten().sort().values
+            if draft_vocab_size is not None and draft_vocab_size != kept.numel():
+                raise ValueError(f"draft_vocab_size={draft_vocab_size} but {kept.numel()} kept ids were given")
+            if kept.numel() == 0 or bool((kept[1:] == kept[:-1]).any()) or int(kept[0]) < 0 or int(kept[-1]) >= V:
+                raise ValueError(f"kept_ids must be unique target ids in [0, {V})")
+        else:
+            Vd = V if draft_vocab_size is None else int(draft_vocab_size)
+            if not 1 <= Vd <= V:
+                raise ValueError(f"draft_vocab_size must be in [1, {V}], got {Vd}")
+            kept = torch.arange(Vd)
+        hf = t["hf_config"]
+        rope = {k: v for k, v in (hf.rope_parameters or {}).items()}
+        rope_cfg = {"rope_theta": rope.pop("rope_theta", 10000.0)}
+        if rope.get("rope_type", "default") != "default":
+            rope_cfg["rope_scaling"] = rope
+        config = DraftConfig(
+            hidden_size=t["hidden"], intermediate_size=t["inter"], num_attention_heads=t["heads"],
+            num_key_value_heads=t["kv_heads"], head_dim=t["head_dim"], vocab_size=V,
+            draft_vocab_size=kept.numel(), target_hidden_size=t["hidden"], rms_norm_eps=t["eps"],
+            max_position_embeddings=getattr(hf, "max_position_embeddings", 2048), rope=rope_cfg,
+        )
+        draft = cls(config)
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in draft.named_parameters():
+                if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
+                    p.fill_(1.0)
+                elif name.endswith(".bias"):
+                    p.zero_()
+                else:
+                    p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+        draft.d2t.copy_(kept - torch.arange(kept.numel()))
+        draft.t2d.zero_()
+        draft.t2d[kept] = True
+        draft.to(device=t["device"], dtype=dtype or t["dtype"])
+        return draft.attach(target)
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, target=None, device=None,
+                        dtype: torch.dtype | None = None) -> "Eagle3Draft":
+        """Load a public-format EAGLE-3 checkpoint directory. `target` (TargetModel or HF model):
+        check compatibility, share its embedding, default device/dtype to the target's."""
+        path = os.fspath(path)
+        if not os.path.isdir(path):
+            raise FileNotFoundError(f"EAGLE-3 draft directory not found: {path}")
+        cfg_path = os.path.join(path, "config.json")
+        if not os.path.isfile(cfg_path):
+            raise FileNotFoundError(f"EAGLE-3 draft directory {path} has no config.json")
+        with open(cfg_path) as f:
+            config = DraftConfig.from_dict(json.load(f))
+        tensors = _load_state_dict(path)
+        if target is not None:
+            t = _target_spec(target)
+            device = t["device"] if device is None else device
+            dtype = t["dtype"] if dtype is None else dtype
+        device = "cpu" if device is None else device
+        if dtype is None:
+            dtype = next((v.dtype for k, v in tensors.items() if k == "lm_head.weight"), torch.float32)
+        own = "embed_tokens.weight" in tensors
+        if "fc.weight" not in tensors and config.use_aux_hidden_state:
+            raise KeyError(f"{path}: missing weights ['fc.weight']")
+        c = config
+        Vd, V = c.draft_vocab_size, c.vocab_size
+        if "d2t" not in tensors or "t2d" not in tensors:
+            if Vd != V:
+                raise KeyError(f"{path}: draft_vocab_size {Vd} != vocab_size {V} but the checkpoint lacks d2t / t2d")
+            tensors = {**tensors, "d2t": torch.zeros(Vd, dtype=torch.long), "t2d": torch.ones(V, dtype=torch.bool)}
+        tensors["d2t"] = tensors["d2t"].long()
+        tensors["t2d"] = tensors["t2d"].bool()
+        with torch.device("meta"):
+            draft = cls(config, own_embedding=own)
+        assign_weights(draft, tensors, dtype, device, requires_grad=True, what=path)
+        draft.rotary.to(device)
+        if target is not None:
+            draft.attach(target)
+        return draft
+
+    def save_pretrained(self, path: str | os.PathLike, dtype: torch.dtype | None = torch.float16) -> None:
+        """Write config.json + model.safetensors in the public EAGLE-3 layout (floats cast to dtype;
+        None keeps the current dtype). embed_tokens.weight is written only if the draft owns one."""
+        from safetensors.torch import save_file
+
+        path = os.fspath(path)
+        os.makedirs(path, exist_ok=True)
+        dtype = dtype or self.dtype
+        sd = {}
+        for k, v in self.state_dict().items():
+            v = v.detach().to("cpu")
+            sd[k] = (v.to(dtype) if v.is_floating_point() else v).contiguous()
+        save_file(sd, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+        with open(os.path.join(path, "config.json"), "w") as f:
+            json.dump(self.config.to_dict(dtype), f, indent=2)
+
+    # ---- the layer --------------------------------------------------------------------------
+
+    def new_cache(self, batch_size: int, max_length: int) -> KVCache:
+        c = self.config
+        return KVCache(1, batch_size, max_length, c.num_key_value_heads, c.head_dim, self.dtype, self.device)
+
+    def _layer_in(self, input_ids: torch.Tensor, hidden: torch.Tensor):
+        # input_ids: [B, T]; hidden: [B, T, 3Ht] (target features) or [B, T, H] (own output)
+        # -> residual [B, T, H], x [B, T, 2H]
+        H = self.config.hidden_size
+        w = hidden.shape[-1]
+        if self.fc is not None and w == self.fc.in_features:
+            g = self.fc(hidden.to(self.dtype))
+        elif w == H:
+            g = hidden.to(self.dtype)
+        else:
+            fused = f"3 x {self.config.target_hidden_size} (target features) or " if self.fc is not None else ""
+            raise ValueError(f"draft input hidden has width {w}, expected {fused}{H}")
+        m = self.midlayer
+        e = self.embedding(input_ids).to(self.dtype)
+        hn = m.hidden_norm(g)
+        residual = hn if self.config.norm_before_residual else g
+        return residual, torch.cat((m.input_layernorm(e), hn), dim=-1)
+
+    def _layer_out(self, residual: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        # o: [B, T, Hq, D] attention output -> pre-norm hidden [B, T, H]
+        m = self.midlayer
+        h = residual + m.self_attn.out(o)
+        return h + m.mlp(m.post_attention_layernorm(h))
+
+    # ---- inference --------------------------------------------------------------------------
+
+    def extend(self, input_ids: torch.Tensor, features: torch.Tensor, cache: KVCache, prefix_lens: torch.Tensor,
+               num_new: torch.Tensor) -> torch.Tensor:
+        """Append committed entries to the draft cache.
+
+        input_ids [B, n]: token p + 1 of each entry; features [B, n, 3Ht]: target feature at p;
+        entry j of request b sits at draft position prefix_lens[b] + j and is written to that cache
+        slot for j < num_new[b] (other rows are padding: computed, never written). Each entry attends
+        to the cache slots <= its position. Returns the pre-norm hidden [B, n, H].
+        """
+        B, n = input_ids.shape
+        if features.shape[:2] != (B, n):
+            raise ValueError(f"features must be [{B}, {n}, ...] like input_ids, got {list(features.shape)}")
+        if num_new.shape != (B,):
+            raise ValueError(f"num_new must have shape [{B}], got {list(num_new.shape)}")
+        S = cache.max_length
+        if n > S:
+            raise ValueError(f"draft extend: {n} entries are longer than the cache (max_length {S})")
+        cache.check_fits(prefix_lens, num_new, "draft extend")
+        positions = prefix_lens[:, None] + torch.arange(n, device=input_ids.device)  # [B, n]
+        residual, x = self._layer_in(input_ids, features)
+        attn = self.midlayer.self_attn
+        cos, sin = self.rotary(positions, self.dtype)
+        q, k, v = attn.qkv(x, cos, sin)
+        cache.write(0, k, v, prefix_lens, num_new)
+        W = S if prefix_lens.is_cuda else min(S, int(prefix_lens.max()) + n)  # no host sync on CUDA
+        mask = torch.arange(W, device=x.device)[None, None, :] <= positions[:, :, None]  # [B, n, W]
+        o = sdpa(q, cache.k[0, :, :W], cache.v[0, :, :W], mask, attn.scale)
+        return self._layer_out(residual, o)
+
+    def new_tree(self, batch_size: int) -> DraftTreeState:
+        return DraftTreeState()
+
+    def tree_step(self, input_ids: torch.Tensor, hidden: torch.Tensor, parent_slots: torch.Tensor,
+                  positions: torch.Tensor, cache: KVCache, prefix_lens: torch.Tensor,
+                  state: DraftTreeState) -> torch.Tensor:
+        """Feed k tree nodes per request with exact ancestor masking.
+
+        input_ids [B, k]: node tokens (target ids); hidden [B, k, H]: each node's parent output
+        (for children of the root: the last extend output); parent_slots [B, k]: index of the parent
+        among the nodes already in `state` (-1 = child of the root); positions [B, k]: draft
+        positions (L + depth - 1). A node attends to draft cache slots < prefix_lens[b], its
+        ancestors in `state` and itself. The nodes' K/V and ancestor rows are appended to `state`
+        (the cache is not written). Returns the pre-norm hidden [B, k, H].
+        """
+        B, k = input_ids.shape
+        N = state.num_nodes
+        if parent_slots.shape != (B, k) or positions.shape != (B, k):
+            raise ValueError(f"parent_slots and positions must be [{B}, {k}], got "
+                             f"{list(parent_slots.shape)}, {list(positions.shape)}")
+        cache.check_prefix_lens(prefix_lens)
+        if _host_checks_enabled(parent_slots) and bool(((parent_slots < -1) | (parent_slots >= N)).any()):
+            raise ValueError(f"parent_slots must lie in [-1, {N}) (nodes already in the tree state)")
+        residual, x = self._layer_in(input_ids, hidden)
+        attn = self.midlayer.self_attn
+        cos, sin = self.rotary(positions, self.dtype)
+        q, kk, vv = attn.qkv(x, cos, sin)
+        dev = x.device
+        # ancestor rows of the new nodes: [B, k, N + k]
+        if N:
+            rows = state.anc.gather(1, parent_slots.clamp(min=0)[..., None].expand(B, k, N))
+            rows = rows & (parent_slots >= 0)[..., None]
+        else:
+            rows = torch.zeros(B, k, 0, dtype=torch.bool, device=dev)
+        rows = torch.cat((rows, torch.eye(k, dtype=torch.bool, device=dev).expand(B, k, k)), dim=-1)
+        S = cache.max_length
+        W = S if prefix_lens.is_cuda else min(S, int(prefix_lens.max()))
+        prefix = torch.arange(W, device=dev)[None, None, :] < prefix_lens[:, None, None]  # [B, 1, W]
+        mask = torch.cat((prefix.expand(B, k, W), rows), dim=-1)
+        keys, values = [cache.k[0, :, :W]], [cache.v[0, :, :W]]
+        if N:
+            keys.append(state.k)
+            values.append(state.v)
+        o = sdpa(q, torch.cat(keys + [kk], 1), torch.cat(values + [vv], 1), mask, attn.scale)
+        # grow the state
+        if N:
+            old = torch.cat((state.anc, torch.zeros(B, N, k, dtype=torch.bool, device=dev)), dim=-1)
+            state.anc = torch.cat((old, rows), dim=1)
+            state.k, state.v = torch.cat((state.k, kk), 1), torch.cat((state.v, vv), 1)
+        else:
+            state.anc, state.k, state.v = rows, kk, vv
+        return self._layer_out(residual, o)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Pre-norm hidden [..., H] -> draft-vocabulary logits [..., Vd] float32."""
+        return self.lm_head(self.norm(hidden)).float()
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Draft ids -> target ids (target = draft + d2t[draft]); -1 stays -1."""
+        ids = draft_ids.long()
+        return torch.where(ids < 0, ids, ids + self.d2t[ids.clamp(min=0)])
+
+    # ---- training ---------------------------------------------------------------------------
+
+    def forward_train(self, input_ids: torch.Tensor, features: torch.Tensor,
+                      attention_mask: torch.Tensor | None = None, ttt_steps: int = 1,
+                      return_logits: bool = True) -> TrainOutput:
+        """EAGLE-3 training-time test over full sequences.
+
+        input_ids [B, S]: the sequence tokens; features [B, S, 3Ht]: target features of the same
+        positions (hidden states entering the aux layers); attention_mask [B, S] (1 = real token,
+        right padding) masks padded keys.
+
+        Alignment: the draft entry at position p pairs feature(p) with token(p + 1).
+          step 0, row p: input (features[p], ids[p+1]) at RoPE position p; predicts ids[p+2].
+          step s, row p: input (hidden_{s-1}[p], ids[p+1+s]) at RoPE position p + s; predicts
+                         ids[p+2+s]. Rows with p + 1 + s >= S get token 0 and are meaningless;
+                         the valid rows of step s are p <= S - 3 - s for a loss against ids[p+2+s].
+        Attention of row p at step s: step-0 keys at positions <= p (causal, padded keys removed)
+        plus the step-1..s keys of the same row p (its own chain, itself included), exactly what
+        `tree_step` sees for a chain node at depth s with committed length p + 1.
+
+        Returns TrainOutput(logits=[B, S, Vd] float32 per step (empty if not return_logits),
+        hidden=[B, S, H] per step). Step 0 equals `extend` on the same inputs.
+        """
+        B, S = input_ids.shape
+        if features.shape[:2] != (B, S):
+            raise ValueError(f"features must be [{B}, {S}, ...] like input_ids, got {list(features.shape)}")
+        if ttt_steps < 1:
+            raise ValueError(f"ttt_steps must be >= 1, got {ttt_steps}")
+        dev = input_ids.device
+        attn = self.midlayer.self_attn
+        Hq, Hkv, D = attn.n_heads, attn.n_kv_heads, attn.head_dim
+        G = Hq // Hkv
+        pos = torch.arange(S, device=dev)
+        causal = pos[None, :] <= pos[:, None]  # [S(q), S(k)]
+        mask0 = causal[None].expand(B, S, S)
+        if attention_mask is not None:
+            keep = attention_mask.bool()[:, None, :] | torch.eye(S, dtype=torch.bool, device=dev)[None]
+            mask0 = mask0 & keep
+
+        def shifted(s):  # ids[p + 1 + s], 0 past the end
+            out = torch.zeros_like(input_ids)
+            if s + 1 < S:
+                out[:, : S - 1 - s] = input_ids[:, 1 + s:]
+            return out
+
+        hidden_in, logits, hiddens = features, [], []
+        k0h = v0h = None
+        diag_k, diag_v = [], []  # per step >= 1: [B, Hkv, 1, S, D]
+        for s in range(ttt_steps):
+            residual, x = self._layer_in(shifted(s), hidden_in)
+            positions = (pos + s)[None].expand(B, S)
+            cos, sin = self.rotary(positions, self.dtype)
+            q, k, v = attn.qkv(x, cos, sin)  # [B, S, H*, D]
+            if s == 0:
+                o = sdpa(q, k, v, mask0, attn.scale)
+                k0h = k.transpose(1, 2)[:, :, None]  # [B, Hkv, 1, S, D]
+                v0h = v.transpose(1, 2)[:, :, None]
+            else:
+                qh = q.view(B, S, Hkv, G, D).permute(0, 2, 3, 1, 4)  # [B, Hkv, G, S, D]
+                diag_k.append(k.transpose(1, 2)[:, :, None])
+                diag_v.append(v.transpose(1, 2)[:, :, None])
+                scores = (qh @ k0h.transpose(-1, -2)) * attn.scale  # [B, Hkv, G, S, S]
+                scores = scores.masked_fill(~mask0[:, None, None], float("-inf"))
+                diag = torch.stack([(qh * kt).sum(-1) for kt in diag_k], dim=-1) * attn.scale  # [B,Hkv,G,S,s]
+                p = torch.softmax(torch.cat((scores, diag), dim=-1).float(), dim=-1).to(qh.dtype)
+                oh = p[..., :S] @ v0h  # [B, Hkv, G, S, D]
+                for t, vt in enumerate(diag_v):
+                    oh = oh + p[..., S + t, None] * vt
+                o = oh.permute(0, 3, 1, 2, 4).reshape(B, S, Hq, D)
+            h = self._layer_out(residual, o)
+            hiddens.append(h)
+            if return_logits:
+                logits.append(self.logits(h))
+            hidden_in = h
+        return TrainOutput(logits, hiddens)

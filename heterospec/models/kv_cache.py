@@ -1,0 +1,89 @@
+"""Static per-request KV cache: K and V as [num_layers, B, S_max, H_kv, D] ("NHD" per request).
+
+Slot `s` of request `b` holds the K/V of absolute position `s`. Rows are written at
+`prefix_lens[b] + j`; `compact` moves accepted tree rows down after verification.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import ops
+
+
+def _host_checks_enabled(t: torch.Tensor) -> bool:
+    # Host-side validation reads tensors (a sync on CUDA); skip it while capturing a CUDA graph.
+    return not (t.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
+class KVCache:
+    """k, v: [num_layers, B, S_max, H_kv, D], zero-initialised, contiguous."""
+
+    def __init__(self, num_layers: int, batch_size: int, max_length: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+        if batch_size < 1 or max_length < 1:
+            raise ValueError(f"KVCache needs batch_size >= 1 and max_length >= 1, got {batch_size}, {max_length}")
+        shape = (num_layers, batch_size, max_length, num_kv_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+
+    @property
+    def num_layers(self) -> int:
+        return self.k.shape[0]
+
+    @property
+    def batch_size(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def max_length(self) -> int:
+        return self.k.shape[2]
+
+    def check_prefix_lens(self, prefix_lens: torch.Tensor) -> None:
+        if prefix_lens.shape != (self.batch_size,):
+            raise ValueError(f"prefix_lens must have shape [{self.batch_size}], got {list(prefix_lens.shape)}")
+
+    def write(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, prefix_lens: torch.Tensor,
+              num_valid: torch.Tensor | None = None) -> None:
+        """Write k_new, v_new [B, T, H_kv, D] at slots prefix_lens[b] + j.
+
+        num_valid [B] (optional): only rows j < num_valid[b] are written; the others leave the cache
+        untouched (and may lie past S_max). Writing a row past S_max is an error.
+        """
+        B, T = k_new.shape[:2]
+        S = self.max_length
+        j = torch.arange(T, device=k_new.device)
+        slots = prefix_lens[:, None] + j  # [B, T]
+        b_idx = torch.arange(B, device=k_new.device)[:, None].expand(B, T)
+        kc, vc = self.k[layer], self.v[layer]  # [B, S, H, D]
+        if num_valid is None:
+            kc[b_idx, slots] = k_new
+            vc[b_idx, slots] = v_new
+            return
+        # Padding rows re-write the value already in the cache (a no-op) at their own slot, or at
+        # slot 0 when theirs is past S_max. Slot 0 is only a real write when prefix_lens[b] == 0,
+        # and then no padding row of b is out of range (T <= S is checked by the caller).
+        valid = j < num_valid[:, None]
+        slots = torch.where(valid | (slots < S), slots, torch.zeros_like(slots))
+        keep = valid[..., None, None]
+        kc[b_idx, slots] = torch.where(keep, k_new, kc[b_idx, slots])
+        vc[b_idx, slots] = torch.where(keep, v_new, vc[b_idx, slots])
+
+    def check_fits(self, prefix_lens: torch.Tensor, n: int | torch.Tensor, what: str = "write") -> None:
+        """Raise if prefix_lens[b] + n (n: int or [B]) exceeds max_length (host check)."""
+        self.check_prefix_lens(prefix_lens)
+        if not _host_checks_enabled(prefix_lens):
+            return
+        end = prefix_lens + n
+        if bool((prefix_lens < 0).any()):
+            raise ValueError(f"{what}: prefix_lens must be >= 0, got {prefix_lens.tolist()}")
+        worst = int(end.max())
+        if worst > self.max_length:
+            raise ValueError(
+                f"{what}: writing past the KV cache (needs {worst} slots, max_length is {self.max_length}); "
+                f"allocate a larger cache"
+            )
+
+    def compact(self, accept_path: torch.Tensor, accept_len: torch.Tensor, prefix_lens: torch.Tensor) -> None:
+        """cache[l, b, L_b + i] = cache[l, b, L_b + accept_path[b, i]] for i in [0, accept_len[b]]."""
+        ops.compact_kv_(self.k, self.v, accept_path, accept_len, prefix_lens)

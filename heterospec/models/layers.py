@@ -1,0 +1,183 @@
+"""Llama building blocks shared by the target and the EAGLE-3 draft.
+
+RMSNorm, rotary embedding (HF "rotate-half" convention, inverse frequencies from transformers'
+rope functions so every `rope_type` works), a Q/K/V/O projection block and the SwiGLU MLP.
+Attention itself lives in `attention.py` (target) and `draft.py` (draft): these modules only
+project and rotate.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """Llama RMSNorm: normalise in float32, cast back, then scale (same rounding as HF)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# RoPE
+
+
+def rope_inv_freq(hf_config) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies [head_dim // 2] (float32, CPU) and the cos/sin scaling of a config.
+
+    `hf_config` is a transformers `LlamaConfig` (legacy `rope_theta` / `rope_scaling` keys are
+    standardised into `rope_parameters` by transformers). `rope_type` "default" uses the plain
+    formula, anything else goes through `transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS`
+    (llama3, linear, yarn, dynamic, longrope, ...). Dynamic types are evaluated once, at their
+    initial (un-grown) length, which is what HF does for sequences within max_position_embeddings.
+    """
+    with torch.device("cpu"):  # also when the caller builds its modules under torch.device("meta")
+        return _rope_inv_freq(hf_config)
+
+
+def _rope_inv_freq(hf_config) -> tuple[torch.Tensor, float]:
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    params = dict(hf_config.rope_parameters or {})
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+    if rope_type == "default":
+        base = float(params.get("rope_theta", 10000.0))
+        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+        scaling = 1.0
+    else:
+        if rope_type not in ROPE_INIT_FUNCTIONS:
+            raise ValueError(f"unsupported rope_type: {rope_type!r}")
+        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, torch.device("cpu"))
+    inv_freq = inv_freq.float().cpu()
+    if inv_freq.numel() * 2 != head_dim:
+        raise ValueError(
+            f"partial rotary embeddings are not supported (rotary dim {inv_freq.numel() * 2}, head_dim {head_dim})"
+        )
+    return inv_freq, float(scaling)
+
+
+class Rotary(nn.Module):
+    """cos/sin tables computed on the fly from explicit positions (no max-length table)."""
+
+    def __init__(self, inv_freq: torch.Tensor, scaling: float = 1.0):
+        super().__init__()
+        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        self.scaling = scaling
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        # positions: [..., T] int64 -> cos, sin: [..., T, D] in `dtype`
+        freqs = positions[..., None].float() * self.inv_freq.float()
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return (emb.cos() * self.scaling).to(dtype), (emb.sin() * self.scaling).to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: [B, T, H, D]; cos, sin: [B, T, D]
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+    return x * cos + rotate_half(x) * sin
+
+
+# ---------------------------------------------------------------------------------------------
+# Projections
+
+
+class QKVO(nn.Module):
+    """Q/K/V/O projections with RoPE; `in_dim` is H for the target and 2H for the EAGLE-3 draft."""
+
+    def __init__(self, in_dim: int, hidden: int, n_heads: int, n_kv_heads: int, head_dim: int, bias: bool = False):
+        super().__init__()
+        if n_heads % n_kv_heads:
+            raise ValueError(f"num_attention_heads ({n_heads}) must be a multiple of num_key_value_heads ({n_kv_heads})")
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
+        self.scale = head_dim**-0.5
+        self.q_proj = nn.Linear(in_dim, n_heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(in_dim, n_kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(in_dim, n_kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(n_heads * head_dim, hidden, bias=bias)
+
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        # x: [B, T, in_dim] -> q: [B, T, Hq, D]; k, v: [B, T, Hkv, D] (q, k rotated)
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def out(self, o: torch.Tensor) -> torch.Tensor:
+        # o: [B, T, Hq, D] -> [B, T, hidden]
+        return self.o_proj(o.flatten(-2))
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, hidden: int, intermediate: int, bias: bool = False):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=bias)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=bias)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention over explicit keys (used by the draft and the SDPA backend)
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """q: [B, Tq, Hq, D]; k, v: [B, Tk, Hkv, D]; mask: [B, Tq, Tk] bool (True = attend).
+
+    Returns [B, Tq, Hq, D]. Every query row must see at least one key.
+    """
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    gqa = q.shape[1] != k.shape[1]
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], scale=scale, enable_gqa=gqa)
+    return o.transpose(1, 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def assign_weights(module: nn.Module, tensors, dtype: torch.dtype, device, *, requires_grad: bool,
+                   what: str, skip: tuple[str, ...] = ()) -> None:
+    """Replace every parameter / persistent buffer of `module` (possibly built on "meta") by
+    `tensors[name]`, floating tensors cast to `dtype`, all moved to `device`.
+
+    Missing names and shape mismatches raise, naming `what` (the checkpoint). Names in `skip` are
+    left alone (e.g. a tied lm_head).
+    """
+    expected = module.state_dict(keep_vars=True)
+    missing = [n for n in expected if n not in tensors and n not in skip]
+    if missing:
+        raise KeyError(f"{what}: missing weights {missing[:8]}{' ...' if len(missing) > 8 else ''}")
+    for name, ref in expected.items():
+        if name in skip:
+            continue
+        t = tensors[name]
+        if tuple(t.shape) != tuple(ref.shape):
+            raise ValueError(f"{what}: weight {name} has shape {list(t.shape)}, expected {list(ref.shape)}")
+        t = t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device=device)
+        owner_name, _, attr = name.rpartition(".")
+        owner = module.get_submodule(owner_name)
+        if attr in owner._parameters:
+            setattr(owner, attr, nn.Parameter(t, requires_grad=requires_grad))
+        else:
+            owner._buffers[attr] = t

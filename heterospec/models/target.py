@@ -1,0 +1,286 @@
+"""The target: our own Llama forward over a static KV cache, weights from HF.
+
+One forward serves prefill (a causal tree), plain decode (a one-node tree) and tree verification:
+the T inputs of request b are written to cache slots prefix_lens[b] + j and attend to the slots
+< prefix_lens[b] plus the tree columns their tree_mask row allows (docs/design.md, "Models").
+It also returns the EAGLE-3 feature taps: the hidden states entering `config.aux_layers`,
+concatenated low | mid | high.
+
+Supported: model_type "llama" (Llama 2 / 3 / 3.1, Vicuna, SmolLM2; GQA, any rope_type, tied or
+untied lm_head, optional attention / mlp biases).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from .attention import causal_tree_mask, make_backend
+from .kv_cache import KVCache
+from .layers import MLP, QKVO, RMSNorm, Rotary, assign_weights, rope_inv_freq
+
+
+def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
+    """EAGLE-3 taps: inputs of layers (2, L//2, L-3), clamped to [0, L] for tiny models."""
+    return tuple(min(max(i, 0), num_layers) for i in (2, num_layers // 2, num_layers - 3))
+
+
+@dataclass
+class TargetConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    tie_word_embeddings: bool
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    max_position_embeddings: int = 4096
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    pad_token_id: int | None = None
+    aux_layers: tuple[int, ...] = ()  # layers whose INPUT hidden states are the features
+    hf_config: object = field(default=None, repr=False)  # the transformers LlamaConfig
+
+    @classmethod
+    def from_hf(cls, hf_config, generation_eos=None) -> "TargetConfig":
+        model_type = getattr(hf_config, "model_type", None)
+        if model_type != "llama":
+            raise ValueError(f"unsupported architecture: {model_type}")
+        act = getattr(hf_config, "hidden_act", "silu")
+        if act != "silu":
+            raise ValueError(f"unsupported architecture: llama with hidden_act={act!r}")
+        heads = hf_config.num_attention_heads
+        eos = []
+        for e in (hf_config.eos_token_id, generation_eos):
+            for i in (e if isinstance(e, (list, tuple)) else [e]):
+                if i is not None and int(i) not in eos:
+                    eos.append(int(i))
+        L = hf_config.num_hidden_layers
+        return cls(
+            vocab_size=hf_config.vocab_size,
+            hidden_size=hf_config.hidden_size,
+            intermediate_size=hf_config.intermediate_size,
+            num_layers=L,
+            num_heads=heads,
+            num_kv_heads=hf_config.num_key_value_heads or heads,
+            head_dim=getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads,
+            rms_norm_eps=hf_config.rms_norm_eps,
+            tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
+            attention_bias=bool(getattr(hf_config, "attention_bias", False)),
+            mlp_bias=bool(getattr(hf_config, "mlp_bias", False)),
+            max_position_embeddings=hf_config.max_position_embeddings,
+            bos_token_id=hf_config.bos_token_id,
+            eos_token_ids=tuple(eos),
+            pad_token_id=hf_config.pad_token_id,
+            aux_layers=default_aux_layers(L),
+            hf_config=hf_config,
+        )
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, c: TargetConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = QKVO(c.hidden_size, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.attention_bias)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = MLP(c.hidden_size, c.intermediate_size, c.mlp_bias)
+
+    def forward(self, x, cos, sin, cache: KVCache, layer: int, prefix_lens, backend, plan):
+        # x: [B, T, H]
+        attn = self.self_attn
+        q, k, v = attn.qkv(self.input_layernorm(x), cos, sin)
+        cache.write(layer, k, v, prefix_lens)  # the tree's K/V must be in the cache before attention
+        o = backend.run(plan, q, cache.k[layer], cache.v[layer])
+        x = x + attn.out(o)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class TargetModel(nn.Module):
+    def __init__(self, config: TargetConfig, attn_backend: str = "auto"):
+        super().__init__()
+        c = self.config = config
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.num_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+        if c.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        inv_freq, scaling = rope_inv_freq(c.hf_config)
+        self.rotary = Rotary(inv_freq, scaling)
+        self.tokenizer = None
+        self.attn_backend_name = attn_backend
+        self._backend, self._backend_key = None, None
+
+    # ---- loading ----------------------------------------------------------------------------
+
+    @classmethod
+    def _build(cls, config: TargetConfig, tensors, dtype, device, attn_backend, what) -> "TargetModel":
+        with torch.device("meta"):
+            model = cls(config, attn_backend)
+        skip = ("lm_head.weight",) if config.tie_word_embeddings else ()
+        assign_weights(model, tensors, dtype, device, requires_grad=False, what=what, skip=skip)
+        if config.tie_word_embeddings:
+            model.lm_head.weight = model.embed_tokens.weight
+        model.rotary.to(device)
+        model.eval()
+        model.backend  # noqa: B018 (an unusable attn_backend fails at load time)
+        return model
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, device="cpu", dtype: torch.dtype | None = None,
+                        attn_backend: str = "auto") -> "TargetModel":
+        """Load a local HF Llama directory (config.json + safetensors, sharded or not; a tokenizer if
+        present). Nothing is fetched from a hub. dtype None = the checkpoint's dtype."""
+        from transformers import AutoConfig
+
+        path = os.fspath(path)
+        if not os.path.isdir(path):
+            raise FileNotFoundError(f"target model directory not found: {path}")
+        cfg_file = os.path.join(path, "config.json")
+        if not os.path.isfile(cfg_file):
+            raise FileNotFoundError(f"target model directory {path} has no config.json")
+        with open(cfg_file) as f:
+            model_type = json.load(f).get("model_type")
+        if model_type != "llama":
+            raise ValueError(f"unsupported architecture: {model_type}")
+        hf_config = AutoConfig.from_pretrained(path, local_files_only=True)
+        gen_eos = None
+        gen_file = os.path.join(path, "generation_config.json")
+        if os.path.isfile(gen_file):
+            with open(gen_file) as f:
+                gen_eos = json.load(f).get("eos_token_id")
+        config = TargetConfig.from_hf(hf_config, gen_eos)
+        tensors = _read_weights(path)
+        known = ("lm_head.weight", "embed_tokens.weight", "norm.weight")
+        unused = [k for k in tensors if k not in known and not k.startswith("layers.")]
+        unused += [k for k in tensors if k.startswith("layers.") and k.endswith(".bias") and not (
+            config.attention_bias or config.mlp_bias)]
+        unused = [k for k in unused if not k.endswith("rotary_emb.inv_freq")]
+        if unused:
+            warnings.warn(f"{path}: ignoring unexpected weights {unused[:8]}")
+        if dtype is None:
+            dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None) or torch.float32
+            dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        model = cls._build(config, tensors, dtype, device, attn_backend, path)
+        tok_files = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+        if any(os.path.isfile(os.path.join(path, f)) for f in tok_files):
+            from transformers import AutoTokenizer
+
+            model.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        return model
+
+    @classmethod
+    def from_hf(cls, hf_model, device=None, dtype: torch.dtype | None = None,
+                attn_backend: str = "auto") -> "TargetModel":
+        """From an in-memory transformers LlamaForCausalLM (weights shared when dtype/device match)."""
+        config = TargetConfig.from_hf(hf_model.config)
+        sd = hf_model.state_dict()
+        tensors = {k.removeprefix("model."): v.detach() for k, v in sd.items()}
+        ref = hf_model.get_input_embeddings().weight
+        return cls._build(config, tensors, dtype or ref.dtype, device or ref.device, attn_backend, "hf_model")
+
+    # ---- properties -------------------------------------------------------------------------
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    @property
+    def backend(self):
+        """The attention backend, (re)built for the model's current device and dtype."""
+        key = (self.attn_backend_name, self.device, self.dtype)
+        if self._backend is None or self._backend_key != key:
+            self._backend = make_backend(self.attn_backend_name, self.device, self.dtype)
+            self._backend_key = key
+        return self._backend
+
+    def set_attn_backend(self, name: str) -> None:
+        self.attn_backend_name, self._backend = name, None
+        self.backend  # noqa: B018 (validate now)
+
+    def new_cache(self, batch_size: int, max_length: int) -> KVCache:
+        c = self.config
+        return KVCache(c.num_layers, batch_size, max_length, c.num_kv_heads, c.head_dim, self.dtype, self.device)
+
+    # ---- forward ----------------------------------------------------------------------------
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, prefix_lens: torch.Tensor,
+                tree_mask: torch.Tensor | None = None, num_nodes: torch.Tensor | None = None,
+                return_features: bool = True, logits_index: torch.Tensor | None = None):
+        """input_ids, positions [B, T]; prefix_lens [B]; tree_mask [B, T, T] bool or None (causal);
+        num_nodes [B] or None (all T real; padding rows only matter through tree_mask).
+        logits_index [B, k] (optional, not in the design contract): compute logits only at these
+        input rows -> [B, k, V].
+
+        Returns (logits [B, T, V] float32, features [B, T, len(aux_layers) * H] or None).
+        """
+        B, T = input_ids.shape
+        if positions.shape != (B, T):
+            raise ValueError(f"positions must have shape {[B, T]}, got {list(positions.shape)}")
+        if T > cache.max_length:
+            raise ValueError(f"{T} inputs are longer than the KV cache (max_length {cache.max_length})")
+        cache.check_fits(prefix_lens, T, "target forward")
+        if tree_mask is None:
+            tree_mask = causal_tree_mask(B, T, input_ids.device)
+        elif tree_mask.shape != (B, T, T) or tree_mask.dtype != torch.bool:
+            raise ValueError(f"tree_mask must be a bool [{B}, {T}, {T}] tensor, got {tree_mask.dtype} "
+                             f"{list(tree_mask.shape)}")
+        if num_nodes is not None and num_nodes.shape != (B,):
+            raise ValueError(f"num_nodes must have shape [{B}], got {list(num_nodes.shape)}")
+        c = self.config
+        backend = self.backend
+        plan = backend.plan(tree_mask, prefix_lens, cache, c.num_heads, c.head_dim**-0.5)
+        x = self.embed_tokens(input_ids)  # [B, T, H]
+        cos, sin = self.rotary(positions, x.dtype)
+        aux = c.aux_layers if return_features else ()
+        taps = {}
+        for i, layer in enumerate(self.layers):
+            if i in aux:
+                taps[i] = x
+            x = layer(x, cos, sin, cache, i, prefix_lens, backend, plan)
+        if c.num_layers in aux:
+            taps[c.num_layers] = x
+        features = torch.cat([taps[i] for i in aux], dim=-1) if return_features else None
+        if logits_index is not None:
+            x = x.gather(1, logits_index[..., None].expand(-1, -1, x.shape[-1]))
+        logits = self.lm_head(self.norm(x)).float()
+        return logits, features
+
+
+def _read_weights(path: str) -> dict:
+    """All tensors of a local HF checkpoint, keys without the "model." prefix."""
+    from safetensors.torch import load_file
+
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as f:
+            files = sorted({os.path.join(path, v) for v in json.load(f)["weight_map"].values()})
+        missing = [f for f in files if not os.path.isfile(f)]
+        if missing:
+            raise FileNotFoundError(f"target model directory {path}: missing weight shards {missing}")
+    else:
+        files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if not files:
+        files = sorted(glob.glob(os.path.join(path, "pytorch_model*.bin")))
+        if not files:
+            raise FileNotFoundError(f"target model directory {path} has no *.safetensors (or pytorch_model*.bin) weights")
+    tensors = {}
+    for f in files:
+        sd = load_file(f) if f.endswith(".safetensors") else torch.load(f, map_location="cpu", weights_only=True)
+        for k, v in sd.items():
+            tensors[k.removeprefix("model.")] = v
+    return tensors

@@ -1,0 +1,578 @@
+"""Typed wrappers and fake kernels for the ``torch.ops.heterospec`` operators.
+
+Each public function validates its arguments' metadata (dtype, rank, device, sizes; no device
+synchronisation) and calls ``torch.ops.heterospec.<op>.default``. The C++ kernels validate the
+values (ranges, tree links) and raise ``ValueError`` naming the tensor and the problem.
+Every op has a ``torch.library.register_fake`` implementation below, so the wrappers trace under
+``torch.compile(fullgraph=True)``.
+
+Conventions (docs/design.md): ``B`` requests, tree capacity ``T`` (position 0 = root), index
+tensors ``int64`` with ``-1`` as the "none / padding" sentinel.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _C  # noqa: F401  (defines the op schemas; must precede register_fake)
+from ._checks import FLOAT_LOGITS, check_int, check_size, check_tensor
+
+__all__ = [
+    "topk_entropy",
+    "entropy_bin_policy",
+    "select_tree_nodes",
+    "build_tree",
+    "tree_attention_mask",
+    "dense_tree_attention_mask",
+    "verify_greedy",
+    "verify_sampling",
+    "compact_kv_",
+    "OP_NAMES",
+    "MAX_TOPK",
+]
+
+_ops = torch.ops.heterospec
+
+#: Every op of the library, in design-doc order.
+OP_NAMES = (
+    "topk_entropy",
+    "entropy_bin_policy",
+    "select_tree_nodes",
+    "build_tree",
+    "tree_attention_mask",
+    "dense_tree_attention_mask",
+    "verify_greedy",
+    "verify_sampling",
+    "compact_kv_",
+)
+
+#: Largest ``k`` accepted by :func:`topk_entropy`.
+MAX_TOPK = 64
+
+_i64 = torch.int64
+
+
+def _vec(op: str, name: str, x: Tensor, B: int, device: torch.device, ref: str) -> None:
+    """A per-request ``[B]`` int64 vector on ``device``."""
+    check_tensor(op, name, x, dtype=_i64, ndim=1, layout="[B]", device=device, device_of=ref)
+    check_size(op, name, x, 0, B, f"B = {ref}.size(0)")
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. topk_entropy
+# ---------------------------------------------------------------------------------------------
+def topk_entropy(
+    logits: Tensor, k: int, parent_entropy: Optional[Tensor] = None, *, check_finite: bool = False
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """Top-k log-probabilities of each row plus the cumulative (path) Top-K entropy.
+
+    One pass over the vocabulary per row (online max / sum-exp with a running top-k).
+
+    Parameters
+    ----------
+    logits : Tensor
+        ``[M, V]`` float32, float16 or bfloat16; any row stride. ``-inf`` entries (masked
+        vocabulary) are allowed; ``M = 0`` is allowed.
+    k : int
+        Number of top entries, ``1 <= k <= min(V, 64)``.
+    parent_entropy : Tensor, optional
+        ``[M]`` float32, the path entropy of each row's parent (zeros when ``None``).
+    check_finite : bool
+        CUDA only marks invalid rows (``path_entropy = NaN``, ``topk_ids = -1``); with ``True``
+        the wrapper raises on them (one device sync). CPU always raises.
+
+    Returns
+    -------
+    topk_logprobs : Tensor
+        ``[M, k]`` float32, ``logits[id] - logsumexp(row)``, sorted descending.
+    topk_ids : Tensor
+        ``[M, k]`` int64 vocabulary ids; ties broken by the lower id.
+    path_entropy : Tensor
+        ``[M]`` float32, ``parent_entropy + H`` with ``H = -sum_i q_i log q_i`` over the top-k
+        probabilities renormalised to sum to one (natural log, ``0 log 0 = 0``).
+
+    Raises
+    ------
+    ValueError
+        Bad dtype / rank / device, ``k`` out of range, or (CPU) a row with NaN, ``+inf`` or only
+        ``-inf`` logits.
+    """
+    op = "topk_entropy"
+    check_tensor(op, "logits", logits, dtype=FLOAT_LOGITS, ndim=2, layout="[M, V]")
+    check_int(op, "k", k)
+    V = logits.size(1)
+    if isinstance(k, int) and isinstance(V, int) and not 1 <= k <= min(V, MAX_TOPK):
+        raise ValueError(
+            f"{op}: expected 1 <= k <= min(V, {MAX_TOPK}) = {min(V, MAX_TOPK)} "
+            f"(V = logits.size(1) = {V}), got k = {k}"
+        )
+    if parent_entropy is not None:
+        check_tensor(op, "parent_entropy", parent_entropy, dtype=torch.float32, ndim=1, layout="[M]",
+                     device=logits.device, device_of="logits")
+        check_size(op, "parent_entropy", parent_entropy, 0, logits.size(0), "M = logits.size(0)")
+    out = _ops.topk_entropy.default(logits, k, parent_entropy)
+    if check_finite and not torch.compiler.is_compiling():
+        bad = torch.isnan(out[2])
+        if bool(bad.any()):
+            r = int(bad.nonzero()[0, 0])
+            raise ValueError(f"{op}: row {r} of logits contains NaN or +inf, or is all -inf")
+    return out
+
+
+@torch.library.register_fake("heterospec::topk_entropy")
+def _(logits, k, parent_entropy=None):
+    torch._check(logits.dim() == 2, lambda: "topk_entropy: logits must be [M, V]")
+    torch._check(logits.dtype in FLOAT_LOGITS, lambda: "topk_entropy: logits must be float32/float16/bfloat16")
+    torch._check(1 <= k, lambda: "topk_entropy: k must be >= 1")
+    torch._check(k <= logits.size(1), lambda: "topk_entropy: k must be <= V")
+    torch._check(k <= MAX_TOPK, lambda: f"topk_entropy: k must be <= {MAX_TOPK}")
+    M = logits.size(0)
+    return (
+        logits.new_empty((M, k), dtype=torch.float32),
+        logits.new_empty((M, k), dtype=_i64),
+        logits.new_empty((M,), dtype=torch.float32),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. entropy_bin_policy
+# ---------------------------------------------------------------------------------------------
+def entropy_bin_policy(
+    path_entropy: Tensor, bin_edges: Tensor, bin_extra_depth: Tensor, bin_budget: Tensor
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """Entropy bin of each request and that bin's action, in one launch.
+
+    Parameters
+    ----------
+    path_entropy : Tensor
+        ``[B]`` float32, ``H(P*)`` of each request.
+    bin_edges : Tensor
+        ``[nb - 1]`` float32, ascending (``nb`` bins; ``nb = 1`` means no edges).
+    bin_extra_depth : Tensor
+        ``[nb]`` int64, extra draft depth of each bin (DED).
+    bin_budget : Tensor
+        ``[nb]`` int64, Top-N node budget of each bin (TNP).
+
+    Returns
+    -------
+    bins : Tensor
+        ``[B]`` int64, the number of edges ``e`` with ``path_entropy > e`` (a value equal to an
+        edge goes to the lower bin, CART's ``x <= s``). Bin 0 = lowest entropy; NaN goes to the
+        last bin.
+    extra_depth : Tensor
+        ``[B]`` int64, ``bin_extra_depth[bins]``.
+    budget : Tensor
+        ``[B]`` int64, ``bin_budget[bins]``.
+    """
+    op = "entropy_bin_policy"
+    check_tensor(op, "path_entropy", path_entropy, dtype=torch.float32, ndim=1, layout="[B]")
+    dev = path_entropy.device
+    check_tensor(op, "bin_edges", bin_edges, dtype=torch.float32, ndim=1, layout="[num_bins - 1]",
+                 device=dev, device_of="path_entropy")
+    nb = bin_edges.size(0) + 1
+    for name, t in (("bin_extra_depth", bin_extra_depth), ("bin_budget", bin_budget)):
+        check_tensor(op, name, t, dtype=_i64, ndim=1, layout="[num_bins]", device=dev, device_of="path_entropy")
+        check_size(op, name, t, 0, nb, "num_bins = bin_edges.size(0) + 1")
+    return _ops.entropy_bin_policy.default(path_entropy, bin_edges, bin_extra_depth, bin_budget)
+
+
+@torch.library.register_fake("heterospec::entropy_bin_policy")
+def _(path_entropy, bin_edges, bin_extra_depth, bin_budget):
+    torch._check(path_entropy.dim() == 1, lambda: "entropy_bin_policy: path_entropy must be [B]")
+    torch._check(bin_extra_depth.size(0) == bin_edges.size(0) + 1, lambda: "entropy_bin_policy: bin sizes differ")
+    torch._check(bin_budget.size(0) == bin_edges.size(0) + 1, lambda: "entropy_bin_policy: bin sizes differ")
+    B = path_entropy.size(0)
+    return tuple(path_entropy.new_empty((B,), dtype=_i64) for _ in range(3))
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. select_tree_nodes
+# ---------------------------------------------------------------------------------------------
+def select_tree_nodes(
+    scores: Tensor, parents: Tensor, budgets: Tensor, max_nodes: int
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """Top-N pruning (EAGLE-2 rerank): the ``budgets[b]`` best draft candidates of each request.
+
+    The effective score of a candidate is ``e[c] = min(scores[c], e[parents[c]])`` (root:
+    ``+inf``); the selected set is the ``min(budgets[b], #valid)`` candidates with the largest
+    ``e`` (ties: lower index), which is closed under ancestors. A candidate is valid when
+    ``e[c] > -inf`` (its score and all its ancestors' scores are finite).
+
+    Parameters
+    ----------
+    scores : Tensor
+        ``[B, C]`` float32 cumulative log-scores; ``-inf`` = invalid / padding. NaN is an error.
+    parents : Tensor
+        ``[B, C]`` int64, parent candidate index in the same row, ``-1`` when the parent is the
+        root; ``-1 <= parents[b, c] < c``.
+    budgets : Tensor
+        ``[B]`` int64, draft nodes to select (root not counted), ``0 <= budgets[b] <= max_nodes``.
+    max_nodes : int
+        ``>= 0``; the tree capacity is ``T = max_nodes + 1``.
+
+    Returns
+    -------
+    tree_cand : Tensor
+        ``[B, T]`` int64: position 0 = ``-1`` (root), positions ``1..n-1`` = selected candidate
+        indices in ascending order (parents precede children), padding ``-1``.
+    tree_parents : Tensor
+        ``[B, T]`` int64: tree position of each node's parent (0 for children of the root),
+        ``-1`` at position 0 and in the padding.
+    num_nodes : Tensor
+        ``[B]`` int64, ``1 +`` the number of selected candidates.
+    """
+    op = "select_tree_nodes"
+    check_tensor(op, "scores", scores, dtype=torch.float32, ndim=2, layout="[B, C]")
+    dev = scores.device
+    check_tensor(op, "parents", parents, dtype=_i64, ndim=2, layout="[B, C]", device=dev, device_of="scores")
+    check_size(op, "parents", parents, 0, scores.size(0), "B = scores.size(0)")
+    check_size(op, "parents", parents, 1, scores.size(1), "C = scores.size(1)")
+    _vec(op, "budgets", budgets, scores.size(0), dev, "scores")
+    check_int(op, "max_nodes", max_nodes, minimum=0)
+    return _ops.select_tree_nodes.default(scores, parents, budgets, max_nodes)
+
+
+@torch.library.register_fake("heterospec::select_tree_nodes")
+def _(scores, parents, budgets, max_nodes):
+    torch._check(scores.dim() == 2, lambda: "select_tree_nodes: scores must be [B, C]")
+    torch._check(max_nodes >= 0, lambda: "select_tree_nodes: max_nodes must be >= 0")
+    B = scores.size(0)
+    T = max_nodes + 1
+    return (
+        scores.new_empty((B, T), dtype=_i64),
+        scores.new_empty((B, T), dtype=_i64),
+        scores.new_empty((B,), dtype=_i64),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. build_tree
+# ---------------------------------------------------------------------------------------------
+def build_tree(
+    tree_parents: Tensor, num_nodes: Tensor, prefix_lens: Tensor
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Ancestor mask, absolute positions and child / sibling links of a batch of trees.
+
+    Parameters
+    ----------
+    tree_parents : Tensor
+        ``[B, T]`` int64 as produced by :func:`select_tree_nodes`: ``tree_parents[b, 0] == -1``
+        and ``0 <= tree_parents[b, i] < i`` for ``1 <= i < num_nodes[b]`` (validated); padding
+        entries are ignored.
+    num_nodes : Tensor
+        ``[B]`` int64, ``1 <= num_nodes[b] <= T``.
+    prefix_lens : Tensor
+        ``[B]`` int64 ``>= 0``, committed tokens ``L_b`` (the root sits at position ``L_b``).
+
+    Returns
+    -------
+    tree_mask : Tensor
+        ``[B, T, T]`` bool, ``[b, i, j]`` = node ``j`` is ``i`` or an ancestor of ``i``. Padding
+        rows ``i >= num_nodes[b]`` have only ``[b, i, i]`` set; real rows never see padding.
+    positions : Tensor
+        ``[B, T]`` int64, ``prefix_lens[b] + depth(i)``; padding ``prefix_lens[b]``.
+    first_child : Tensor
+        ``[B, T]`` int64, smallest position among ``i``'s children, ``-1`` if none / padding.
+    next_sibling : Tensor
+        ``[B, T]`` int64, next larger position with the same parent, ``-1`` if none / padding.
+    """
+    op = "build_tree"
+    check_tensor(op, "tree_parents", tree_parents, dtype=_i64, ndim=2, layout="[B, T]")
+    B = tree_parents.size(0)
+    _vec(op, "num_nodes", num_nodes, B, tree_parents.device, "tree_parents")
+    _vec(op, "prefix_lens", prefix_lens, B, tree_parents.device, "tree_parents")
+    return _ops.build_tree.default(tree_parents, num_nodes, prefix_lens)
+
+
+@torch.library.register_fake("heterospec::build_tree")
+def _(tree_parents, num_nodes, prefix_lens):
+    torch._check(tree_parents.dim() == 2, lambda: "build_tree: tree_parents must be [B, T]")
+    B, T = tree_parents.shape
+    return (
+        tree_parents.new_empty((B, T, T), dtype=torch.bool),
+        tree_parents.new_empty((B, T), dtype=_i64),
+        tree_parents.new_empty((B, T), dtype=_i64),
+        tree_parents.new_empty((B, T), dtype=_i64),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. tree_attention_mask
+# ---------------------------------------------------------------------------------------------
+def tree_attention_mask(
+    tree_mask: Tensor, num_nodes: Tensor, prefix_lens: Tensor, mask_numel: int
+) -> Tuple[Tensor, Tensor]:
+    """FlashInfer ``custom_mask`` (flat, ragged over requests) for a prefill over prefix + tree.
+
+    Parameters
+    ----------
+    tree_mask : Tensor
+        ``[B, T, T]`` bool from :func:`build_tree`.
+    num_nodes : Tensor
+        ``[B]`` int64, ``n_b``, ``1 <= n_b <= T``.
+    prefix_lens : Tensor
+        ``[B]`` int64 ``L_b >= 0``.
+    mask_numel : int
+        Must equal ``sum_b n_b * (L_b + n_b)`` (passed in so that CUDA needs no host sync; a
+        wrong value is an error, since FlashInfer would silently read garbage).
+
+    Returns
+    -------
+    custom_mask : Tensor
+        ``[mask_numel]`` bool, the concatenation over ``b`` of the row-major ``[n_b, L_b + n_b]``
+        blocks: column ``c < L_b`` is True, column ``L_b + j`` is ``tree_mask[b, i, j]``.
+        Pass it to FlashInfer's ``plan(..., custom_mask=...)`` by keyword (it packs the bits).
+    mask_indptr : Tensor
+        ``[B + 1]`` int64 element offsets of each block.
+    """
+    op = "tree_attention_mask"
+    check_tensor(op, "tree_mask", tree_mask, dtype=torch.bool, ndim=3, layout="[B, T, T]")
+    check_size(op, "tree_mask", tree_mask, 2, tree_mask.size(1), "T = tree_mask.size(1); the mask is square")
+    B = tree_mask.size(0)
+    _vec(op, "num_nodes", num_nodes, B, tree_mask.device, "tree_mask")
+    _vec(op, "prefix_lens", prefix_lens, B, tree_mask.device, "tree_mask")
+    check_int(op, "mask_numel", mask_numel, minimum=0)
+    return _ops.tree_attention_mask.default(tree_mask, num_nodes, prefix_lens, mask_numel)
+
+
+@torch.library.register_fake("heterospec::tree_attention_mask")
+def _(tree_mask, num_nodes, prefix_lens, mask_numel):
+    torch._check(tree_mask.dim() == 3, lambda: "tree_attention_mask: tree_mask must be [B, T, T]")
+    torch._check(mask_numel >= 0, lambda: "tree_attention_mask: mask_numel must be >= 0")
+    B = tree_mask.size(0)
+    return (
+        tree_mask.new_empty((mask_numel,), dtype=torch.bool),
+        tree_mask.new_empty((B + 1,), dtype=_i64),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. dense_tree_attention_mask
+# ---------------------------------------------------------------------------------------------
+def dense_tree_attention_mask(tree_mask: Tensor, prefix_lens: Tensor, width: int) -> Tensor:
+    """The tree attention mask padded to a static cache width (for ``scaled_dot_product_attention``).
+
+    Parameters
+    ----------
+    tree_mask : Tensor
+        ``[B, T, T]`` bool from :func:`build_tree`.
+    prefix_lens : Tensor
+        ``[B]`` int64 ``L_b >= 0`` with ``L_b + T <= width``.
+    width : int
+        Key length of the static cache.
+
+    Returns
+    -------
+    Tensor
+        ``[B, T, width]`` bool: row ``i`` of request ``b`` has columns ``< L_b`` True, column
+        ``L_b + j`` (``j < T``) = ``tree_mask[b, i, j]``, all other columns False.
+    """
+    op = "dense_tree_attention_mask"
+    check_tensor(op, "tree_mask", tree_mask, dtype=torch.bool, ndim=3, layout="[B, T, T]")
+    check_size(op, "tree_mask", tree_mask, 2, tree_mask.size(1), "T = tree_mask.size(1); the mask is square")
+    _vec(op, "prefix_lens", prefix_lens, tree_mask.size(0), tree_mask.device, "tree_mask")
+    check_int(op, "width", width, minimum=0)
+    return _ops.dense_tree_attention_mask.default(tree_mask, prefix_lens, width)
+
+
+@torch.library.register_fake("heterospec::dense_tree_attention_mask")
+def _(tree_mask, prefix_lens, width):
+    torch._check(tree_mask.dim() == 3, lambda: "dense_tree_attention_mask: tree_mask must be [B, T, T]")
+    torch._check(width >= 0, lambda: "dense_tree_attention_mask: width must be >= 0")
+    B, T = tree_mask.size(0), tree_mask.size(1)
+    return tree_mask.new_empty((B, T, width), dtype=torch.bool)
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. verify_greedy / 8. verify_sampling
+# ---------------------------------------------------------------------------------------------
+def _check_tree_args(op: str, tree_tokens: Tensor, first_child: Tensor, next_sibling: Tensor, num_nodes: Tensor):
+    check_tensor(op, "tree_tokens", tree_tokens, dtype=_i64, ndim=2, layout="[B, T]")
+    dev = tree_tokens.device
+    B, T = tree_tokens.size(0), tree_tokens.size(1)
+    for name, t in (("first_child", first_child), ("next_sibling", next_sibling)):
+        check_tensor(op, name, t, dtype=_i64, ndim=2, layout="[B, T]", device=dev, device_of="tree_tokens")
+        check_size(op, name, t, 0, B, "B = tree_tokens.size(0)")
+        check_size(op, name, t, 1, T, "T = tree_tokens.size(1)")
+    _vec(op, "num_nodes", num_nodes, B, dev, "tree_tokens")
+    return B, T
+
+
+def verify_greedy(
+    tree_tokens: Tensor, target_ids: Tensor, first_child: Tensor, next_sibling: Tensor, num_nodes: Tensor
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """Greedy verification: the longest tree path whose tokens match the target's argmax.
+
+    From the root, at node ``cur`` scan its children in sibling order and accept the first whose
+    token equals ``target_ids[b, cur]``; stop when none matches.
+
+    Parameters
+    ----------
+    tree_tokens : Tensor
+        ``[B, T]`` int64 token of each node (position 0 = the root token, not matched).
+    target_ids : Tensor
+        ``[B, T]`` int64, the target's argmax at each node (its prediction for the next token).
+    first_child, next_sibling : Tensor
+        ``[B, T]`` int64 links from :func:`build_tree` (``-1`` = none). Validated: each link is
+        ``-1`` or a position in ``(i, num_nodes[b])``.
+    num_nodes : Tensor
+        ``[B]`` int64, ``1 <= num_nodes[b] <= T``.
+
+    Returns
+    -------
+    accept_path : Tensor
+        ``[B, T]`` int64 tree positions of the root (``0``) and the accepted nodes, ``-1`` padded.
+    accept_len : Tensor
+        ``[B]`` int64 accepted draft nodes (root and bonus not counted).
+    bonus : Tensor
+        ``[B]`` int64, ``target_ids[b, last accepted position]``. Emitted tokens this round =
+        accepted drafts + bonus (``accept_len + 1``).
+    """
+    op = "verify_greedy"
+    B, T = _check_tree_args(op, tree_tokens, first_child, next_sibling, num_nodes)
+    check_tensor(op, "target_ids", target_ids, dtype=_i64, ndim=2, layout="[B, T]", device=tree_tokens.device,
+                 device_of="tree_tokens")
+    check_size(op, "target_ids", target_ids, 0, B, "B = tree_tokens.size(0)")
+    check_size(op, "target_ids", target_ids, 1, T, "T = tree_tokens.size(1)")
+    return _ops.verify_greedy.default(tree_tokens, target_ids, first_child, next_sibling, num_nodes)
+
+
+def _fake_verify(tree_tokens):
+    torch._check(tree_tokens.dim() == 2, lambda: "verify: tree_tokens must be [B, T]")
+    B, T = tree_tokens.shape
+    return (
+        tree_tokens.new_empty((B, T), dtype=_i64),
+        tree_tokens.new_empty((B,), dtype=_i64),
+        tree_tokens.new_empty((B,), dtype=_i64),
+    )
+
+
+@torch.library.register_fake("heterospec::verify_greedy")
+def _(tree_tokens, target_ids, first_child, next_sibling, num_nodes):
+    return _fake_verify(tree_tokens)
+
+
+def verify_sampling(
+    tree_tokens: Tensor,
+    target_probs: Tensor,
+    first_child: Tensor,
+    next_sibling: Tensor,
+    num_nodes: Tensor,
+    coins: Optional[Tensor] = None,
+    final_coins: Optional[Tensor] = None,
+    *,
+    generator: Optional[torch.Generator] = None,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """Lossless multi-candidate rejection sampling over a tree of one-hot (top-k) drafts.
+
+    At node ``cur`` with children ``c_1..c_m`` (sibling order; a child repeating an earlier
+    sibling's token is skipped), with ``u = coins[b, cur]`` and the running sum
+    ``S += p(x_j)`` of the normalised target probabilities, accept the first child with
+    ``u < S`` and descend. If none is accepted, the bonus is drawn from ``p`` with the children's
+    tokens zeroed (renormalised) by inverse CDF with ``final_coins[b]``; at a leaf, from the full
+    ``p``. Emitted tokens are distributed exactly as the target's sampling distribution.
+
+    Parameters
+    ----------
+    tree_tokens : Tensor
+        ``[B, T]`` int64 node tokens (position 0 = root, not used); real non-root tokens must be
+        in ``[0, V)``.
+    target_probs : Tensor
+        ``[B, T, V]`` float32 ``>= 0``, the target's processed distribution at each node
+        (temperature / top-k / top-p already applied); rows are normalised internally. Every row
+        the walk reads must be finite with positive mass (CPU raises ``ValueError`` otherwise).
+    first_child, next_sibling : Tensor
+        ``[B, T]`` int64 links from :func:`build_tree`.
+    num_nodes : Tensor
+        ``[B]`` int64, ``1 <= num_nodes[b] <= T``.
+    coins : Tensor, optional
+        ``[B, T]`` float32 uniforms in ``[0, 1)``; ``coins[b, i]`` decides among the children of
+        node ``i``. Drawn with ``torch.rand(generator=generator)`` when ``None``.
+    final_coins : Tensor, optional
+        ``[B]`` float32 uniforms in ``[0, 1)`` that sample the bonus. Drawn when ``None``.
+    generator : torch.Generator, optional
+        Used only to draw missing coins.
+
+    Returns
+    -------
+    accept_path, accept_len, bonus : Tensor
+        As in :func:`verify_greedy`; ``bonus`` is the sampled extra token.
+    """
+    op = "verify_sampling"
+    B, T = _check_tree_args(op, tree_tokens, first_child, next_sibling, num_nodes)
+    dev = tree_tokens.device
+    check_tensor(op, "target_probs", target_probs, dtype=torch.float32, ndim=3, layout="[B, T, V]", device=dev,
+                 device_of="tree_tokens")
+    check_size(op, "target_probs", target_probs, 0, B, "B = tree_tokens.size(0)")
+    check_size(op, "target_probs", target_probs, 1, T, "T = tree_tokens.size(1)")
+    if coins is None:
+        coins = torch.rand((B, T), generator=generator, device=dev, dtype=torch.float32)
+    if final_coins is None:
+        final_coins = torch.rand((B,), generator=generator, device=dev, dtype=torch.float32)
+    check_tensor(op, "coins", coins, dtype=torch.float32, ndim=2, layout="[B, T]", device=dev,
+                 device_of="tree_tokens")
+    check_size(op, "coins", coins, 0, B, "B = tree_tokens.size(0)")
+    check_size(op, "coins", coins, 1, T, "T = tree_tokens.size(1)")
+    check_tensor(op, "final_coins", final_coins, dtype=torch.float32, ndim=1, layout="[B]", device=dev,
+                 device_of="tree_tokens")
+    check_size(op, "final_coins", final_coins, 0, B, "B = tree_tokens.size(0)")
+    return _ops.verify_sampling.default(tree_tokens, target_probs, first_child, next_sibling, num_nodes, coins,
+                                        final_coins)
+
+
+@torch.library.register_fake("heterospec::verify_sampling")
+def _(tree_tokens, target_probs, first_child, next_sibling, num_nodes, coins, final_coins):
+    torch._check(target_probs.dim() == 3, lambda: "verify_sampling: target_probs must be [B, T, V]")
+    return _fake_verify(tree_tokens)
+
+
+# ---------------------------------------------------------------------------------------------
+# 9. compact_kv_
+# ---------------------------------------------------------------------------------------------
+def compact_kv_(
+    k_cache: Tensor, v_cache: Tensor, accept_path: Tensor, accept_len: Tensor, prefix_lens: Tensor
+) -> None:
+    """Move each request's accepted K/V rows to the end of its committed prefix, in place.
+
+    For every layer ``l``, request ``b`` and ``i in [0, accept_len[b]]``:
+    ``cache[l, b, L_b + i] = cache[l, b, L_b + accept_path[b, i]]`` (read-before-write).
+
+    Parameters
+    ----------
+    k_cache, v_cache : Tensor
+        ``[num_layers, B, S, H_kv, D]``, same shape / dtype / device, contiguous, distinct;
+        written in place.
+    accept_path : Tensor
+        ``[B, P]`` int64 (``P >= 1``, usually ``T``) from :func:`verify_greedy` /
+        :func:`verify_sampling`. Validated: ``accept_path[b, 0] == 0``, strictly increasing over
+        ``[0, accept_len[b]]``, and ``L_b + accept_path[b, accept_len[b]] < S``.
+    accept_len : Tensor
+        ``[B]`` int64, ``0 <= accept_len[b] < P``.
+    prefix_lens : Tensor
+        ``[B]`` int64, ``0 <= L_b < S``.
+    """
+    op = "compact_kv_"
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        check_tensor(op, name, t, ndim=5, layout="[num_layers, B, S, H_kv, D]")
+    dev = k_cache.device
+    check_tensor(op, "v_cache", v_cache, dtype=k_cache.dtype, device=dev, device_of="k_cache")
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(
+            f"{op}: expected v_cache of the same shape as k_cache {list(k_cache.shape)}, got {list(v_cache.shape)}"
+        )
+    B = k_cache.size(1)
+    check_tensor(op, "accept_path", accept_path, dtype=_i64, ndim=2, layout="[B, P]", device=dev,
+                 device_of="k_cache")
+    check_size(op, "accept_path", accept_path, 0, B, "B = k_cache.size(1)")
+    _vec(op, "accept_len", accept_len, B, dev, "k_cache")
+    _vec(op, "prefix_lens", prefix_lens, B, dev, "k_cache")
+    _ops.compact_kv_.default(k_cache, v_cache, accept_path, accept_len, prefix_lens)
+
+
+@torch.library.register_fake("heterospec::compact_kv_")
+def _(k_cache, v_cache, accept_path, accept_len, prefix_lens):
+    torch._check(k_cache.dim() == 5, lambda: "compact_kv_: k_cache must be [num_layers, B, S, H_kv, D]")
+    return None

@@ -1,0 +1,58 @@
+"""The target's processed distribution (temperature, top-k, top-p), shared by every method.
+
+Plain sampling and speculative verification must draw from exactly the same distribution, so both
+go through :func:`processed_probs`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .config import SamplingParams
+
+
+def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """``softmax(logits / T)`` restricted to the top-k tokens and the top-p nucleus, renormalised.
+
+    ``logits``: ``[..., V]`` any float dtype. Returns float32 probabilities of the same shape.
+    The nucleus keeps the smallest prefix of tokens (sorted by probability, ties by lower id) whose
+    mass reaches ``top_p``; the most likely token is always kept.
+    """
+    if params.greedy:
+        raise ValueError("processed_probs: temperature 0 is greedy decoding; use argmax")
+    x = logits.float() / params.temperature
+    vocab = x.shape[-1]
+    if 0 < params.top_k < vocab:
+        kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]
+        x = x.masked_fill(x < kth, float("-inf"))
+    probs = torch.softmax(x, dim=-1)
+    if params.top_p < 1.0:
+        sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+        mass_before = torch.cumsum(sorted_p, dim=-1) - sorted_p
+        drop_sorted = mass_before >= params.top_p      # the top token has mass_before == 0: kept
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        probs = probs.masked_fill(drop, 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def make_generator(seed, device) -> torch.Generator:
+    """A generator on ``device``: seeded when ``seed`` is given, else from fresh entropy."""
+    gen = torch.Generator(device=device)
+    if seed is None:
+        gen.seed()
+    else:
+        gen.manual_seed(int(seed))
+    return gen
+
+
+def sample(probs: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """One token per row of ``probs [B, V]`` (inverse CDF with a uniform from ``gen``)."""
+    u = torch.rand(probs.shape[:-1] + (1,), generator=gen, device=probs.device, dtype=torch.float64)
+    cdf = torch.cumsum(probs.double(), dim=-1)
+    total = cdf[..., -1:]
+    idx = torch.searchsorted(cdf, u * total, right=True)
+    # Rounding can push u * total onto the last cumulative value: take the last token with mass.
+    last_nonzero = (probs > 0).to(torch.int64).cumsum(-1).argmax(-1, keepdim=True)
+    idx = torch.minimum(idx, last_nonzero)
+    return idx.squeeze(-1)

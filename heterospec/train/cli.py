@@ -1,0 +1,114 @@
+"""``heterospec train-draft`` / ``scripts/train_draft.py``: argument parsing for the draft
+training pipeline (distill -> vocab -> train -> simulate -> export). See ``main.__doc__``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _default_data() -> str:
+    from .distill import default_distill_dir
+
+    return str(default_distill_dir())
+
+
+def _default_run() -> str:
+    from ..defaults import cache_root
+
+    return str(cache_root() / "draft-runs" / "default")
+
+
+def build_parser(prog: str = "heterospec train-draft") -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=prog, description=(
+        "Train the EAGLE-3 draft of the built-in target by self-distillation. Steps: distill, "
+        "vocab, train, simulate, export (each resumable)."))
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    def common(p):
+        p.add_argument("--threads", type=int, default=1,
+                       help="torch threads (default 1 so the box stays usable; raise when free)")
+        p.add_argument("--target", default=None,
+                       help="target HF dir (default: the built-in SmolLM2, converted on first use)")
+
+    p = sub.add_parser("distill", help="generate self-distillation shards")
+    common(p)
+    p.add_argument("--out", default=None, help="data dir (default ~/.cache/heterospec/distill)")
+    p.add_argument("--num-prompts", type=int, default=4800)
+    p.add_argument("--shard-size", type=int, default=64)
+    p.add_argument("--max-new-tokens", type=int, default=320)
+    p.add_argument("--max-prompt-tokens", type=int, default=448)
+    p.add_argument("--sampled-fraction", type=float, default=0.25)
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-shards", type=int, default=None)
+    p.add_argument("--time-budget", type=float, default=None, help="seconds; stop starting shards after")
+
+    p = sub.add_parser("vocab", help="choose the draft vocabulary from the distilled responses")
+    p.add_argument("--data", default=None)
+    p.add_argument("--size", type=int, default=8192)
+    p.add_argument("--out", default=None, help="default DATA/vocab_SIZE.safetensors")
+
+    p = sub.add_parser("train", help="train (or resume) the draft")
+    common(p)
+    p.add_argument("--data", default=None)
+    p.add_argument("--run", default=None, help="run dir (checkpoints, logs)")
+    p.add_argument("--vocab-size", type=int, default=8192)
+    p.add_argument("--steps", type=int, default=3000)
+    p.add_argument("--batch-tokens", type=int, default=2048)
+    p.add_argument("--max-len", type=int, default=768)
+    p.add_argument("--ttt-steps", type=int, default=3)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("--val-seqs", type=int, default=32)
+    p.add_argument("--eval-every", type=int, default=150)
+    p.add_argument("--ckpt-every", type=int, default=25)
+    p.add_argument("--time-budget", type=float, default=None,
+                   help="seconds of train-step time (evals excluded); the LR schedule follows it")
+    p.add_argument("--seed", type=int, default=0)
+
+    p = sub.add_parser("simulate", help="offline chain/tree acceptance estimate on held-out data")
+    common(p)
+    p.add_argument("--data", default=None)
+    p.add_argument("--run", default=None)
+    p.add_argument("--checkpoint", default=None, help="a checkpoint file or exported draft dir")
+    p.add_argument("--seqs", type=int, default=24)
+    p.add_argument("--top-k", type=int, default=6)
+    p.add_argument("--depth", type=int, default=6)
+    p.add_argument("--nodes", type=int, default=24, help="verified draft nodes (root excluded)")
+    p.add_argument("--prompts", default=None,
+                   help="evaluate on a benchmark set from heterospec.datasets instead (e.g. mtbench): "
+                        "the target answers greedily in memory (nothing is saved or trained on)")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+
+    p = sub.add_parser("export", help="save the trained draft (fp16, public EAGLE-3 format)")
+    common(p)
+    p.add_argument("--run", default=None)
+    p.add_argument("--checkpoint", default=None)
+    p.add_argument("--dest", default=None, help="default heterospec/assets/smollm2-135m-instruct-eagle3")
+    return ap
+
+
+def main(argv=None) -> int:
+    """Entry point; ``argv`` excludes the program name."""
+    args = build_parser().parse_args(argv)
+    if args.cmd == "distill":
+        from .distill import DistillConfig, run_distill
+
+        cfg = DistillConfig(out_dir=args.out or _default_data(), num_prompts=args.num_prompts,
+                            shard_size=args.shard_size, max_new_tokens=args.max_new_tokens,
+                            max_prompt_tokens=args.max_prompt_tokens,
+                            sampled_fraction=args.sampled_fraction, temperature=args.temperature,
+                            seed=args.seed, max_shards=args.max_shards,
+                            time_budget_s=args.time_budget, threads=args.threads)
+        print(json.dumps(run_distill(cfg, target_dir=args.target), indent=1), flush=True)
+        return 0
+    from . import trainer
+
+    return trainer.cli_dispatch(args, default_data=_default_data, default_run=_default_run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,445 @@
+"""Self-distillation data for the EAGLE-3 draft.
+
+The target answers the training prompts (``heterospec.train.prompts``) with its chat template
+applied, in batches on CPU, and for every position of prompt + response we record
+
+* ``features [R, 3*H]`` fp16: the hidden states *entering* decoder layers ``(2, L//2, L-3)``
+  (HF ``output_hidden_states[2], [L//2], [L-3]``), concatenated low, mid, high;
+* ``final_hidden [R, H]`` fp16: the final *normed* hidden state, so that the target's
+  next-token logits can be recomputed exactly at train time with the (tied) lm_head, restricted to
+  the draft vocabulary (much smaller than storing full or top-k logits).
+
+A sequence of ``n`` tokens has ``R = n - 1`` rows (row ``p`` belongs to token ``p``; the last
+token is never fed to the target). Row ``p``'s ``final_hidden`` gives the target's distribution
+of token ``p + 1``.
+
+Shards (``shard_00000.safetensors`` ...) hold a fixed slice of the deterministic prompt list, so
+a run can be stopped and resumed: finished shards are skipped; every file is written to a
+temporary name and renamed, so a killed run never leaves a half shard. ``manifest.json`` records
+the target, taps and generation settings; a resumed run with different settings is refused.
+
+Shard tensors: ``tokens`` int32 [N] (all sequences concatenated), ``seq_offsets`` int64 [S+1],
+``prompt_lens`` int32 [S], ``row_offsets`` int64 [S+1] (``row_offsets[i] = seq_offsets[i] - i``),
+``sampled`` uint8 [S] (1 = temperature sampling, 0 = greedy), ``finished`` uint8 [S]
+(1 = ended with an EOS token), ``features``, ``final_hidden``, ``target_argmax`` int32 [R] (the
+target's full-vocabulary greedy token after row p, recorded for rows >= prompt_len - 1, else -1;
+used to mask positions whose greedy token is outside the draft vocabulary). String metadata ``prompt_ids``
+(JSON list).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+__all__ = [
+    "DistillConfig",
+    "DistillShard",
+    "Sequence_",
+    "aux_layer_ids",
+    "generate_with_taps",
+    "write_shard",
+    "read_shard",
+    "list_shards",
+    "run_distill",
+    "default_distill_dir",
+    "chat_ids",
+]
+
+FP16_MAX = 65504.0
+
+
+def default_distill_dir() -> Path:
+    from ..defaults import cache_root
+
+    return cache_root() / "distill"
+
+
+def aux_layer_ids(num_layers: int) -> tuple[int, int, int]:
+    """EAGLE-3 taps: the inputs of decoder layers (2, L//2, L-3) = HF hidden_states indices."""
+    return (2, num_layers // 2, num_layers - 3)
+
+
+@dataclass
+class DistillConfig:
+    out_dir: str
+    num_prompts: int = 4800
+    shard_size: int = 64              # prompts per shard = generation batch
+    max_new_tokens: int = 320
+    max_prompt_tokens: int = 448
+    sampled_fraction: float = 0.25    # share of prompts answered with temperature sampling
+    temperature: float = 0.7
+    seed: int = 0
+    length_window: int = 8            # sort prompts by length within windows of this many shards
+    max_shards: int | None = None     # stop after this many shards in this run (None = all)
+    time_budget_s: float | None = None  # stop starting new shards after this much wall time
+    threads: int = 1
+
+
+@dataclass
+class Sequence_:
+    """One distilled sequence (what a shard holds per prompt)."""
+
+    prompt_id: str
+    tokens: torch.Tensor          # [n] int64
+    prompt_len: int
+    features: torch.Tensor        # [n-1, 3H] fp16
+    final_hidden: torch.Tensor    # [n-1, H] fp16
+    sampled: bool = False
+    finished: bool = True
+    target_argmax: torch.Tensor | None = None  # [n-1] int64, the target's greedy token per row
+                                                # (-1 where not recorded: prompt rows < P-1)
+
+
+class _Taps:
+    """Forward hooks that keep only the 3 EAGLE-3 taps and the final normed hidden state."""
+
+    def __init__(self, model, layer_ids: Sequence[int]):
+        self.layer_ids = list(layer_ids)
+        self.store: dict = {}
+        self.handles = []
+        inner = model.model
+        for i in self.layer_ids:
+            self.handles.append(inner.layers[i].register_forward_pre_hook(self._pre(i),
+                                                                          with_kwargs=True))
+        self.handles.append(inner.norm.register_forward_hook(self._post))
+
+    def _pre(self, i):
+        def hook(mod, args, kwargs):
+            self.store[i] = args[0] if args else kwargs["hidden_states"]
+        return hook
+
+    def _post(self, mod, args, out):
+        self.store["final"] = out
+
+    def take(self) -> tuple[torch.Tensor, torch.Tensor]:
+        feats = torch.cat([self.store[i] for i in self.layer_ids], dim=-1)
+        return feats, self.store["final"]
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+
+
+def _to_fp16(x: torch.Tensor) -> torch.Tensor:
+    return x.float().clamp_(-FP16_MAX, FP16_MAX).to(torch.float16)
+
+
+@torch.inference_mode()
+def generate_with_taps(model, prompts: list[list[int]], max_new_tokens: int,
+                       eos_ids: Sequence[int], sampled: Sequence[bool] | None = None,
+                       temperature: float = 0.7, generator: torch.Generator | None = None,
+                       pad_id: int = 0) -> list[dict]:
+    """Batched generation with a HF ``LlamaForCausalLM`` (KV cache, left padding), recording
+    the EAGLE-3 taps and the final normed hidden state at every fed position.
+
+    Finished sequences are dropped from the batch (the KV cache is compacted), so the batch
+    shrinks as answers end. Returns per prompt: ``tokens`` (prompt + response, int64),
+    ``features`` / ``final_hidden`` (fp16, ``n - 1`` rows) and ``finished``.
+    """
+    from transformers import DynamicCache
+
+    num_layers = model.config.num_hidden_layers
+    taps = _Taps(model, aux_layer_ids(num_layers))
+    try:
+        B = len(prompts)
+        sampled = [False] * B if sampled is None else list(sampled)
+        eos = torch.tensor(sorted(set(eos_ids)), dtype=torch.long)
+        plen = torch.tensor([len(p) for p in prompts])
+        P = int(plen.max())
+        ids = torch.full((B, P), pad_id, dtype=torch.long)
+        mask = torch.zeros((B, P), dtype=torch.long)
+        for b, p in enumerate(prompts):
+            ids[b, P - len(p):] = torch.tensor(p, dtype=torch.long)
+            mask[b, P - len(p):] = 1
+        pos = (mask.cumsum(-1) - 1).clamp_(min=0)
+        cache = DynamicCache(config=model.config)
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
+                    use_cache=True, logits_to_keep=1)
+        feats, final = taps.take()
+        res_feats = [[_to_fp16(feats[b, P - len(p):])] for b, p in enumerate(prompts)]
+        res_final = [[_to_fp16(final[b, P - len(p):])] for b, p in enumerate(prompts)]
+        gen = [[] for _ in range(B)]
+        amax = [[] for _ in range(B)]  # target argmax at rows >= P-1 (free: logits exist there)
+        finished = [False] * B
+        active = torch.arange(B)
+        samp = torch.tensor(sampled, dtype=torch.bool)
+        next_pos = plen.clone()
+        logits = out.logits[:, -1].float()
+        for step in range(max_new_tokens):
+            tok = logits.argmax(-1)
+            for j, b in enumerate(active.tolist()):
+                amax[b].append(int(tok[j]))
+            if samp[active].any():
+                probs = torch.softmax(logits / temperature, dim=-1)
+                drawn = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+                tok = torch.where(samp[active], drawn, tok)
+            done_now = torch.isin(tok, eos)
+            for j, b in enumerate(active.tolist()):
+                gen[b].append(int(tok[j]))
+                if done_now[j]:
+                    finished[b] = True
+            if step == max_new_tokens - 1:
+                break
+            keep = (~done_now).nonzero().squeeze(-1)
+            if keep.numel() == 0:
+                break
+            if keep.numel() < active.numel():
+                cache.batch_select_indices(keep)
+                mask = mask[keep]
+                tok = tok[keep]
+                active = active[keep]
+            mask = torch.cat([mask, torch.ones((mask.shape[0], 1), dtype=mask.dtype)], dim=-1)
+            pos_now = next_pos[active].unsqueeze(-1)
+            out = model(input_ids=tok.unsqueeze(-1), attention_mask=mask, position_ids=pos_now,
+                        past_key_values=cache, use_cache=True)
+            next_pos[active] += 1
+            feats, final = taps.take()
+            f16, h16 = _to_fp16(feats[:, 0]), _to_fp16(final[:, 0])
+            for j, b in enumerate(active.tolist()):
+                res_feats[b].append(f16[j:j + 1])
+                res_final[b].append(h16[j:j + 1])
+            logits = out.logits[:, -1].float()
+    finally:
+        taps.remove()
+    results = []
+    for b, p in enumerate(prompts):
+        toks = torch.tensor(list(p) + gen[b], dtype=torch.long)
+        f = torch.cat(res_feats[b])
+        h = torch.cat(res_final[b])
+        assert f.shape[0] == toks.numel() - 1, (f.shape, toks.numel())
+        am = torch.full((toks.numel() - 1,), -1, dtype=torch.long)
+        am[len(p) - 1:] = torch.tensor(amax[b][:toks.numel() - len(p)], dtype=torch.long)
+        results.append({"tokens": toks, "features": f, "final_hidden": h, "target_argmax": am,
+                        "finished": finished[b], "prompt_len": len(p)})
+    return results
+
+
+# ----------------------------------------------------------------------------- shard I/O
+
+
+def write_shard(path: str | os.PathLike, seqs: list[Sequence_]) -> None:
+    """Write sequences to one safetensors shard, atomically (temp file + rename)."""
+    path = Path(path)
+    lens = torch.tensor([s.tokens.numel() for s in seqs], dtype=torch.int64)
+    seq_offsets = torch.zeros(len(seqs) + 1, dtype=torch.int64)
+    seq_offsets[1:] = lens.cumsum(0)
+    row_offsets = seq_offsets - torch.arange(len(seqs) + 1)
+    for s in seqs:
+        if s.features.shape[0] != s.tokens.numel() - 1 or s.final_hidden.shape[0] != s.tokens.numel() - 1:
+            raise ValueError(f"sequence {s.prompt_id}: rows must be len(tokens) - 1")
+    tensors = {
+        "tokens": torch.cat([s.tokens for s in seqs]).to(torch.int32),
+        "seq_offsets": seq_offsets,
+        "row_offsets": row_offsets,
+        "prompt_lens": torch.tensor([s.prompt_len for s in seqs], dtype=torch.int32),
+        "sampled": torch.tensor([int(s.sampled) for s in seqs], dtype=torch.uint8),
+        "finished": torch.tensor([int(s.finished) for s in seqs], dtype=torch.uint8),
+        "features": torch.cat([s.features for s in seqs]).to(torch.float16).contiguous(),
+        "final_hidden": torch.cat([s.final_hidden for s in seqs]).to(torch.float16).contiguous(),
+        "target_argmax": torch.cat([
+            s.target_argmax if s.target_argmax is not None
+            else torch.full((s.tokens.numel() - 1,), -1, dtype=torch.long) for s in seqs
+        ]).to(torch.int32),
+    }
+    meta = {"prompt_ids": json.dumps([s.prompt_id for s in seqs]), "format": "heterospec-distill-v1"}
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    save_file(tensors, str(tmp), metadata=meta)
+    os.replace(tmp, path)
+
+
+class DistillShard:
+    """Lazy reader of one shard (memory-mapped by safetensors)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        with safe_open(str(self.path), framework="pt") as f:
+            meta = f.metadata() or {}
+            self.tokens = f.get_tensor("tokens").long()
+            self.seq_offsets = f.get_tensor("seq_offsets")
+            self.row_offsets = f.get_tensor("row_offsets")
+            self.prompt_lens = f.get_tensor("prompt_lens").long()
+            self.sampled = f.get_tensor("sampled").bool()
+            self.finished = f.get_tensor("finished").bool()
+            self.features = f.get_tensor("features")
+            self.final_hidden = f.get_tensor("final_hidden")
+            self.target_argmax = (f.get_tensor("target_argmax").long()
+                                  if "target_argmax" in f.keys() else None)
+        self.prompt_ids = json.loads(meta.get("prompt_ids", "[]"))
+
+    def __len__(self) -> int:
+        return self.prompt_lens.numel()
+
+    def sequence(self, i: int) -> Sequence_:
+        a, b = int(self.seq_offsets[i]), int(self.seq_offsets[i + 1])
+        ra, rb = int(self.row_offsets[i]), int(self.row_offsets[i + 1])
+        return Sequence_(prompt_id=self.prompt_ids[i] if self.prompt_ids else str(i),
+                         tokens=self.tokens[a:b], prompt_len=int(self.prompt_lens[i]),
+                         features=self.features[ra:rb], final_hidden=self.final_hidden[ra:rb],
+                         sampled=bool(self.sampled[i]), finished=bool(self.finished[i]),
+                         target_argmax=(None if self.target_argmax is None
+                                        else self.target_argmax[ra:rb]))
+
+    def __iter__(self) -> Iterator[Sequence_]:
+        for i in range(len(self)):
+            yield self.sequence(i)
+
+    @property
+    def num_response_tokens(self) -> int:
+        lens = self.seq_offsets[1:] - self.seq_offsets[:-1]
+        return int((lens - self.prompt_lens).sum())
+
+
+def read_shard(path) -> list[Sequence_]:
+    return list(DistillShard(path))
+
+
+def list_shards(data_dir: str | os.PathLike) -> list[Path]:
+    return sorted(Path(data_dir).glob("shard_*.safetensors"))
+
+
+# ----------------------------------------------------------------------------- driver
+
+
+def chat_ids(tokenizer, text: str) -> list[int]:
+    """Token ids of one user turn with the chat template and the assistant header applied."""
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                        add_generation_prompt=True, tokenize=True)
+    if hasattr(ids, "keys"):  # transformers 5 returns a BatchEncoding
+        ids = ids["input_ids"]
+    return [int(i) for i in ids]
+
+
+def _shard_plan(prompts, tokenizer, cfg: DistillConfig) -> list[list[tuple[object, list[int]]]]:
+    """Tokenize (chat template), drop over-long prompts, sort by length within windows of
+    ``length_window`` shards (less padding), and cut into shards. Deterministic."""
+    enc = []
+    for p in prompts:
+        ids = chat_ids(tokenizer, p.text)
+        if len(ids) <= cfg.max_prompt_tokens:
+            enc.append((p, ids))
+    window = cfg.shard_size * cfg.length_window
+    shards = []
+    for w in range(0, len(enc), window):
+        chunk = sorted(enc[w:w + window], key=lambda e: len(e[1]))
+        for s in range(0, len(chunk), cfg.shard_size):
+            shards.append(chunk[s:s + cfg.shard_size])
+    return shards
+
+
+def _eos_ids(tokenizer, model) -> list[int]:
+    ids = set()
+    gc = getattr(model, "generation_config", None)
+    for src in (getattr(gc, "eos_token_id", None), getattr(model.config, "eos_token_id", None),
+                tokenizer.eos_token_id):
+        if src is None:
+            continue
+        ids.update(src if isinstance(src, (list, tuple)) else [src])
+    for t in ("<|im_end|>", "<|endoftext|>"):
+        tid = tokenizer.convert_tokens_to_ids(t)
+        if isinstance(tid, int) and tid >= 0 and tid != tokenizer.unk_token_id:
+            ids.add(tid)
+    return sorted(ids)
+
+
+def run_distill(cfg: DistillConfig, model=None, tokenizer=None, prompts=None,
+                target_dir: str | None = None, log=print) -> dict:
+    """Generate (or resume) the distillation shards described by ``cfg``.
+
+    ``model``/``tokenizer`` default to the built-in target (``heterospec.defaults``), ``prompts``
+    to ``build_training_prompts(cfg.num_prompts, cfg.seed)``. Returns a summary dict.
+    """
+    from tqdm import tqdm
+
+    torch.set_num_threads(max(1, cfg.threads))
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if model is None or tokenizer is None:
+        from transformers import AutoTokenizer, LlamaForCausalLM
+
+        if target_dir is None:
+            from ..defaults import default_target_dir
+
+            target_dir = str(default_target_dir())
+        log(f"loading target from {target_dir}")
+        tokenizer = AutoTokenizer.from_pretrained(target_dir)
+        model = LlamaForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
+    model.eval()
+    if prompts is None:
+        from .prompts import build_training_prompts
+
+        prompts = build_training_prompts(cfg.num_prompts, cfg.seed)
+    L = model.config.num_hidden_layers
+    manifest = {
+        "format": "heterospec-distill-v1",
+        "target": str(target_dir) if target_dir else getattr(model.config, "_name_or_path", ""),
+        "num_layers": L, "hidden_size": model.config.hidden_size,
+        "vocab_size": model.config.vocab_size, "aux_layers": list(aux_layer_ids(L)),
+        "config": {k: v for k, v in asdict(cfg).items()
+                   if k not in ("out_dir", "max_shards", "time_budget_s", "threads")},
+    }
+    mpath = out / "manifest.json"
+    if mpath.exists():
+        old = json.loads(mpath.read_text())
+        for k in ("num_layers", "hidden_size", "vocab_size", "aux_layers", "config"):
+            if old.get(k) != manifest[k]:
+                raise ValueError(f"{mpath} was written with a different {k} ({old.get(k)!r} vs "
+                                 f"{manifest[k]!r}); use another --out or the same settings")
+    else:
+        tmp = mpath.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(manifest, indent=1))
+        os.replace(tmp, mpath)
+
+    plan = _shard_plan(prompts, tokenizer, cfg)
+    eos = _eos_ids(tokenizer, model)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+    todo = [i for i in range(len(plan)) if not (out / f"shard_{i:05d}.safetensors").exists()]
+    if cfg.max_shards is not None:
+        todo = todo[:cfg.max_shards]
+    log(f"{len(plan)} shards planned ({sum(map(len, plan))} prompts), {len(plan) - len(todo)} "
+        f"already done or skipped, {len(todo)} to generate; eos ids {eos}")
+    t0 = time.time()
+    n_tok = n_resp = 0
+    bar = tqdm(todo, desc="distill", unit="shard", mininterval=10, dynamic_ncols=True)
+    for i in bar:
+        if cfg.time_budget_s is not None and time.time() - t0 > cfg.time_budget_s:
+            log(f"time budget reached; stopping before shard {i}")
+            break
+        items = plan[i]
+        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + i)
+        rng = random.Random(f"distill-{cfg.seed}-{i}")
+        sampled = [rng.random() < cfg.sampled_fraction for _ in items]
+        ts = time.time()
+        res = generate_with_taps(model, [ids for _, ids in items], cfg.max_new_tokens, eos,
+                                 sampled=sampled, temperature=cfg.temperature, generator=gen,
+                                 pad_id=pad)
+        seqs = [Sequence_(prompt_id=p.id, tokens=r["tokens"], prompt_len=r["prompt_len"],
+                          features=r["features"], final_hidden=r["final_hidden"], sampled=s,
+                          finished=r["finished"], target_argmax=r["target_argmax"])
+                for (p, _), r, s in zip(items, res, sampled)]
+        write_shard(out / f"shard_{i:05d}.safetensors", seqs)
+        dt = time.time() - ts
+        tok = sum(int(s.tokens.numel()) for s in seqs)
+        resp = sum(int(s.tokens.numel()) - s.prompt_len for s in seqs)
+        n_tok += tok
+        n_resp += resp
+        el = time.time() - t0
+        bar.set_postfix(tok_s=f"{n_tok / el:.0f}", resp_tok_s=f"{n_resp / el:.0f}",
+                        resp_tok=n_resp)
+        log(f"shard {i}: {len(seqs)} seqs, {tok} tokens ({resp} response) in {dt:.0f}s "
+            f"= {tok / dt:.0f} tok/s; run total {n_resp} response tokens, "
+            f"{n_tok / el:.0f} tok/s overall")
+    bar.close()
+    done = list_shards(out)
+    return {"shards": len(done), "planned": len(plan), "tokens_this_run": n_tok,
+            "response_tokens_this_run": n_resp, "seconds": time.time() - t0}

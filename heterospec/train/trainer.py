@@ -1,0 +1,857 @@
+"""EAGLE-3 draft training on self-distillation shards (``heterospec.train.distill``).
+
+Pipeline pieces, all usable from Python and from ``heterospec train-draft``:
+
+* ``build_vocab(data_dir, size)``: the draft vocabulary = the ``size`` most frequent target
+  tokens in the distilled *responses* (eagle-mechanics §3.3): ``kept`` sorted ascending,
+  ``d2t[i] = kept[i] - i``, ``t2d[v] = v in kept``; with coverage of 4096 / 8192 / 12288 / size.
+* ``DataStream``: shards are read in *groups* (a few shards at a time, memory-bounded); within a
+  group, sequences are bucketed by length into batches of at most ``batch_tokens`` padded tokens
+  and shuffled. Shards that appear while training runs join the next groups of the current
+  epoch (the distillation job may still be running). Its state (epoch, shards seen, current group,
+  batch index) goes into every checkpoint, so a resumed run continues at the same batch.
+* ``Trainer``: ``Eagle3Draft.for_target`` (H3's model), lm_head initialised from the target's
+  (tied) output embedding rows of the draft vocabulary and ``norm`` from the target's final norm;
+  loss = sum over training-time-test steps s of ``0.8**s`` x soft cross-entropy against the
+  target distribution restricted to the draft vocabulary (renormalised), on response positions
+  whose target greedy token is in the draft vocabulary. Target logits are recomputed from the
+  stored final normed hidden state with the target's lm_head rows of the draft vocabulary.
+  AdamW (0.9, 0.95), linear warmup then cosine decay to 10 %, grad clip. Checkpoints hold the
+  draft, optimizer, step, data position and RNG state (atomic writes).
+* ``simulate_acceptance``: offline estimate of the mean acceptance length tau on held-out
+  greedy distilled sequences: the draft runs exactly as in decoding (``extend`` over committed
+  entries, EAGLE-2 tree expansion with ``tree_step``, rerank to ``nodes`` draft tokens), and the
+  target's greedy choices are the recorded next tokens. ``top_k=1, nodes=depth`` is a chain.
+* ``export_draft``: ``save_pretrained`` (public EAGLE-3 layout, fp16) into the assets dir.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .distill import DistillShard, Sequence_, list_shards
+
+__all__ = [
+    "build_vocab",
+    "load_vocab",
+    "vocab_maps",
+    "is_val",
+    "DataStream",
+    "TrainConfig",
+    "Trainer",
+    "simulate_acceptance",
+    "export_draft",
+    "load_target_for_training",
+]
+
+# ----------------------------------------------------------------------------- vocabulary
+
+
+def vocab_maps(kept: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(d2t, t2d) for the sorted kept target ids: target = draft + d2t[draft]; t2d[v] = kept."""
+    kept = torch.as_tensor(kept, dtype=torch.long).sort().values
+    d2t = kept - torch.arange(kept.numel())
+    t2d = torch.zeros(vocab_size, dtype=torch.bool)
+    t2d[kept] = True
+    return d2t, t2d
+
+
+def token_counts(data_dir, vocab_size: int, shards=None, response_only: bool = True,
+                 exclude_val: bool = True) -> torch.Tensor:
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for path in (shards if shards is not None else list_shards(data_dir)):
+        sh = DistillShard(path)
+        for i in range(len(sh)):
+            if exclude_val and is_val(sh.prompt_ids[i]):
+                continue
+            a, b = int(sh.seq_offsets[i]), int(sh.seq_offsets[i + 1])
+            start = a + int(sh.prompt_lens[i]) if response_only else a
+            counts += torch.bincount(sh.tokens[start:b], minlength=vocab_size)
+    return counts
+
+
+def build_vocab(data_dir, size: int = 8192, vocab_size: int | None = None, out=None,
+                report_sizes=(2048, 4096, 8192, 12288)) -> dict:
+    """Pick the ``size`` most frequent response tokens (training split) and save them.
+
+    Writes ``out`` (default ``DATA/vocab_SIZE.json``) with ``kept`` (sorted target ids) and
+    coverage figures on the training split and on the held-out split."""
+    data_dir = Path(data_dir)
+    if vocab_size is None:
+        vocab_size = json.loads((data_dir / "manifest.json").read_text())["vocab_size"]
+    counts = token_counts(data_dir, vocab_size)
+    held = token_counts(data_dir, vocab_size, exclude_val=False) - counts
+    order = torch.argsort(counts, descending=True, stable=True)
+    total, htotal = int(counts.sum()), int(held.sum())
+    if total == 0:
+        raise ValueError(f"no response tokens found in {data_dir}")
+    cov = {}
+    for n in sorted(set(report_sizes) | {size}):
+        top = order[:n]
+        cov[str(n)] = {"train": float(counts[top].sum()) / total,
+                       "heldout": float(held[top].sum()) / max(1, htotal)}
+    kept = order[:size].sort().values
+    info = {"size": size, "vocab_size": vocab_size, "kept": kept.tolist(), "coverage": cov,
+            "response_tokens": total, "heldout_response_tokens": htotal,
+            "distinct_tokens": int((counts > 0).sum()),
+            "shards": [p.name for p in list_shards(data_dir)]}
+    out = Path(out) if out else data_dir / f"vocab_{size}.json"
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(info))
+    os.replace(tmp, out)
+    return info
+
+
+def load_vocab(path) -> torch.Tensor:
+    return torch.tensor(json.loads(Path(path).read_text())["kept"], dtype=torch.long)
+
+
+# ----------------------------------------------------------------------------- data
+
+VAL_PERCENT = 3
+
+
+def is_val(prompt_id: str, percent: int = VAL_PERCENT) -> bool:
+    """Held-out split by a fixed hash of the prompt id (never trained on)."""
+    h = int.from_bytes(hashlib.sha256(("val:" + prompt_id).encode()).digest()[:4], "big")
+    return h % 100 < percent
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor        # [B, S]
+    features: torch.Tensor         # [B, S, 3H] float32 (row p, zero padding)
+    final_hidden: torch.Tensor     # [B, S, H] float32
+    target_argmax: torch.Tensor    # [B, S] int64 (-1 = unknown / padding)
+    attention_mask: torch.Tensor   # [B, S] long
+    lengths: torch.Tensor          # [B] tokens per sequence
+    prompt_lens: torch.Tensor      # [B]
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.lengths.sum())
+
+
+def collate(seqs: list[Sequence_], max_len: int | None = None) -> Batch:
+    """Right-padded batch. Rows past ``len - 1`` (no feature) are zero. Sequences longer than
+    ``max_len`` are cut to their first ``max_len`` tokens."""
+    lens = [min(s.tokens.numel(), max_len or 1 << 30) for s in seqs]
+    B, S = len(seqs), max(lens)
+    H3 = seqs[0].features.shape[-1]
+    H = seqs[0].final_hidden.shape[-1]
+    ids = torch.zeros(B, S, dtype=torch.long)
+    feats = torch.zeros(B, S, H3)
+    fin = torch.zeros(B, S, H)
+    am = torch.full((B, S), -1, dtype=torch.long)
+    mask = torch.zeros(B, S, dtype=torch.long)
+    for b, (s, n) in enumerate(zip(seqs, lens)):
+        ids[b, :n] = s.tokens[:n]
+        r = min(n, s.features.shape[0])
+        feats[b, :r] = s.features[:r].float()
+        fin[b, :r] = s.final_hidden[:r].float()
+        if s.target_argmax is not None:
+            am[b, :r] = s.target_argmax[:r]
+        else:  # greedy sequences: the next token is the target's argmax
+            am[b, :r] = s.tokens[1:r + 1]
+        mask[b, :n] = 1
+    return Batch(ids, feats, fin, am, mask, torch.tensor(lens),
+                 torch.tensor([s.prompt_len for s in seqs]))
+
+
+class DataStream:
+    """Deterministic, resumable stream of training batches over a (possibly growing) shard dir."""
+
+    def __init__(self, data_dir, batch_tokens: int = 2048, max_len: int = 768,
+                 group_shards: int = 4, seed: int = 0, min_shards: int = 1):
+        self.data_dir = Path(data_dir)
+        self.batch_tokens = batch_tokens
+        self.max_len = max_len
+        self.group_shards = group_shards
+        self.seed = seed
+        self.min_shards = min_shards
+        self.state = {"epoch": 0, "seen": [], "group": [], "group_id": 0, "batch": 0}
+        self._cache_key = None
+        self._batches: list[list[Sequence_]] = []
+
+    def state_dict(self) -> dict:
+        return json.loads(json.dumps(self.state))
+
+    def load_state_dict(self, st: dict) -> None:
+        self.state = json.loads(json.dumps(st))
+        self._cache_key = None
+
+    def _plan_group(self, names: list[str], gid: int) -> list[list[Sequence_]]:
+        seqs = []
+        for name in names:
+            sh = DistillShard(self.data_dir / name)
+            seqs.extend(s for s in sh if not is_val(s.prompt_id) and s.tokens.numel() >= 4)
+        rng = random.Random(f"{self.seed}-group-{gid}")
+        rng.shuffle(seqs)
+        seqs.sort(key=lambda s: min(s.tokens.numel(), self.max_len))
+        batches, cur, cur_max = [], [], 0
+        for s in seqs:
+            n = min(s.tokens.numel(), self.max_len)
+            if cur and max(cur_max, n) * (len(cur) + 1) > self.batch_tokens:
+                batches.append(cur)
+                cur, cur_max = [], 0
+            cur.append(s)
+            cur_max = max(cur_max, n)
+        if cur:
+            batches.append(cur)
+        rng.shuffle(batches)
+        return batches
+
+    def _next_group(self) -> None:
+        st = self.state
+        while True:
+            avail = [p.name for p in list_shards(self.data_dir)]
+            if len(avail) < self.min_shards:
+                raise RuntimeError(f"{self.data_dir}: {len(avail)} shards, need {self.min_shards}")
+            fresh = sorted(set(avail) - set(st["seen"]))
+            if fresh:
+                break
+            st["epoch"] += 1
+            st["seen"] = []
+        rng = random.Random(f"{self.seed}-pick-{st['epoch']}-{st['group_id']}")
+        # prefer shards never used in any epoch so far (new data first), then random
+        pick = rng.sample(fresh, min(self.group_shards, len(fresh)))
+        st["group"] = sorted(pick)
+        st["seen"] = sorted(set(st["seen"]) | set(pick))
+        st["group_id"] += 1
+        st["batch"] = 0
+
+    def next_batch(self) -> Batch:
+        st = self.state
+        while True:
+            if not st["group"]:
+                self._next_group()
+            key = (tuple(st["group"]), st["group_id"])
+            if key != self._cache_key:
+                self._batches = self._plan_group(st["group"], st["group_id"])
+                self._cache_key = key
+            if st["batch"] < len(self._batches):
+                b = self._batches[st["batch"]]
+                st["batch"] += 1
+                return collate(b, self.max_len)
+            st["group"] = []
+
+
+def validation_sequences(data_dir, max_seqs: int = 96, greedy_only: bool = False) -> list[tuple[str, int]]:
+    """(shard name, index) of held-out sequences, in shard order (fixed once chosen)."""
+    out = []
+    for path in list_shards(data_dir):
+        sh = DistillShard(path)
+        for i in range(len(sh)):
+            if is_val(sh.prompt_ids[i]) and (not greedy_only or not bool(sh.sampled[i])):
+                out.append((path.name, i))
+    return out[:max_seqs]
+
+
+def load_sequences(data_dir, refs: list[tuple[str, int]]) -> list[Sequence_]:
+    cache, out = {}, []
+    for name, i in refs:
+        if name not in cache:
+            cache[name] = DistillShard(Path(data_dir) / name)
+        out.append(cache[name].sequence(i))
+    return out
+
+
+# ----------------------------------------------------------------------------- model helpers
+
+
+def load_target_for_training(target_dir=None):
+    """(HF LlamaForCausalLM fp32, tokenizer or None) for the given dir or the built-in target."""
+    from transformers import LlamaForCausalLM
+
+    if target_dir is None:
+        from ..defaults import default_target_dir
+
+        target_dir = default_target_dir()
+    model = LlamaForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def _target_head(target) -> torch.Tensor:
+    """The target's output projection [V, H] (tied to the embedding for SmolLM2)."""
+    head = target.get_output_embeddings() if hasattr(target, "get_output_embeddings") else None
+    w = head.weight if head is not None else target.lm_head.weight
+    return w.detach().float()
+
+
+def _target_final_norm(target) -> torch.Tensor | None:
+    inner = getattr(target, "model", None)
+    norm = getattr(inner, "norm", None) if inner is not None else getattr(target, "norm", None)
+    return None if norm is None else norm.weight.detach().float()
+
+
+def new_draft(target, kept: torch.Tensor, seed: int = 0, init_from_target: bool = True):
+    """A fresh draft for ``target`` over the draft vocabulary ``kept`` (fp32, for training).
+
+    With ``init_from_target`` (the default; chosen by a small A/B on the distilled data, where it
+    reached the lowest KL after a few dozen steps):
+      * ``lm_head`` = the target's output rows of the draft vocabulary (the trainer freezes it by
+        default, as EAGLE-1/2 do with the full head; it is still exported as the EAGLE-3 head);
+      * ``norm.weight`` = 0.1 x the target's final-norm weight, so the first predictions are
+        near-uniform instead of confidently random (random draft hidden states dotted with the
+        target's head give logits with a std of ~6 and a KL of ~30 nats);
+      * ``fc`` = identity on the high tap (the hidden state entering layer L-3, the closest to
+        the target's output space) plus the random init scaled by 0.1 on the low and mid taps.
+    """
+    from ..models.draft import Eagle3Draft
+
+    draft = Eagle3Draft.for_target(target, draft_vocab_size=int(kept.numel()), seed=seed,
+                                   kept_ids=kept, dtype=torch.float32)
+    if init_from_target:
+        with torch.no_grad():
+            draft.lm_head.weight.copy_(_target_head(target)[draft.to_target_ids(torch.arange(kept.numel()))])
+            nw = _target_final_norm(target)
+            if nw is not None and nw.shape == draft.norm.weight.shape:
+                draft.norm.weight.copy_(0.1 * nw)
+            H, Ht = draft.config.hidden_size, draft.config.target_hidden_size
+            if draft.fc is not None and H == Ht:
+                draft.fc.weight[:, :2 * Ht].mul_(0.1)
+                draft.fc.weight[:, 2 * Ht:].copy_(torch.eye(H))
+    return draft
+
+
+# ----------------------------------------------------------------------------- loss
+
+
+def ttt_loss(draft, batch: Batch, head_kept: torch.Tensor, ttt_steps: int,
+             decay: float = 0.8, with_metrics: bool = True):
+    """Training-time-test loss. Returns (loss, metrics dict with per-step soft CE, KL, top-1
+    agreement (within the draft vocab and against the full-vocabulary greedy token) and counts).
+    ``head_kept`` [Vd, H]: the target's lm_head rows of the draft vocabulary.
+
+    Step s, row p predicts token p + 2 + s; its target distribution is softmax over the draft
+    vocabulary of ``final_hidden[p + 1 + s] @ head_kept.T``. Only response tokens (index >=
+    prompt_len) whose target greedy token lies in the draft vocabulary are scored."""
+    B, S = batch.input_ids.shape
+    out = draft.forward_train(batch.input_ids, batch.features, batch.attention_mask,
+                              ttt_steps=ttt_steps, return_logits=False)
+    t2d = draft.t2d
+    pos = torch.arange(S)
+    # teacher distributions, once per batch, for every row that some step scores
+    row_ok = ((pos[None] + 1 < batch.lengths[:, None]) & (pos[None] + 1 >= batch.prompt_lens[:, None])
+              & (batch.target_argmax >= 0) & t2d[batch.target_argmax.clamp(min=0)])
+    rb, rp = row_ok.nonzero(as_tuple=True)
+    row_index = torch.full((B, S), -1, dtype=torch.long)
+    row_index[rb, rp] = torch.arange(rb.numel())
+    with torch.no_grad():
+        t_logits = batch.final_hidden[rb, rp] @ head_kept.T            # [R, Vd]
+        t_logp = torch.log_softmax(t_logits, dim=-1)
+        t_p = t_logp.exp()
+        t_top = t_logits.argmax(-1)
+        t_ent = -(t_p * t_logp).sum(-1)
+    total = batch.features.new_zeros(())
+    metrics = {"loss": [], "kl": [], "acc": [], "acc_full": [], "n": []}
+    for s, h in enumerate(out.hidden):
+        tgt_row = pos + 1 + s                       # final_hidden row giving the target dist
+        valid = (tgt_row[None] + 1 < batch.lengths[:, None]) & (tgt_row[None] + 1 >= batch.prompt_lens[:, None])
+        rows = tgt_row.clamp(max=S - 1)
+        known = valid & (batch.target_argmax[:, rows] >= 0)
+        ri = torch.where(valid, row_index[:, rows], -1)
+        sel = ri >= 0
+        n_known = int(known.sum())
+        if int(sel.sum()) == 0:
+            for k in ("loss", "kl", "acc", "acc_full"):
+                metrics[k].append(float("nan"))
+            metrics["n"].append(0)
+            continue
+        bi, pi = sel.nonzero(as_tuple=True)
+        r = ri[bi, pi]
+        logq = torch.log_softmax(draft.logits(h[bi, pi]), dim=-1)         # [N, Vd]
+        ce = -(t_p[r] * logq).sum(-1)
+        loss_s = ce.mean()
+        total = total + (decay ** s) * loss_s
+        if with_metrics:
+            with torch.no_grad():
+                agree = (logq.argmax(-1) == t_top[r]).float()
+                metrics["loss"].append(float(loss_s.detach()))
+                metrics["kl"].append(float((ce.detach() - t_ent[r]).mean()))
+                metrics["acc"].append(float(agree.mean()))
+                # agreement with the full-vocabulary greedy token (out-of-vocab rows = misses)
+                metrics["acc_full"].append(float(agree.sum()) / max(1, n_known))
+                metrics["n"].append(int(sel.sum()))
+    return total, metrics
+
+
+# ----------------------------------------------------------------------------- config / trainer
+
+
+@dataclass
+class TrainConfig:
+    data_dir: str
+    run_dir: str
+    vocab_size: int = 8192
+    steps: int = 3000
+    batch_tokens: int = 2048
+    max_len: int = 768
+    ttt_steps: int = 3
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup: int = 100
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    decay: float = 0.8
+    val_seqs: int = 96
+    eval_every: int = 250
+    eval_ttt_steps: int = 6
+    ckpt_every: int = 50
+    sim_every: int = 0               # steps between tau simulations during training (0 = at eval)
+    sim_seqs: int = 6
+    time_budget_s: float | None = None
+    seed: int = 0
+    threads: int = 1
+    group_shards: int = 4
+    target_dir: str | None = None
+    freeze_lm_head: bool = True      # keep lm_head = the target's output rows (saves ~1/4 compute)
+
+
+def lr_at(cfg: TrainConfig, step: int, train_seconds: float = 0.0) -> float:
+    """Linear warmup, then cosine decay to ``min_lr_ratio``; the decay follows whichever is
+    further along: the step count or the training time against ``time_budget_s``."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    t = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
+    if cfg.time_budget_s:
+        t = max(t, min(1.0, train_seconds / cfg.time_budget_s))
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+def _atomic_save(obj, path: Path) -> None:
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, target=None, log=print):
+        self.cfg = cfg
+        self.log = log
+        torch.set_num_threads(max(1, cfg.threads))
+        self.run = Path(cfg.run_dir)
+        self.run.mkdir(parents=True, exist_ok=True)
+        self.target = target if target is not None else load_target_for_training(cfg.target_dir)
+        vocab_file = Path(cfg.data_dir) / f"vocab_{cfg.vocab_size}.json"
+        run_vocab = self.run / "vocab.json"
+        if run_vocab.exists():  # a resumed run keeps its own vocabulary
+            kept = load_vocab(run_vocab)
+        else:
+            if not vocab_file.exists():
+                info = build_vocab(cfg.data_dir, cfg.vocab_size,
+                                   vocab_size=self.target.config.vocab_size)
+                log(f"built draft vocab {cfg.vocab_size}: coverage {info['coverage']}")
+            run_vocab.write_text(vocab_file.read_text())
+            kept = load_vocab(run_vocab)
+        torch.manual_seed(cfg.seed)
+        self.draft = new_draft(self.target, kept, seed=cfg.seed)
+        self.draft.train()
+        if cfg.freeze_lm_head:
+            self.draft.lm_head.weight.requires_grad_(False)
+        self.head_kept = _target_head(self.target)[self.draft.to_target_ids(
+            torch.arange(kept.numel()))].contiguous()
+        params = [p for p in self.draft.parameters() if p.requires_grad]
+        decay = [p for p in params if p.dim() >= 2]
+        no_decay = [p for p in params if p.dim() < 2]
+        self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                                      {"params": no_decay, "weight_decay": 0.0}],
+                                     lr=cfg.lr, betas=(0.9, 0.95))
+        self.stream = DataStream(cfg.data_dir, cfg.batch_tokens, cfg.max_len,
+                                 group_shards=cfg.group_shards, seed=cfg.seed)
+        self.step = 0
+        self.tokens_seen = 0
+        self.train_seconds = 0.0          # cumulative over resumes (drives the time schedule)
+        self.history: list[dict] = []
+        self.val_refs = None
+        ck = self.run / "ckpt_latest.pt"
+        if ck.exists():
+            self.load_checkpoint(ck)
+            log(f"resumed from {ck} at step {self.step}")
+        if self.val_refs is None:
+            self.val_refs = validation_sequences(cfg.data_dir, cfg.val_seqs)
+        (self.run / "train_config.json").write_text(json.dumps(asdict(cfg), indent=1))
+
+    # ---- checkpoints ----
+
+    def state(self) -> dict:
+        return {"draft": self.draft.state_dict(), "opt": self.opt.state_dict(), "step": self.step,
+                "tokens_seen": self.tokens_seen, "train_seconds": self.train_seconds, "stream": self.stream.state_dict(),
+                "history": self.history, "val_refs": self.val_refs, "config": asdict(self.cfg),
+                "rng": torch.get_rng_state()}
+
+    def save_checkpoint(self, name: str = "ckpt_latest.pt") -> Path:
+        path = self.run / name
+        _atomic_save(self.state(), path)
+        return path
+
+    def load_checkpoint(self, path) -> None:
+        st = torch.load(path, map_location="cpu", weights_only=False)
+        self.draft.load_state_dict(st["draft"])
+        self.opt.load_state_dict(st["opt"])
+        self.step = st["step"]
+        self.tokens_seen = st.get("tokens_seen", 0)
+        self.train_seconds = st.get("train_seconds", 0.0)
+        self.stream.load_state_dict(st["stream"])
+        self.history = st.get("history", [])
+        self.val_refs = [tuple(r) for r in st["val_refs"]] if st.get("val_refs") else None
+        torch.set_rng_state(st["rng"])
+
+    # ---- train / eval ----
+
+    def train_step(self, batch: Batch) -> dict:
+        cfg = self.cfg
+        t0 = time.time()
+        lr = lr_at(cfg, self.step, self.train_seconds)
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+        loss, m = ttt_loss(self.draft, batch, self.head_kept, cfg.ttt_steps, cfg.decay)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gn = torch.nn.utils.clip_grad_norm_([p for p in self.draft.parameters() if p.requires_grad],
+                                            cfg.grad_clip)
+        self.opt.step()
+        self.step += 1
+        self.tokens_seen += batch.num_tokens
+        self.train_seconds += time.time() - t0
+        m["lr"] = lr
+        m["total"] = float(loss.detach())
+        m["grad_norm"] = float(gn)
+        return m
+
+    @torch.no_grad()
+    def evaluate(self, ttt_steps: int | None = None) -> dict:
+        cfg = self.cfg
+        steps = ttt_steps or max(cfg.ttt_steps, cfg.eval_ttt_steps)
+        seqs = load_sequences(cfg.data_dir, self.val_refs)
+        self.draft.eval()
+        agg = {"loss": [0.0] * steps, "kl": [0.0] * steps, "acc": [0.0] * steps,
+               "acc_full": [0.0] * steps, "n": [0] * steps}
+        seqs = sorted(seqs, key=lambda s: s.tokens.numel())
+        i = 0
+        while i < len(seqs):
+            chunk = [seqs[i]]
+            i += 1
+            while i < len(seqs) and seqs[i].tokens.numel() * (len(chunk) + 1) <= 2 * cfg.batch_tokens:
+                chunk.append(seqs[i])
+                i += 1
+            _, m = ttt_loss(self.draft, collate(chunk, cfg.max_len), self.head_kept, steps, cfg.decay)
+            for s in range(steps):
+                n = m["n"][s]
+                if n:
+                    agg["loss"][s] += m["loss"][s] * n
+                    agg["kl"][s] += m["kl"][s] * n
+                    agg["acc"][s] += m["acc"][s] * n
+                    agg["acc_full"][s] += m["acc_full"][s] * n
+                    agg["n"][s] += n
+        self.draft.train()
+        res = {k: [v / max(1, n) for v, n in zip(agg[k], agg["n"])] for k in ("loss", "kl", "acc", "acc_full")}
+        res["n"] = agg["n"]
+        return res
+
+    def simulate(self, seqs: int | None = None, **kw) -> dict:
+        refs = [r for r in self.val_refs]
+        data = [s for s in load_sequences(self.cfg.data_dir, refs) if not s.sampled]
+        data = data[: seqs or self.cfg.sim_seqs]
+        self.draft.eval()
+        try:
+            return simulate_acceptance(self.draft, data, **kw)
+        finally:
+            self.draft.train()
+
+    def fit(self) -> dict:
+        from tqdm import tqdm
+
+        cfg = self.cfg
+        t0 = time.time()
+        tok0 = self.tokens_seen
+        bar = tqdm(total=cfg.steps, initial=self.step, desc="train-draft", dynamic_ncols=True,
+                   mininterval=10)
+        ema = None
+        logf = (self.run / "train_log.jsonl").open("a")
+        try:
+            while self.step < cfg.steps:
+                if cfg.time_budget_s is not None and self.train_seconds > cfg.time_budget_s:
+                    self.log(f"time budget reached at step {self.step}")
+                    break
+                batch = self.stream.next_batch()
+                m = self.train_step(batch)
+                ema = m["acc"] if ema is None else [0.95 * a + 0.05 * b if not math.isnan(b) else a
+                                                    for a, b in zip(ema, m["acc"])]
+                el = time.time() - t0
+                tps = (self.tokens_seen - tok0) / max(el, 1e-9)
+                bar.update(1)
+                bar.set_postfix(loss=f"{m['total']:.3f}", acc="/".join(f"{a:.2f}" for a in ema),
+                                tok_s=f"{tps:.0f}")
+                rec = {"step": self.step, "loss": m["total"], "step_loss": m["loss"], "kl": m["kl"],
+                       "acc": m["acc"], "acc_full": m["acc_full"], "lr": m["lr"],
+                       "grad_norm": m["grad_norm"], "tokens": self.tokens_seen,
+                       "tok_s": tps, "epoch": self.stream.state["epoch"], "time": time.time()}
+                logf.write(json.dumps(rec) + "\n")
+                logf.flush()
+                if self.step % cfg.ckpt_every == 0:
+                    self.save_checkpoint()
+                if cfg.eval_every and self.step % cfg.eval_every == 0:
+                    self._eval_and_log(logf)
+            self.save_checkpoint()
+            final = self._eval_and_log(logf)
+        finally:
+            bar.close()
+            logf.close()
+        return final
+
+    def _eval_and_log(self, logf) -> dict:
+        te = time.time()
+        ev = self.evaluate()
+        ev["step"] = self.step
+        ev["eval_s"] = time.time() - te
+        try:
+            sim = self.simulate(top_k=6, depth=6, nodes=24)
+            chain = self.simulate(top_k=1, depth=6, nodes=6)
+            ev["tau_tree"] = sim["tau"]
+            ev["tau_chain"] = chain["tau"]
+        except Exception as exc:  # the simulation is a diagnostic; never kill training for it
+            ev["sim_error"] = repr(exc)
+        self.history.append(ev)
+        logf.write(json.dumps({"eval": ev}) + "\n")
+        logf.flush()
+        best = min((h["loss"][0] for h in self.history if "loss" in h), default=None)
+        if best is not None and ev["loss"][0] <= best:
+            self.save_checkpoint("ckpt_best.pt")
+        self.log(f"eval @ {self.step}: val kl {['%.3f' % x for x in ev['kl']]} "
+                 f"acc {['%.3f' % x for x in ev['acc']]} acc_full {['%.3f' % x for x in ev['acc_full']]} "
+                 f"tau_tree {ev.get('tau_tree', float('nan')):.3f} tau_chain "
+                 f"{ev.get('tau_chain', float('nan')):.3f} ({time.time() - te:.0f}s)")
+        return ev
+
+
+# ----------------------------------------------------------------------------- acceptance simulation
+
+
+@torch.no_grad()
+def simulate_acceptance(draft, seqs: list[Sequence_], top_k: int = 6, depth: int = 6,
+                        nodes: int = 24, max_rounds: int | None = None) -> dict:
+    """Mean acceptance length tau (accepted drafts + 1 per target forward) on greedy sequences.
+
+    For each sequence, decoding starts with the first response token as the root (the target's
+    prefill output). Each round: the draft ``extend``s over the newly committed entries (target
+    features of the recorded run), builds an EAGLE-2 tree (``depth`` layers, ``top_k`` frontier,
+    ``top_k**2`` candidates per layer, global rerank to ``nodes`` draft tokens, closed under
+    ancestors), and the greedy target accepts the longest path matching the recorded tokens
+    (which are the target's greedy choices). ``top_k=1, nodes=depth`` simulates a chain."""
+    dev = draft.device
+    total_acc = total_rounds = 0
+    hist = [0] * (depth + 1)
+    for seq in seqs:
+        toks = seq.tokens.long()
+        n = toks.numel()
+        P = seq.prompt_len
+        if n - P < 2:
+            continue
+        feats = seq.features.float()
+        cache = draft.new_cache(1, n + 1)
+        L = 0          # draft cache length = committed target length
+        root = P       # index of the root token (target-sampled, not yet committed)
+        h_root = None
+        rounds = 0
+        while root < n - 1:
+            # commit entries L..root-1: feature(p) with token(p+1)
+            num = root - L
+            ids = toks[L + 1: root + 1][None]
+            out = draft.extend(ids.to(dev), feats[L:root][None].to(dev), cache,
+                               torch.tensor([L], device=dev), torch.tensor([num], device=dev))
+            h_root = out[:, -1:]
+            L = root
+            # ---- tree drafting
+            lp = torch.log_softmax(draft.logits(h_root)[0, 0], -1)
+            sc, ix = lp.topk(top_k)
+            cand_score = sc.tolist()
+            cand_tok = draft.to_target_ids(ix).tolist()
+            cand_parent = [-1] * top_k
+            frontier = list(range(top_k))            # candidate indices to feed next
+            frontier_hidden = h_root.expand(1, top_k, -1)
+            slot_of = {}                              # candidate index -> tree-state slot
+            state = draft.new_tree(1)
+            for d in range(1, depth):
+                k = len(frontier)
+                inp = torch.tensor([[cand_tok[c] for c in frontier]], device=dev)
+                par = torch.tensor([[slot_of.get(cand_parent[c], -1) for c in frontier]], device=dev)
+                posn = torch.full((1, k), L + d - 1, device=dev)
+                base = state.num_nodes
+                hid = draft.tree_step(inp, frontier_hidden, par, posn, cache,
+                                      torch.tensor([L], device=dev), state)
+                for j, c in enumerate(frontier):
+                    slot_of[c] = base + j
+                lp = torch.log_softmax(draft.logits(hid[0]), -1)          # [k, Vd]
+                sc, ix = lp.topk(top_k, dim=-1)
+                tix = draft.to_target_ids(ix)
+                new = []
+                for j, c in enumerate(frontier):
+                    for t in range(top_k):
+                        cand_score.append(cand_score[c] + float(sc[j, t]))
+                        cand_tok.append(int(tix[j, t]))
+                        cand_parent.append(c)
+                        new.append((cand_score[-1], len(cand_score) - 1, j))
+                new.sort(key=lambda x: -x[0])
+                chosen = new[:top_k]
+                frontier = [ci for _, ci, _ in chosen]
+                frontier_hidden = hid[:, [j for _, _, j in chosen]]
+            # ---- rerank: top `nodes` by effective score (closed under ancestors)
+            eff = []
+            for c, s in enumerate(cand_score):
+                p = cand_parent[c]
+                eff.append(min(s, eff[p]) if p >= 0 else s)
+            order = sorted(range(len(eff)), key=lambda c: (-eff[c], c))[:nodes]
+            chosen = set(order)
+            # ---- greedy verification along the recorded tokens
+            cur, acc = -1, 0
+            while root + acc + 1 < n:
+                want = int(toks[root + acc + 1])
+                nxt = next((c for c in sorted(chosen) if cand_parent[c] == cur and cand_tok[c] == want), None)
+                if nxt is None:
+                    break
+                cur, acc = nxt, acc + 1
+            hist[acc] += 1
+            total_acc += acc
+            rounds += 1
+            root = root + acc + 1    # accepted + bonus; the bonus is the next root
+            if max_rounds is not None and rounds >= max_rounds:
+                break
+        total_rounds += rounds
+    tau = 1.0 + total_acc / max(1, total_rounds)
+    return {"tau": tau, "rounds": total_rounds, "accept_hist": hist, "top_k": top_k,
+            "depth": depth, "nodes": nodes, "seqs": len(seqs)}
+
+
+def benchmark_sequences(target, set_name: str, n: int, max_new_tokens: int = 256,
+                        target_dir=None, batch: int = 16) -> list[Sequence_]:
+    """Greedy target answers (with taps) to the first ``n`` prompts of a benchmark set, in
+    memory, for an acceptance estimate on that set. Never written to disk or trained on."""
+    from transformers import AutoTokenizer
+
+    from ..datasets import load_prompts
+    from .distill import _eos_ids, chat_ids, generate_with_taps
+
+    if target_dir is None:
+        from ..defaults import default_target_dir
+
+        target_dir = default_target_dir()
+    tok = AutoTokenizer.from_pretrained(str(target_dir))
+    prompts = load_prompts(set_name, n=n)
+    eos = _eos_ids(tok, target)
+    out = []
+    for i in range(0, len(prompts), batch):
+        chunk = prompts[i:i + batch]
+        res = generate_with_taps(target, [chat_ids(tok, p.text) for p in chunk], max_new_tokens,
+                                 eos, pad_id=tok.pad_token_id if tok.pad_token_id is not None else eos[0])
+        out.extend(Sequence_(prompt_id=p.id, tokens=r["tokens"], prompt_len=r["prompt_len"],
+                             features=r["features"], final_hidden=r["final_hidden"],
+                             finished=r["finished"], target_argmax=r["target_argmax"])
+                   for p, r in zip(chunk, res))
+    return out
+
+
+# ----------------------------------------------------------------------------- export
+
+
+def export_draft(checkpoint, dest, target=None) -> Path:
+    """Load a training checkpoint (``ckpt_*.pt``) and write the draft with ``save_pretrained``
+    (public EAGLE-3 layout, fp16) to ``dest``; also writes ``training_info.json``."""
+    st = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    cfg = st["config"]
+    target = target if target is not None else load_target_for_training(cfg.get("target_dir"))
+    d2t = st["draft"]["d2t"]
+    kept = d2t + torch.arange(d2t.numel())
+    draft = new_draft(target, kept, init_from_target=False)
+    draft.load_state_dict(st["draft"])
+    L = getattr(target.config, "num_hidden_layers", None)
+    if L is not None and draft.config.aux_layer_ids is None:
+        # self-describing taps, in the checkpoint convention ("output of layer k" = input of k+1)
+        from .distill import aux_layer_ids
+
+        draft.config.aux_layer_ids = tuple(i - 1 for i in aux_layer_ids(L))
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    tmp = dest / ".export.tmp"
+    tmp.mkdir(exist_ok=True)
+    draft.save_pretrained(str(tmp), dtype=torch.float16)
+    for name in ("config.json", "model.safetensors"):
+        os.chmod(tmp / name, 0o644)
+        os.replace(tmp / name, dest / name)
+    tmp.rmdir()
+    hist = st.get("history") or []
+    info = {"step": st["step"], "tokens_seen": st.get("tokens_seen"),
+            "last_eval": hist[-1] if hist else None,
+            "train_config": {k: v for k, v in cfg.items() if k not in ("data_dir", "run_dir")},
+            "method": "EAGLE-3 self-distillation on heterospec.train.prompts (see docs)"}
+    (dest / "training_info.json").write_text(json.dumps(info, indent=1))
+    return dest
+
+
+# ----------------------------------------------------------------------------- CLI glue
+
+
+def cli_dispatch(args, default_data, default_run) -> int:
+    data = getattr(args, "data", None) or default_data()
+    if args.cmd == "vocab":
+        info = build_vocab(data, args.size, out=args.out)
+        print(json.dumps({k: v for k, v in info.items() if k not in ("kept", "shards")}, indent=1))
+        return 0
+    run = getattr(args, "run", None) or default_run()
+    if args.cmd == "train":
+        cfg = TrainConfig(data_dir=data, run_dir=run, vocab_size=args.vocab_size, steps=args.steps,
+                          batch_tokens=args.batch_tokens, max_len=args.max_len,
+                          ttt_steps=args.ttt_steps, lr=args.lr, warmup=args.warmup,
+                          val_seqs=args.val_seqs, eval_every=args.eval_every,
+                          ckpt_every=args.ckpt_every, time_budget_s=args.time_budget,
+                          seed=args.seed, threads=args.threads, target_dir=args.target)
+        tr = Trainer(cfg)
+        print(json.dumps(tr.fit(), indent=1), flush=True)
+        return 0
+    torch.set_num_threads(max(1, args.threads))
+    if args.cmd == "simulate":
+        target = load_target_for_training(args.target)
+        src = args.checkpoint or str(Path(run) / "ckpt_latest.pt")
+        if os.path.isdir(src):
+            from ..models.draft import Eagle3Draft
+
+            draft = Eagle3Draft.from_pretrained(src, target=target, dtype=torch.float32)
+        else:
+            st = torch.load(src, map_location="cpu", weights_only=False)
+            d2t = st["draft"]["d2t"]
+            draft = new_draft(target, d2t + torch.arange(d2t.numel()), init_from_target=False)
+            draft.load_state_dict(st["draft"])
+        draft.eval()
+        if args.prompts:
+            seqs = benchmark_sequences(target, args.prompts, args.seqs, args.max_new_tokens,
+                                       target_dir=args.target)
+        else:
+            refs = validation_sequences(data, 10 ** 9, greedy_only=True)[: args.seqs]
+            seqs = load_sequences(data, refs)
+        res = simulate_acceptance(draft, seqs, top_k=args.top_k, depth=args.depth, nodes=args.nodes)
+        chain = simulate_acceptance(draft, seqs, top_k=1, depth=args.depth, nodes=args.depth)
+        print(json.dumps({"tree": res, "chain": chain}, indent=1))
+        return 0
+    if args.cmd == "export":
+        from ..defaults import DRAFT_ASSET_DIR
+
+        src = args.checkpoint or str(Path(run) / "ckpt_best.pt")
+        if not os.path.exists(src):
+            src = str(Path(run) / "ckpt_latest.pt")
+        dest = export_draft(src, args.dest or DRAFT_ASSET_DIR,
+                            target=load_target_for_training(args.target))
+        print(f"exported {src} -> {dest}")
+        return 0
+    raise SystemExit(f"unknown command {args.cmd}")

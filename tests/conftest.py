@@ -1,0 +1,22 @@
+"""Shared pytest fixtures. Keep minimal; append new fixtures at the end."""
+
+import random
+
+import pytest
+import torch
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture(params=DEVICES)
+def devices(request) -> str:
+    """Every available device: "cpu", plus "cuda" when a GPU is visible."""
+    return request.param
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    """Deterministic randomness in every test."""
+    random.seed(0)
+    torch.manual_seed(0)
+    yield

@@ -1,0 +1,175 @@
+"""Decoding engine: lossless greedy and sampling, HeteroSpec's actions, stopping, bad input."""
+
+import math
+import warnings
+
+import pytest
+import torch
+
+import heterospec
+from heterospec import Engine, SpecConfig
+from heterospec.entropy import EntropyBins
+from tests.engine_util import OracleDraft, tiny_hf_llama
+
+SMALL = SpecConfig(top_k=3, depth=3, total_tokens=10)
+
+
+def _prompts(vocab, n, seed=0, lo=3, hi=12):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (int(torch.randint(lo, hi, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(n)]
+
+
+def _pair(draft_kind, seed=0, **model_kw):
+    hf = tiny_hf_llama(seed=seed, **model_kw)
+    if draft_kind == "oracle":
+        draft = OracleDraft(hf, noise=0.0, sharpen=8.0)
+    elif draft_kind == "noisy":
+        draft = OracleDraft(hf, noise=1.5, seed=seed)
+    else:
+        target = heterospec.TargetModel.from_hf(hf)
+        draft = heterospec.Eagle3Draft.for_target(target, seed=seed).to(torch.float64)
+        return Engine(target, draft, config=SMALL, bins=EntropyBins([0.5, 1.0, 2.0])), draft
+    return Engine(hf, draft, config=SMALL, bins=EntropyBins([0.5, 1.0, 2.0])), draft
+
+
+def _gen(engine, draft, prompt, **kw):
+    if isinstance(draft, OracleDraft):
+        draft.set_prompts([prompt])
+    return engine.generate(prompt, **kw)
+
+
+@pytest.mark.parametrize("draft_kind", ["oracle", "noisy", "eagle3-random"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_greedy_speculative_equals_autoregressive(draft_kind, seed):
+    kw = dict(kv_heads=2) if seed == 0 else dict(kv_heads=4, tied=True, vocab=131)
+    engine, draft = _pair(draft_kind, seed=seed, **kw)
+    for i, prompt in enumerate(_prompts(engine.target.config.vocab_size, 4, seed=seed)):
+        n = [1, 7, 24, 40][i]
+        ref = _gen(engine, draft, prompt, max_new_tokens=n, method="autoregressive")
+        assert len(ref.token_ids) <= n
+        for method in ("eagle3", "heterospec"):
+            out = _gen(engine, draft, prompt, max_new_tokens=n, method=method)
+            assert out.token_ids == ref.token_ids, (method, prompt, n)
+            assert out.finish_reason == ref.finish_reason
+            s = out.stats
+            assert s.target_calls == s.rounds == len(s.records)
+            assert s.verified_tokens == sum(r.verified for r in s.records)
+            if draft_kind == "oracle" and n > 8:
+                assert s.tau > 2.0      # perfect proposals are accepted deep
+
+
+def test_stop_inside_accepted_path_eos_and_length():
+    engine, draft = _pair("oracle", seed=3)
+    prompt = _prompts(engine.target.config.vocab_size, 1, seed=3)[0]
+    long = _gen(engine, draft, prompt, max_new_tokens=30, method="autoregressive").token_ids
+    # max_new_tokens falling inside an accepted path: never overshoot.
+    for n in (2, 3, 5, 11):
+        out = _gen(engine, draft, prompt, max_new_tokens=n, method="heterospec")
+        assert out.token_ids == long[:n] and out.finish_reason == "length"
+    # EOS inside an accepted path: make a token of the continuation the EOS.
+    pos = 6
+    eos = long[pos]
+    first = long.index(eos)
+    old = engine.target.config.eos_token_ids
+    engine.target.config.eos_token_ids = [eos]
+    try:
+        for method in ("autoregressive", "eagle3", "heterospec"):
+            out = _gen(engine, draft, prompt, max_new_tokens=30, method=method)
+            assert out.token_ids == long[:first + 1], method
+            assert out.finish_reason == "eos"
+    finally:
+        engine.target.config.eos_token_ids = old
+    rec = _gen(engine, draft, prompt, max_new_tokens=30, method="eagle3").stats.records
+    assert max(r.accept_len for r in rec) >= 3
+
+
+def test_batch_matches_single_requests():
+    engine, draft = _pair("noisy", seed=4)
+    prompts = _prompts(engine.target.config.vocab_size, 3, seed=4)
+    draft.set_prompts(prompts)
+    batch = engine.generate_batch(prompts, max_new_tokens=12, method="heterospec")
+    for p, res in zip(prompts, batch):
+        single = _gen(engine, draft, p, max_new_tokens=12, method="autoregressive")
+        assert res.token_ids == single.token_ids
+
+
+def test_forced_bins_drive_extended_drafting_and_pruning():
+    cfg = SpecConfig(top_k=3, depth=3, total_tokens=10)          # alpha = 2
+    engine, draft = _pair("noisy", seed=5)
+    prompt = _prompts(engine.target.config.vocab_size, 1, seed=5)[0]
+    base = _gen(engine, draft, prompt, max_new_tokens=20, method="eagle3", config=cfg)
+    assert all(r.depth == cfg.depth + 1 and r.verified == cfg.total_tokens for r in base.stats.records)
+    # Every round in bin 0: DED drafts alpha more layers, TNP verifies round(0.3 * 10 + 2) = 5 nodes.
+    engine.bins = EntropyBins([1e6, 2e6, 3e6])
+    easy = _gen(engine, draft, prompt, max_new_tokens=20, method="heterospec", config=cfg)
+    assert easy.token_ids == base.token_ids
+    assert all(r.bin == 0 for r in easy.stats.records)
+    assert all(r.depth == cfg.depth + 1 + 2 for r in easy.stats.records)
+    assert all(r.verified <= 5 for r in easy.stats.records)
+    assert easy.stats.verified_tokens < base.stats.verified_tokens
+    # Bin 1: gamma 0.6 -> round(6 + 1) = 7 nodes, one extra layer.
+    engine.bins = EntropyBins([-1.0, 1e6, 2e6])
+    mid = _gen(engine, draft, prompt, max_new_tokens=20, method="heterospec", config=cfg)
+    assert all(r.bin == 1 and r.depth == cfg.depth + 2 and r.verified <= 7 for r in mid.stats.records)
+    # Every round in the top bin: HeteroSpec is EAGLE-3.
+    engine.bins = EntropyBins([-3.0, -2.0, -1.0])
+    hard = _gen(engine, draft, prompt, max_new_tokens=20, method="heterospec", config=cfg)
+    assert [(r.accept_len, r.verified, r.depth) for r in hard.stats.records] == \
+           [(r.accept_len, r.verified, r.depth) for r in base.stats.records]
+
+
+def test_path_entropy_is_recorded_and_bounded():
+    engine, draft = _pair("noisy", seed=6)
+    prompt = _prompts(engine.target.config.vocab_size, 1, seed=6)[0]
+    out = _gen(engine, draft, prompt, max_new_tokens=15, method="heterospec")
+    k = SMALL.resolved_entropy_k
+    for r in out.stats.records:
+        assert 0.0 <= r.entropy <= (SMALL.depth + 1) * math.log(k) + 1e-4
+        assert r.bin == engine.bins.bin_of(r.entropy)
+
+
+@pytest.mark.parametrize("method", ["autoregressive", "eagle3", "heterospec"])
+def test_same_seed_same_sample(method):
+    engine, draft = _pair("noisy", seed=7)
+    prompt = _prompts(engine.target.config.vocab_size, 1, seed=7)[0]
+    a = _gen(engine, draft, prompt, max_new_tokens=16, method=method, temperature=0.9, seed=123)
+    b = _gen(engine, draft, prompt, max_new_tokens=16, method=method, temperature=0.9, seed=123)
+    assert a.token_ids == b.token_ids
+
+
+def test_bad_input_errors():
+    engine, draft = _pair("oracle", seed=8)
+    with pytest.raises(ValueError, match="empty prompt"):
+        engine.generate([], max_new_tokens=4)
+    with pytest.raises(ValueError, match="unknown method"):
+        engine.generate([5, 6], method="medusa")
+    with pytest.raises(ValueError, match="temperature"):
+        engine.generate([5, 6], temperature=-0.5)
+    with pytest.raises(ValueError, match="max_length"):
+        engine.generate([5, 6], max_new_tokens=engine.max_length)
+    with pytest.raises(ValueError, match="vocabulary"):
+        engine.generate([5, 10 ** 6])
+    with pytest.raises(ValueError, match="top_p"):
+        engine.generate([5, 6], temperature=1.0, top_p=0.0)
+    with pytest.raises(ValueError, match="needs a draft"):
+        Engine(engine.target, None).generate([5, 6], method="eagle3")
+
+
+def test_draft_from_another_model_is_rejected():
+    target = heterospec.TargetModel.from_hf(tiny_hf_llama(hidden=32, vocab=96))
+    other_hidden = heterospec.TargetModel.from_hf(tiny_hf_llama(hidden=48, heads=4, vocab=96))
+    other_vocab = heterospec.TargetModel.from_hf(tiny_hf_llama(hidden=32, vocab=100))
+    with pytest.raises(ValueError, match="hidden size"):
+        Engine(target, heterospec.Eagle3Draft.for_target(other_hidden))
+    with pytest.raises(ValueError, match="vocabulary"):
+        Engine(target, heterospec.Eagle3Draft.for_target(other_vocab))
+
+
+def test_missing_bins_warn_and_fall_back():
+    engine, draft = _pair("noisy", seed=9)
+    engine._bins = None
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        bins = engine.bins
+    assert bins.is_fallback and any("fallback" in str(x.message) for x in w)

@@ -1,0 +1,376 @@
+"""TargetModel: parity with transformers, tree verification == sequential decoding, KV compaction,
+loading and bad input. Tiny random models (CPU, fast); SmolLM2 tests are marked slow; FlashInfer
+tests need CUDA."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+import heterospec
+from heterospec.models import TargetModel
+from heterospec.models.attention import flashinfer_available
+from models_util import llama3_rope_scaling, tiny_llama
+
+# Tolerances (absolute, on logits of magnitude ~1-10; features likewise)
+ATOL = {torch.float32: 1e-4, torch.float64: 1e-9, torch.bfloat16: 0.15}
+RTOL = {torch.float32: 1e-4, torch.float64: 1e-9, torch.bfloat16: 0.05}
+
+CONFIGS = {
+    # name: tiny_llama kwargs
+    "mha_odd_vocab": dict(vocab=97, hidden=48, layers=5, heads=4, kv_heads=4),  # GQA ratio 1
+    "gqa3_tied": dict(vocab=131, hidden=48, layers=6, heads=6, kv_heads=2, tied=True),  # ratio 3
+    "gqa4_untied": dict(vocab=101, hidden=64, layers=4, heads=8, kv_heads=2),  # ratio 4
+    "llama3_rope": dict(vocab=89, hidden=64, layers=6, heads=4, kv_heads=1, rope_theta=500000.0,
+                        rope_scaling=llama3_rope_scaling(16), head_dim=32),
+    "yarn_rope": dict(vocab=64, hidden=32, layers=4, heads=2, kv_heads=2,  # attention scaling != 1
+                      rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}, max_position=32),
+}
+
+
+def _i64(*xs):
+    return torch.tensor(xs, dtype=torch.long)
+
+
+def _close(a, b, dtype=torch.float32):
+    torch.testing.assert_close(a, b, atol=ATOL[dtype], rtol=RTOL[dtype])
+
+
+def _hf_reference(hf, ids):
+    with torch.no_grad():
+        out = hf(ids, output_hidden_states=True)
+    return out.logits.float(), out.hidden_states
+
+
+def random_parents(T, gen):
+    """Parents of a random topologically ordered tree of T nodes (position 0 = root)."""
+    return [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, T)]
+
+
+def path_to(parents, i):
+    path = []
+    while i >= 0:
+        path.append(i)
+        i = parents[i]
+    return path[::-1]  # root first
+
+
+# ---------------------------------------------------------------------------------------------
+# Parity with transformers
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_prefill_matches_transformers(name):
+    hf = tiny_llama(seed=1, **CONFIGS[name])
+    tm = TargetModel.from_hf(hf)
+    B, T = 2, 11
+    ids = torch.randint(0, hf.config.vocab_size, (B, T), generator=torch.Generator().manual_seed(0))
+    ref_logits, hs = _hf_reference(hf, ids)
+    cache = tm.new_cache(B, 16)
+    logits, feats = tm(ids, torch.arange(T).expand(B, T), cache, _i64(0, 0))
+    assert logits.dtype == torch.float32 and logits.shape == (B, T, hf.config.vocab_size)
+    _close(logits, ref_logits)
+    L = hf.config.num_hidden_layers
+    assert tm.config.aux_layers == tuple(min(max(i, 0), L) for i in (2, L // 2, L - 3))
+    _close(feats, torch.cat([hs[i] for i in tm.config.aux_layers], dim=-1))
+    assert feats.shape == (B, T, 3 * hf.config.hidden_size)
+    # the tied model shares one tensor
+    if hf.config.tie_word_embeddings:
+        assert tm.lm_head.weight is tm.embed_tokens.weight
+
+
+def test_prefill_then_decode_matches_transformers():
+    hf = tiny_llama(seed=2, **CONFIGS["gqa3_tied"])
+    tm = TargetModel.from_hf(hf)
+    ids = torch.randint(0, 131, (1, 12), generator=torch.Generator().manual_seed(1))
+    ref, _ = _hf_reference(hf, ids)
+    cache = tm.new_cache(1, 12)
+    logits, _ = tm(ids[:, :7], torch.arange(7)[None], cache, _i64(0))
+    _close(logits, ref[:, :7])
+    for p in range(7, 12):  # one-token decode = a one-node tree
+        logits, _ = tm(ids[:, p:p + 1], _i64(p)[None], cache, _i64(p), torch.ones(1, 1, 1, dtype=torch.bool),
+                       _i64(1))
+        _close(logits[:, 0], ref[:, p])
+
+
+def test_bf16_smoke():
+    hf = tiny_llama(seed=3, dtype=torch.bfloat16, **CONFIGS["gqa4_untied"])
+    tm = TargetModel.from_hf(hf)
+    assert tm.dtype == torch.bfloat16
+    ids = torch.randint(0, 101, (2, 9), generator=torch.Generator().manual_seed(2))
+    ref, hs = _hf_reference(hf, ids)
+    cache = tm.new_cache(2, 9)
+    assert cache.k.dtype == torch.bfloat16
+    logits, feats = tm(ids, torch.arange(9).expand(2, 9), cache, _i64(0, 0))
+    assert feats.dtype == torch.bfloat16
+    _close(logits, ref, torch.bfloat16)
+
+
+def test_float64_and_dtype_cast():
+    hf = tiny_llama(seed=4, **CONFIGS["mha_odd_vocab"])
+    tm = TargetModel.from_hf(hf, dtype=torch.float64)
+    ids = torch.randint(0, 97, (1, 6), generator=torch.Generator().manual_seed(3))
+    ref, _ = _hf_reference(hf.double(), ids)
+    logits, _ = tm(ids, torch.arange(6)[None], tm.new_cache(1, 6), _i64(0))
+    _close(logits, ref, torch.float64)
+
+
+def test_logits_index():
+    hf = tiny_llama(seed=5, **CONFIGS["gqa4_untied"])
+    tm = TargetModel.from_hf(hf)
+    ids = torch.randint(0, 101, (2, 7), generator=torch.Generator().manual_seed(4))
+    full, _ = tm(ids, torch.arange(7).expand(2, 7), tm.new_cache(2, 8), _i64(0, 0), return_features=False)
+    idx = _i64(6, 3)[:, None]
+    part, feats = tm(ids, torch.arange(7).expand(2, 7), tm.new_cache(2, 8), _i64(0, 0), return_features=False,
+                     logits_index=idx)
+    assert feats is None and part.shape == (2, 1, 101)
+    _close(part[:, 0], full[torch.arange(2), idx[:, 0]])
+
+
+# ---------------------------------------------------------------------------------------------
+# Tree verification == sequential decoding; compaction
+
+
+def _sequential(tm, prompt, tokens):
+    """Logits and features of decoding `tokens` one at a time after prefilling `prompt` (B = 1)."""
+    cache = tm.new_cache(1, len(prompt) + len(tokens))
+    tm(torch.tensor([prompt]), torch.arange(len(prompt))[None], cache, _i64(0))
+    outs = []
+    for j, t in enumerate(tokens):
+        p = len(prompt) + j
+        outs.append(tm(torch.tensor([[t]]), _i64(p)[None], cache, _i64(p)))
+    return torch.cat([o[0][0] for o in outs]), torch.cat([o[1][0] for o in outs])
+
+
+@pytest.mark.parametrize("name", ["gqa3_tied", "llama3_rope"])
+def test_tree_verification_matches_sequential_and_compaction(name):
+    hf = tiny_llama(seed=6, **CONFIGS[name])
+    V = hf.config.vocab_size
+    tm = TargetModel.from_hf(hf)
+    gen = torch.Generator().manual_seed(7)
+    B, T, S = 3, 9, 40
+    prompt_lens = [5, 11, 8]
+    num_nodes = _i64(9, 6, 1)  # request 2: a lone root (plain decode) inside a padded batch
+    prompts = [torch.randint(0, V, (n,), generator=gen).tolist() for n in prompt_lens]
+
+    # batched prefill of prompts of different lengths (padding rows written past each prompt)
+    P = max(prompt_lens)
+    ids = torch.zeros(B, P, dtype=torch.long)
+    for b, p in enumerate(prompts):
+        ids[b, : len(p)] = torch.tensor(p)
+    cache = tm.new_cache(B, S)
+    logits, _ = tm(ids, torch.arange(P).expand(B, P), cache, _i64(0, 0, 0), num_nodes=torch.tensor(prompt_lens))
+    for b, p in enumerate(prompts):
+        ref, _ = _hf_reference(hf, torch.tensor([p]))
+        _close(logits[b, : len(p)], ref[0])
+
+    # random trees
+    prefix = torch.tensor(prompt_lens)
+    parents = torch.full((B, T), -1, dtype=torch.long)
+    par_lists = []
+    for b in range(B):
+        n = int(num_nodes[b])
+        pl = random_parents(n, gen)
+        par_lists.append(pl)
+        parents[b, :n] = torch.tensor(pl)
+    tree_mask, positions, _, _ = heterospec.build_tree(parents, num_nodes, prefix)
+    tokens = torch.randint(0, V, (B, T), generator=gen)
+    t_logits, t_feats = tm(tokens, positions, cache, prefix, tree_mask, num_nodes)
+
+    for b in range(B):
+        for i in range(int(num_nodes[b])):
+            path = path_to(par_lists[b], i)
+            s_logits, s_feats = _sequential(tm, prompts[b], tokens[b, path].tolist())
+            _close(t_logits[b, i], s_logits[-1])
+            _close(t_feats[b, i], s_feats[-1])
+
+    # accept the path to the deepest node of each request, compact, continue with 3 more tokens
+    accept_path = torch.full((B, T), -1, dtype=torch.long)
+    accept_len = torch.zeros(B, dtype=torch.long)
+    accepted = []
+    for b in range(B):
+        n = int(num_nodes[b])
+        deepest = max(range(n), key=lambda i: (len(path_to(par_lists[b], i)), i))
+        path = path_to(par_lists[b], deepest)
+        accept_path[b, : len(path)] = torch.tensor(path)
+        accept_len[b] = len(path) - 1
+        accepted.append(tokens[b, path].tolist())
+    cache.compact(accept_path, accept_len, prefix)
+    new_prefix = prefix + accept_len + 1
+    more = torch.randint(0, V, (B, 3), generator=gen)
+    pos = new_prefix[:, None] + torch.arange(3)
+    c_logits, c_feats = tm(more, pos, cache, new_prefix)
+    for b in range(B):
+        seq = prompts[b] + accepted[b] + more[b].tolist()
+        ref, hs = _hf_reference(hf, torch.tensor([seq]))
+        _close(c_logits[b], ref[0, -3:])
+        _close(c_feats[b], torch.cat([hs[i][0, -3:] for i in tm.config.aux_layers], dim=-1))
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading from a directory
+
+
+def test_from_pretrained_sharded_dir_with_tokenizer_absent(tmp_path):
+    hf = tiny_llama(seed=8, **CONFIGS["gqa4_untied"])
+    hf.save_pretrained(tmp_path, max_shard_size="40KB")
+    assert len(list(tmp_path.glob("*.safetensors"))) > 1
+    with open(tmp_path / "generation_config.json", "w") as f:
+        json.dump({"eos_token_id": [2, 7]}, f)
+    tm = TargetModel.from_pretrained(tmp_path)
+    assert tm.tokenizer is None and tm.dtype == torch.float32
+    assert tm.config.eos_token_ids == (2, 7)
+    ids = torch.randint(0, 101, (1, 8), generator=torch.Generator().manual_seed(9))
+    ref, _ = _hf_reference(hf, ids)
+    logits, _ = tm(ids, torch.arange(8)[None], tm.new_cache(1, 8), _i64(0))
+    _close(logits, ref)
+
+
+def test_from_pretrained_tied_dtype(tmp_path):
+    hf = tiny_llama(seed=9, **CONFIGS["gqa3_tied"])
+    hf.save_pretrained(tmp_path)
+    tm = TargetModel.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    assert tm.dtype == torch.bfloat16 and tm.lm_head.weight is tm.embed_tokens.weight
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input
+
+
+def test_missing_dir_and_files(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not found"):
+        TargetModel.from_pretrained(tmp_path / "nope")
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        TargetModel.from_pretrained(tmp_path)
+    tiny_llama(**CONFIGS["gqa4_untied"]).config.save_pretrained(tmp_path)
+    with pytest.raises(FileNotFoundError, match="safetensors"):
+        TargetModel.from_pretrained(tmp_path)
+
+
+def test_unsupported_architecture(tmp_path):
+    from transformers import MistralConfig, MistralForCausalLM
+
+    cfg = MistralConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2)
+    cfg.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="unsupported architecture: mistral"):
+        TargetModel.from_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="unsupported architecture: mistral"):
+        TargetModel.from_hf(MistralForCausalLM(cfg))
+
+
+def test_missing_weight_is_named(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    hf = tiny_llama(**CONFIGS["gqa4_untied"])
+    hf.save_pretrained(tmp_path)
+    f = tmp_path / "model.safetensors"
+    sd = load_file(f)
+    del sd["model.layers.1.mlp.up_proj.weight"]
+    save_file(sd, f)
+    with pytest.raises(KeyError, match="layers.1.mlp.up_proj.weight"):
+        TargetModel.from_pretrained(tmp_path)
+
+
+def test_writing_past_the_cache():
+    tm = TargetModel.from_hf(tiny_llama(**CONFIGS["gqa4_untied"]))
+    cache = tm.new_cache(2, 8)
+    ids = torch.zeros(2, 5, dtype=torch.long)
+    with pytest.raises(ValueError, match="max_length"):
+        tm(ids, torch.arange(5).expand(2, 5), cache, _i64(0, 4))
+    with pytest.raises(ValueError, match="max_length"):
+        tm(torch.zeros(1, 9, dtype=torch.long), torch.arange(9)[None], tm.new_cache(1, 8), _i64(0))
+    with pytest.raises(ValueError, match="tree_mask"):
+        tm(ids, torch.arange(5).expand(2, 5), cache, _i64(0, 0), torch.ones(2, 5, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="backend"):
+        tm.set_attn_backend("nope")
+    with pytest.raises(ValueError, match="CUDA"):
+        tm.set_attn_backend("flashinfer")
+
+
+# ---------------------------------------------------------------------------------------------
+# SmolLM2-135M-Instruct (slow)
+
+
+def _smol_dir():
+    try:
+        from heterospec.defaults import default_target_dir
+
+        d = default_target_dir()
+        if d and os.path.isfile(os.path.join(d, "config.json")):
+            return str(d)
+    except Exception:
+        pass
+    return "/tmp/smol_hf" if os.path.isfile("/tmp/smol_hf/config.json") else None
+
+
+@pytest.mark.slow
+def test_smollm2_matches_transformers():
+    d = _smol_dir()
+    if d is None:
+        pytest.skip("SmolLM2-135M-Instruct not available")
+    from transformers import AutoModelForCausalLM
+
+    tm = TargetModel.from_pretrained(d, dtype=torch.float32)
+    assert tm.tokenizer is not None
+    hf = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, local_files_only=True).eval()
+    ids = tm.tokenizer("The capital of France is Paris. The capital of Italy", return_tensors="pt").input_ids
+    T = ids.shape[1]
+    ref, hs = _hf_reference(hf, ids)
+    cache = tm.new_cache(1, T + 8)
+    logits, feats = tm(ids, torch.arange(T)[None], cache, _i64(0))
+    torch.testing.assert_close(logits, ref, atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(feats, torch.cat([hs[i] for i in tm.config.aux_layers], -1), atol=2e-3, rtol=2e-3)
+    # a small tree on top equals sequential decoding via HF
+    parents = _i64(-1, 0, 0, 1, 3)[None]
+    tree_mask, positions, _, _ = heterospec.build_tree(parents, _i64(5), _i64(T))
+    toks = torch.tensor([[5, 17, 99, 1234, 42]])
+    t_logits, _ = tm(toks, positions, cache, _i64(T), tree_mask, _i64(5))
+    for i, path in enumerate([[0], [0, 1], [0, 2], [0, 1, 3], [0, 1, 3, 4]]):
+        r, _ = _hf_reference(hf, torch.cat([ids, toks[:, path]], 1))
+        torch.testing.assert_close(t_logits[0, i], r[0, -1], atol=2e-3, rtol=2e-3)
+
+
+# ---------------------------------------------------------------------------------------------
+# FlashInfer vs SDPA (GPU only)
+
+needs_flashinfer = pytest.mark.skipif(
+    not torch.cuda.is_available() or not flashinfer_available(),
+    reason="needs CUDA and flashinfer",
+)
+
+
+@needs_flashinfer
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_flashinfer_matches_sdpa(dtype):
+    hf = tiny_llama(seed=10, hidden=256, heads=4, kv_heads=2, layers=4, vocab=211).to(dtype)  # head_dim 64
+    fi = TargetModel.from_hf(hf, device="cuda", attn_backend="flashinfer")
+    sd = TargetModel.from_hf(hf, device="cuda", attn_backend="sdpa")
+    assert fi.backend.name == "flashinfer" and sd.backend.name == "sdpa"
+    gen = torch.Generator().manual_seed(11)
+    B, T, P = 3, 7, 13
+    prompt_lens = torch.tensor([13, 4, 9])
+    ids = torch.randint(0, 211, (B, P), generator=gen).cuda()
+    num_nodes = _i64(7, 3, 1)
+    parents = torch.full((B, T), -1, dtype=torch.long)
+    for b in range(B):
+        n = int(num_nodes[b])
+        parents[b, :n] = torch.tensor(random_parents(n, gen))
+    tree_mask, positions, _, _ = heterospec.build_tree(parents.cuda(), num_nodes.cuda(), prompt_lens.cuda())
+    toks = torch.randint(0, 211, (B, T), generator=gen).cuda()
+    outs = []
+    for m in (fi, sd):
+        cache = m.new_cache(B, 32)
+        pf = m(ids, torch.arange(P, device="cuda").expand(B, P), cache, torch.zeros(B, dtype=torch.long, device="cuda"),
+               num_nodes=prompt_lens.cuda())
+        tv = m(toks, positions, cache, prompt_lens.cuda(), tree_mask, num_nodes.cuda())
+        outs.append((pf, tv))
+    tol = dict(atol=ATOL[torch.bfloat16], rtol=RTOL[torch.bfloat16])
+    for b in range(B):
+        n, p = int(num_nodes[b]), int(prompt_lens[b])
+        torch.testing.assert_close(outs[0][0][0][b, :p], outs[1][0][0][b, :p], **tol)
+        torch.testing.assert_close(outs[0][1][0][b, :n], outs[1][1][0][b, :n], **tol)
+        torch.testing.assert_close(outs[0][1][1][b, :n].float(), outs[1][1][1][b, :n].float(), **tol)

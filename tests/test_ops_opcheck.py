@@ -1,0 +1,79 @@
+"""torch.library.opcheck on every op (schema, fake kernel, dispatch, mutation annotations) and one
+torch.compile(fullgraph=True) test of a whole decoding round's op chain."""
+
+import pytest
+import torch
+
+import heterospec.ops as ops
+from reference import build_tree_ref
+from reference.samples import golden_two_request_tree, random_candidates, random_tree
+
+raw = torch.ops.heterospec
+
+
+def samples(device):
+    """(op name, args) pairs covering every op, small but non-trivial."""
+    g = torch.Generator().manual_seed(0)
+    tree_parents, num_nodes, prefix_lens = golden_two_request_tree()
+    tree_mask, _, fc, ns = build_tree_ref(tree_parents, num_nodes, prefix_lens)
+    scores, parents = random_candidates(2, 12, mode="random", gen=g)
+    B, T, V = 2, 6, 5
+    tokens = torch.randint(0, V, (B, T), generator=g)
+    numel = int((num_nodes * (prefix_lens + num_nodes)).sum())
+    out = [
+        ("topk_entropy", (torch.randn(4, 33, generator=g), 3, None)),
+        ("topk_entropy", (torch.randn(4, 33, generator=g).bfloat16(), 5, torch.rand(4, generator=g))),
+        ("topk_entropy", (torch.randn(3, 40, generator=g).half()[:, ::2], 1, None)),
+        ("entropy_bin_policy", (torch.rand(5, generator=g) * 3, torch.tensor([1.0, 2.0]), torch.tensor([2, 1, 0]),
+                                torch.tensor([60, 40, 20]))),
+        ("select_tree_nodes", (scores, parents, torch.tensor([4, 7]), 8)),
+        ("build_tree", (tree_parents, num_nodes, prefix_lens)),
+        ("tree_attention_mask", (tree_mask, num_nodes, prefix_lens, numel)),
+        ("dense_tree_attention_mask", (tree_mask, prefix_lens, 10)),
+        ("verify_greedy", (tokens, torch.randint(0, V, (B, T), generator=g), fc, ns, num_nodes)),
+        ("verify_sampling", (tokens, torch.rand(B, T, V, generator=g), fc, ns, num_nodes, torch.rand(B, T, generator=g),
+                             torch.rand(B, generator=g))),
+        ("compact_kv_", (torch.randn(2, B, 9, 2, 4, generator=g), torch.randn(2, B, 9, 2, 4, generator=g),
+                         torch.tensor([[0, 1, 3, -1], [0, -1, -1, -1]]), torch.tensor([2, 0]), torch.tensor([2, 5]))),
+    ]
+    return [(name, tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)) for name, args in out]
+
+
+def test_samples_cover_every_op():
+    assert {name for name, _ in samples("cpu")} == set(ops.OP_NAMES)
+
+
+@pytest.mark.parametrize("idx", range(11))
+def test_opcheck(devices, idx):
+    name, args = samples(devices)[idx]
+    torch.library.opcheck(getattr(raw, name).default, args)
+
+
+@pytest.mark.compile
+def test_torch_compile_fullgraph_round():
+    """A draft-select-build-verify-compact round compiles into one graph and matches eager."""
+    torch._dynamo.reset()
+    B, C, max_nodes, V, S = 3, 16, 6, 11, 32
+    scores, parents = random_candidates(B, C, mode="monotone")
+    budgets = torch.tensor([6, 2, 4])
+    prefix_lens = torch.tensor([3, 0, 7])
+    logits = torch.randn(B * (max_nodes + 1), V)
+
+    def round_(logits, scores, parents, budgets, prefix_lens, k_cache, v_cache):
+        lp, ids, h = ops.topk_entropy(logits, 2)
+        cand, tree_parents, num_nodes = ops.select_tree_nodes(scores, parents, budgets, max_nodes)
+        tree_mask, positions, fc, ns = ops.build_tree(tree_parents, num_nodes, prefix_lens)
+        dense = ops.dense_tree_attention_mask(tree_mask, prefix_lens, S)
+        tokens = cand.clamp(min=0) % V
+        target = ids[:, 0].reshape(B, max_nodes + 1)
+        path, alen, bonus = ops.verify_greedy(tokens, target, fc, ns, num_nodes)
+        ops.compact_kv_(k_cache, v_cache, path, alen, prefix_lens)
+        return h, dense, positions, path, alen, bonus
+
+    kc, vc = torch.randn(1, B, S, 1, 2), torch.randn(1, B, S, 1, 2)
+    kc2, vc2 = kc.clone(), vc.clone()
+    eager = round_(logits, scores, parents, budgets, prefix_lens, kc, vc)
+    compiled = torch.compile(round_, fullgraph=True)(logits, scores, parents, budgets, prefix_lens, kc2, vc2)
+    for e, c in zip(eager, compiled):
+        torch.testing.assert_close(c, e)
+    assert torch.equal(kc, kc2) and torch.equal(vc, vc2)

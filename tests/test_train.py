@@ -1,0 +1,265 @@
+"""Draft training pipeline on a tiny random Llama: distillation shards, vocab maps, loss, resume.
+
+Fast (a few seconds); no packages beyond torch/transformers/safetensors are needed, except the
+prompt-disjointness tests which skip when their data packages are absent."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from heterospec.train import distill as D  # noqa: E402
+from heterospec.train import trainer as T  # noqa: E402
+
+VOCAB = 96
+EOS = 2
+
+
+def tiny_target(seed: int = 0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=6,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      tie_word_embeddings=True, eos_token_id=EOS, pad_token_id=EOS, bos_token_id=1)
+    m = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():  # a peaky next-token distribution, so that there is something to learn
+        m.model.norm.weight.mul_(8.0)
+    for p in m.parameters():
+        p.requires_grad_(False)
+    return m
+
+
+def make_data(tmp_path, target, n_shards: int = 2, per_shard: int = 6, max_new: int = 12, seed=0):
+    rng = random.Random(seed)
+    out = tmp_path / "distill"
+    out.mkdir(exist_ok=True)
+    for s in range(n_shards):
+        prompts = [[1] + [rng.randrange(3, VOCAB) for _ in range(rng.randint(3, 9))]
+                   for _ in range(per_shard)]
+        sampled = [i % 3 == 2 for i in range(per_shard)]
+        res = D.generate_with_taps(target, prompts, max_new, [EOS], sampled=sampled,
+                                   generator=torch.Generator().manual_seed(s), pad_id=EOS)
+        seqs = [D.Sequence_(prompt_id=f"p{s}-{i}", tokens=r["tokens"], prompt_len=r["prompt_len"],
+                            features=r["features"], final_hidden=r["final_hidden"],
+                            sampled=sampled[i], finished=r["finished"],
+                            target_argmax=r["target_argmax"])
+                for i, r in enumerate(res)]
+        D.write_shard(out / f"shard_{s:05d}.safetensors", seqs)
+    (out / "manifest.json").write_text(json.dumps({"vocab_size": VOCAB, "num_layers": 6,
+                                                   "hidden_size": 32}))
+    return out
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target()
+
+
+def test_taps_match_full_forward(target):
+    prompts = [[1, 5, 6, 7], [1, 9, 10, 11, 12, 13, 14]]
+    res = D.generate_with_taps(target, prompts, 6, [EOS], pad_id=EOS)
+    L = target.config.num_hidden_layers
+    for r in res:
+        with torch.no_grad():
+            o = target(r["tokens"][None], output_hidden_states=True)
+        hs = o.hidden_states
+        want = torch.cat([hs[i] for i in D.aux_layer_ids(L)], -1)[0, :-1]
+        assert r["features"].shape == (r["tokens"].numel() - 1, 3 * 32)
+        torch.testing.assert_close(r["features"].float(), want, atol=2e-3, rtol=2e-3)
+        torch.testing.assert_close(r["final_hidden"].float(), hs[-1][0, :-1], atol=2e-3, rtol=2e-3)
+        P = r["prompt_len"]
+        # greedy: every generated token is the argmax of the full forward, and is recorded
+        assert torch.equal(o.logits[0, P - 1:-1].argmax(-1), r["tokens"][P:])
+        assert torch.equal(r["target_argmax"][P - 1:], r["tokens"][P:])
+        assert bool((r["target_argmax"][:P - 1] == -1).all())
+
+
+def test_shard_roundtrip(tmp_path, target):
+    data = make_data(tmp_path, target, n_shards=1, per_shard=5)
+    path = D.list_shards(data)[0]
+    seqs = D.read_shard(path)
+    assert len(seqs) == 5
+    # write them again and compare field by field
+    D.write_shard(tmp_path / "copy.safetensors", seqs)
+    again = D.read_shard(tmp_path / "copy.safetensors")
+    for a, b in zip(seqs, again):
+        assert a.prompt_id == b.prompt_id and a.prompt_len == b.prompt_len
+        assert a.sampled == b.sampled and a.finished == b.finished
+        assert torch.equal(a.tokens, b.tokens)
+        assert torch.equal(a.features, b.features) and torch.equal(a.final_hidden, b.final_hidden)
+        assert torch.equal(a.target_argmax, b.target_argmax)
+        assert a.features.dtype == torch.float16 and a.features.shape[0] == a.tokens.numel() - 1
+    assert not list(tmp_path.glob("**/*.tmp*"))  # atomic writes leave nothing behind
+    with pytest.raises(ValueError):
+        bad = D.Sequence_("x", torch.arange(5), 2, torch.zeros(5, 96), torch.zeros(4, 32))
+        D.write_shard(tmp_path / "bad.safetensors", [bad])
+
+
+def test_vocab_maps_and_build(tmp_path, target):
+    kept = torch.tensor([40, 3, 17, 95, 2])
+    d2t, t2d = T.vocab_maps(kept, VOCAB)
+    ks = kept.sort().values
+    assert torch.equal(torch.arange(5) + d2t, ks)            # target = draft + d2t[draft]
+    assert int(t2d.sum()) == 5 and bool(t2d[ks].all())
+    data = make_data(tmp_path, target, n_shards=2, per_shard=6)
+    info = T.build_vocab(data, 16)
+    kept = torch.tensor(info["kept"])
+    assert kept.numel() == 16 and torch.equal(kept, kept.sort().values)
+    counts = T.token_counts(data, VOCAB)
+    # the kept ids are the 16 most frequent response tokens
+    assert counts[kept].min() >= counts[~torch.isin(torch.arange(VOCAB), kept)].max()
+    assert 0 < info["coverage"]["16"]["train"] <= 1
+    # the draft built on the vocab maps draft ids back to exactly those target ids
+    draft = T.new_draft(target, kept)
+    assert torch.equal(draft.to_target_ids(torch.arange(16)), kept)
+    assert torch.equal(draft.t2d.nonzero().squeeze(-1), kept)
+    # lm_head initialised from the target's tied embedding rows, fc = identity on the high tap
+    torch.testing.assert_close(draft.lm_head.weight, target.get_input_embeddings().weight[kept])
+    torch.testing.assert_close(draft.fc.weight[:, 64:], torch.eye(32))
+
+
+def _trainer(tmp_path, target, data, **kw):
+    cfg = T.TrainConfig(data_dir=str(data), run_dir=str(tmp_path / "run"), vocab_size=32,
+                        steps=kw.pop("steps", 30), batch_tokens=64, ttt_steps=2, lr=3e-3, warmup=2,
+                        val_seqs=4, eval_every=0, ckpt_every=1000, group_shards=1, **kw)
+    return T.Trainer(cfg, target=target, log=lambda *a: None)
+
+
+def test_loss_decreases(tmp_path, target):
+    data = make_data(tmp_path, target, n_shards=2, per_shard=8, max_new=16)
+    tr = _trainer(tmp_path, target, data, freeze_lm_head=False)
+    batch = tr.stream.next_batch()
+    kls, losses = [], []
+    for _ in range(30):  # overfit one batch
+        m = tr.train_step(batch)
+        kls.append(sum(m["kl"]))
+        losses.append(m["total"])
+    assert losses[-1] < losses[0] and kls[-1] < 0.5 * kls[0], (losses[::5], kls[::5])
+
+
+def test_resume_reproduces_state(tmp_path, target):
+    data = make_data(tmp_path, target, n_shards=3, per_shard=6)
+    a = _trainer(tmp_path / "a", target, data)
+    for _ in range(3):
+        a.train_step(a.stream.next_batch())
+    a.save_checkpoint()
+    b = _trainer(tmp_path / "a", target, data)  # same run dir: resumes
+    assert b.step == 3 and b.stream.state == a.stream.state
+    for k, v in a.draft.state_dict().items():
+        assert torch.equal(v, b.draft.state_dict()[k]), k
+    # the next steps are identical too (same data position, same optimizer state)
+    for _ in range(3):
+        ba, bb = a.stream.next_batch(), b.stream.next_batch()
+        assert torch.equal(ba.input_ids, bb.input_ids)
+        ma, mb = a.train_step(ba), b.train_step(bb)
+        assert ma["total"] == pytest.approx(mb["total"], rel=1e-6, abs=1e-7)
+    for k, v in a.draft.state_dict().items():
+        torch.testing.assert_close(v, b.draft.state_dict()[k], rtol=1e-6, atol=1e-7)
+
+
+def test_stream_covers_epoch_and_growth(tmp_path, target):
+    data = make_data(tmp_path, target, n_shards=2, per_shard=6)
+    s = T.DataStream(data, batch_tokens=64, group_shards=1, seed=1)
+    seen_ids = set()
+    while s.state["epoch"] == 0:
+        b = s.next_batch()
+        seen_ids.update(map(tuple, b.input_ids.tolist()))
+        if s.state["epoch"] == 0 and len(s.state["seen"]) == 2 and s.state["batch"] >= len(s._batches):
+            break
+    n_train = sum(1 for p in D.list_shards(data) for q in D.read_shard(p) if not T.is_val(q.prompt_id))
+    assert len(seen_ids) >= n_train - 1  # identical padded rows could collide, nothing else
+    # a shard appearing later joins the current epoch
+    (tmp_path / "more").mkdir()
+    make_data(tmp_path / "more", target, n_shards=1, per_shard=4, seed=5)
+    (tmp_path / "more" / "distill" / "shard_00000.safetensors").rename(data / "shard_00009.safetensors")
+    for _ in range(20):
+        s.next_batch()
+    assert "shard_00009.safetensors" in s.state["seen"] or s.state["epoch"] > 0
+
+
+def test_simulate_and_export(tmp_path, target):
+    data = make_data(tmp_path, target, n_shards=2, per_shard=6, max_new=16)
+    tr = _trainer(tmp_path, target, data)
+    seqs = [q for p in D.list_shards(data) for q in D.read_shard(p) if not q.sampled][:3]
+    chain = T.simulate_acceptance(tr.draft, seqs, top_k=1, depth=3, nodes=3)
+    tree = T.simulate_acceptance(tr.draft, seqs, top_k=3, depth=3, nodes=8)
+    assert 1.0 <= chain["tau"] <= 4.0 and 1.0 <= tree["tau"] <= 4.0
+    assert sum(chain["accept_hist"]) == chain["rounds"]
+    ck = tr.save_checkpoint()
+    dest = T.export_draft(ck, tmp_path / "export", target=target)
+    from safetensors import safe_open
+
+    with safe_open(str(dest / "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+        assert f.get_tensor("fc.weight").dtype == torch.float16
+        assert f.get_tensor("d2t").dtype == torch.int64 and f.get_tensor("t2d").dtype == torch.bool
+    assert {"fc.weight", "lm_head.weight", "norm.weight", "d2t", "t2d",
+            "midlayer.self_attn.q_proj.weight"} <= keys
+    cfg = json.loads((dest / "config.json").read_text())
+    assert cfg["draft_vocab_size"] == 32 and cfg["vocab_size"] == VOCAB
+
+
+def test_training_prompts_disjoint_from_benchmarks():
+    from heterospec import datasets as DS
+    from heterospec.train import prompts as TP
+
+    # the stdlib code source parses ~14 MB of source: use a subset of files here
+    code = TP._code_prompts(60, random.Random(0), max_files=120)
+    train = TP.build_training_prompts(300, seed=0, mix={"instruct": 0.5, "docs": 0.2, "math": 0.3})
+    assert len(train) >= 250 and len(code) == 60
+    train += code
+    texts = {p.text for p in train}
+    for name in ("mtbench", "humaneval", "alpaca"):
+        try:
+            bench = DS.load_prompts(name)
+        except DS.MissingDataError:
+            continue
+        assert not texts & {p.text for p in bench}, name
+    try:
+        root = DS.doc_sources_root()
+    except DS.MissingDataError:
+        return
+    cnn = DS.load_prompts("cnndm", n=50)
+    files = {p.id.split("/", 1)[1].rsplit("#", 1)[0] for p in cnn}
+    assert all(DS.doc_split(f) == "eval" for f in files)
+    train_files = {rel for rel, _, _ in TP.train_doc_passages()}
+    assert not files & train_files
+    assert all(DS.doc_split(f) == "train" for f in train_files)
+
+
+def test_chain_simulation_matches_training_time_test(tmp_path, target):
+    """The offline chain simulation (extend + tree_step, as in decoding) accepts exactly what the
+    training-time-test unroll predicts at the same roots: both see the same inputs/attention."""
+    data = make_data(tmp_path, target, n_shards=1, per_shard=6, max_new=16)
+    tr = _trainer(tmp_path, target, data)
+    for _ in range(5):  # a few steps so the draft is not uniform noise
+        tr.train_step(tr.stream.next_batch())
+    draft = tr.draft.eval()
+    depth = 3
+    seqs = [q for q in D.read_shard(D.list_shards(data)[0]) if not q.sampled][:3]
+    total_acc = rounds = 0
+    with torch.no_grad():
+        for q in seqs:
+            toks = q.tokens
+            n = toks.numel()
+            feats = torch.cat([q.features.float(), torch.zeros(1, q.features.shape[1])])  # n rows
+            out = draft.forward_train(toks[None], feats[None], ttt_steps=depth, return_logits=True)
+            pred = [draft.to_target_ids(l[0].argmax(-1)) for l in out.logits]  # [S] per step
+            root = q.prompt_len
+            while root < n - 1:
+                acc = 0
+                while acc < depth and root + acc + 1 < n and int(pred[acc][root - 1]) == int(toks[root + acc + 1]):
+                    acc += 1
+                total_acc += acc
+                rounds += 1
+                root += acc + 1
+    want = 1.0 + total_acc / rounds
+    got = T.simulate_acceptance(draft, seqs, top_k=1, depth=depth, nodes=depth)
+    assert got["rounds"] == rounds
+    assert got["tau"] == pytest.approx(want)
