@@ -19,7 +19,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                    help="weight dtype (default: float32 on CPU, bfloat16 on CUDA)")
     t = p.add_argument_group("tree (default: the device's shipped settings)")
-    t.add_argument("--top-k", type=int, dest="tree_top_k", help="children per expanded node")
+    t.add_argument("--tree-top-k", type=int, dest="tree_top_k", help="children per expanded node (tree branching)")
     t.add_argument("--depth", type=int, help="tree-expansion draft forwards per round")
     t.add_argument("--total-tokens", type=int, help="verified nodes per round, root included")
     t.add_argument("--alpha", type=int, help="HeteroSpec extra-depth scale (default ceil(depth/2))")

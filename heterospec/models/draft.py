@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from .kv_cache import KVCache, _host_checks_enabled
-from .layers import MLP, QKVO, RMSNorm, Rotary, assign_weights, rope_inv_freq, sdpa
+from .layers import MLP, QKVO, RMSNorm, Rotary, assign_weights, load_weight_file, rope_inv_freq, sdpa
 
 _ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters")
 _KNOWN_KEYS = {
@@ -190,15 +190,13 @@ def _load_state_dict(path: str) -> dict:
     """model.safetensors (or any *.safetensors) else pytorch_model.bin (weights_only)."""
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if files:
-        from safetensors.torch import load_file
-
         out = {}
         for f in files:
-            out.update(load_file(f))
+            out.update(load_weight_file(f))
         return out
     binf = os.path.join(path, "pytorch_model.bin")
     if os.path.isfile(binf):
-        return dict(torch.load(binf, map_location="cpu", weights_only=True))
+        return load_weight_file(binf)
     raise FileNotFoundError(f"EAGLE-3 draft directory {path} has no model.safetensors or pytorch_model.bin")
 
 

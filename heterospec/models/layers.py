@@ -156,6 +156,19 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, 
 # Loading
 
 
+def load_weight_file(f: str) -> dict:
+    """Tensors of one ``*.safetensors`` or ``pytorch_model*.bin`` file; a damaged file is a clear error."""
+    try:
+        if f.endswith(".safetensors"):
+            from safetensors.torch import load_file
+
+            return load_file(f)
+        return dict(torch.load(f, map_location="cpu", weights_only=True))
+    except Exception as e:  # safetensors / pickle raise their own types for damaged files
+        raise ValueError(f"cannot read weights from {f}: the file is corrupt or truncated "
+                         f"({type(e).__name__}: {e})") from e
+
+
 def assign_weights(module: nn.Module, tensors, dtype: torch.dtype, device, *, requires_grad: bool,
                    what: str, skip: tuple[str, ...] = ()) -> None:
     """Replace every parameter / persistent buffer of `module` (possibly built on "meta") by

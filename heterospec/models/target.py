@@ -23,7 +23,7 @@ from torch import nn
 
 from .attention import causal_tree_mask, make_backend
 from .kv_cache import KVCache
-from .layers import MLP, QKVO, RMSNorm, Rotary, assign_weights, rope_inv_freq
+from .layers import MLP, QKVO, RMSNorm, Rotary, assign_weights, load_weight_file, rope_inv_freq
 
 
 def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
@@ -263,8 +263,6 @@ class TargetModel(nn.Module):
 
 def _read_weights(path: str) -> dict:
     """All tensors of a local HF checkpoint, keys without the "model." prefix."""
-    from safetensors.torch import load_file
-
     index = os.path.join(path, "model.safetensors.index.json")
     if os.path.isfile(index):
         with open(index) as f:
@@ -280,7 +278,7 @@ def _read_weights(path: str) -> dict:
             raise FileNotFoundError(f"target model directory {path} has no *.safetensors (or pytorch_model*.bin) weights")
     tensors = {}
     for f in files:
-        sd = load_file(f) if f.endswith(".safetensors") else torch.load(f, map_location="cpu", weights_only=True)
+        sd = load_weight_file(f)
         for k, v in sd.items():
             tensors[k.removeprefix("model.")] = v
     return tensors

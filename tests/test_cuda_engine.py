@@ -1,0 +1,175 @@
+"""Decoding engine on CUDA (GPU only): greedy equivalence and the sampling law, in float32,
+bfloat16 and float16, with the sdpa and FlashInfer attention backends.
+
+tests/test_engine.py and tests/test_sampling_lossless.py run the same checks on CPU in float64.
+On CUDA:
+  * float32: the CUDA engine reproduces the CPU engine exactly (tokens and per-round records), and
+    speculative greedy output equals autoregressive output exactly;
+  * bfloat16 / float16: speculative greedy output equals autoregressive output up to the first
+    position where the target's own top-2 logits are within rounding noise (the tree forward and
+    the one-token forward round differently); a real bug (mask, KV compaction) diverges where the
+    margin is large and fails;
+  * sampling: 6000 requests of 3 tokens follow the target's law (chi-square), the law computed by
+    enumeration with the same CUDA model in the same dtype.
+Models have head_dim 64 (FlashInfer needs 64 / 128 / 256).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from heterospec import Eagle3Draft, Engine, SpecConfig, TargetModel
+from heterospec.config import SamplingParams
+from heterospec.entropy import EntropyBins
+from heterospec.models.attention import flashinfer_available
+from heterospec.sampling import processed_probs
+from tests.engine_util import tiny_hf_llama
+from tests.test_sampling_lossless import chi_square_pvalue
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+SMALL = SpecConfig(top_k=3, depth=3, total_tokens=10)
+F32, BF16, FP16 = torch.float32, torch.bfloat16, torch.float16
+# Largest top-1 / top-2 logit gap that rounding may flip (logits here reach ~10-20).
+TIE = {BF16: 0.3, FP16: 0.06}
+VARIANTS = [(F32, "sdpa"), (BF16, "sdpa"), (BF16, "flashinfer"), (FP16, "sdpa"), (FP16, "flashinfer")]
+
+
+def _ids(cases):
+    return ["-".join(str(x).replace("torch.", "") if not isinstance(x, SamplingParams) else f"T{x.temperature}"
+                     for x in c) for c in cases]
+
+
+def forced_bins(i: int, n: int = 4) -> EntropyBins:
+    """n bins, every finite entropy in bin i (no bin flips between devices)."""
+    return EntropyBins([-1e9 + j for j in range(i)] + [1e9 + j for j in range(n - 1 - i)])
+
+
+def _engine(dtype, backend, device="cuda", seed=0, bins=0, **kw):
+    if backend == "flashinfer" and not flashinfer_available():
+        pytest.skip("flashinfer is not installed")
+    hf = tiny_hf_llama(seed=seed, hidden=256, heads=4, kv_heads=2, layers=2, dtype=torch.float32, **kw)
+    target = TargetModel.from_hf(hf, device=device, dtype=dtype, attn_backend=backend)
+    draft = Eagle3Draft.for_target(target, seed=seed)
+    return Engine(target, draft, config=SMALL, bins=forced_bins(bins))
+
+
+def _prompts(vocab, n=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (int(torch.randint(4, 20, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(n)]
+
+
+def _top2_margin(engine, seq) -> float:
+    """top-1 minus top-2 logit of the target's next-token prediction after `seq`."""
+    t, dev = engine.target, engine.device
+    cache = t.new_cache(1, len(seq) + 1)
+    with torch.inference_mode():
+        logits, _ = t(torch.tensor([seq], device=dev), torch.arange(len(seq), device=dev)[None], cache,
+                      torch.zeros(1, dtype=torch.long, device=dev), return_features=False,
+                      logits_index=torch.tensor([[len(seq) - 1]], device=dev))
+    top = logits[0, 0].float().topk(2).values
+    return float(top[0] - top[1])
+
+
+def _assert_greedy_equivalent(engine, prompt, ref, out, dtype, what):
+    if out == ref:
+        return
+    assert dtype != F32, f"{what}: float32 outputs differ: {out} vs {ref}"
+    i = next((j for j, (a, b) in enumerate(zip(out, ref)) if a != b), min(len(out), len(ref)))
+    margin = _top2_margin(engine, prompt + ref[:i])
+    assert margin <= TIE[dtype], (f"{what}: diverges from autoregressive at token {i} where the target's top-2 "
+                                  f"margin is {margin:.3f} > {TIE[dtype]} (not a rounding tie)")
+
+
+def test_cuda_engine_reproduces_cpu_engine_float32():
+    cpu, gpu = _engine(F32, "sdpa", device="cpu"), _engine(F32, "sdpa")
+    for method in ("eagle3", "heterospec"):
+        for prompt in _prompts(cpu.target.config.vocab_size):
+            a = cpu.generate(prompt, max_new_tokens=20, method=method, chat=False)
+            b = gpu.generate(prompt, max_new_tokens=20, method=method, chat=False)
+            assert b.token_ids == a.token_ids, (method, prompt)
+            ra = [(r.accept_len, r.verified, r.depth, r.bin) for r in a.stats.records]
+            rb = [(r.accept_len, r.verified, r.depth, r.bin) for r in b.stats.records]
+            assert rb == ra, (method, prompt)
+
+
+@pytest.mark.parametrize("dtype,backend", VARIANTS, ids=_ids(VARIANTS))
+@pytest.mark.parametrize("bins", [0, 3])   # 0: deepest drafting + fewest nodes (DED + TNP); 3: plain EAGLE tree
+def test_greedy_speculative_equals_autoregressive(dtype, backend, bins):
+    engine = _engine(dtype, backend, bins=bins)
+    for prompt in _prompts(engine.target.config.vocab_size, seed=bins):
+        ref = engine.generate(prompt, max_new_tokens=24, method="autoregressive", chat=False).token_ids
+        for method in ("eagle3", "heterospec"):
+            res = engine.generate(prompt, max_new_tokens=24, method=method, chat=False)
+            _assert_greedy_equivalent(engine, prompt, ref, res.token_ids, dtype, f"{method} {dtype} {backend}")
+            s = res.stats
+            assert s.target_calls == s.rounds == len(s.records)
+
+
+BATCH_CASES = [(F32, "sdpa"), (BF16, "flashinfer"), (FP16, "sdpa")]
+
+
+@pytest.mark.parametrize("dtype,backend", BATCH_CASES, ids=_ids(BATCH_CASES))
+def test_batch_of_different_lengths_matches_single_requests(dtype, backend):
+    engine = _engine(dtype, backend)
+    prompts = _prompts(engine.target.config.vocab_size, n=4, seed=5)
+    batch = engine.generate_batch(prompts, max_new_tokens=16, method="heterospec", chat=False)
+    for p, r in zip(prompts, batch):
+        single = engine.generate(p, max_new_tokens=16, method="heterospec", chat=False).token_ids
+        _assert_greedy_equivalent(engine, p, single, r.token_ids, dtype, f"batch vs single {dtype} {backend}")
+
+
+VOCAB, NEW, REQUESTS, ALPHA = 8, 3, 6000, 1e-3
+PROMPT = [3, 5, 1, 7]
+
+
+def _law(engine, params):
+    """P(x1, x2, x3 | PROMPT) by enumeration with the engine's own target (same device and dtype)."""
+    t, dev = engine.target, engine.device
+    ctxs = [()] + [(a,) for a in range(VOCAB)] + [(a, b) for a in range(VOCAB) for b in range(VOCAB)]
+    n = len(PROMPT) + 2
+    ids = torch.zeros(len(ctxs), n, dtype=torch.long)
+    last = torch.tensor([[len(PROMPT) + len(c) - 1] for c in ctxs])
+    for r, c in enumerate(ctxs):
+        ids[r, :len(PROMPT) + len(c)] = torch.tensor(PROMPT + list(c))
+    cache = t.new_cache(len(ctxs), n)
+    with torch.inference_mode():
+        logits, _ = t(ids.to(dev), torch.arange(n, device=dev).expand(len(ctxs), n), cache,
+                      torch.zeros(len(ctxs), dtype=torch.long, device=dev), return_features=False,
+                      logits_index=last.to(dev))
+    probs = processed_probs(logits[:, 0], params).double().cpu()
+    p = {c: probs[r] for r, c in enumerate(ctxs)}
+    return {(a, b, c): float(p[()][a] * p[(a,)][b] * p[(a, b)][c])
+            for a in range(VOCAB) for b in range(VOCAB) for c in range(VOCAB)}
+
+
+LAW_CASES = [
+    (F32, "sdpa", SamplingParams(temperature=0.7, top_k=5, top_p=0.9)),
+    (BF16, "sdpa", SamplingParams(temperature=1.0)),
+    (BF16, "flashinfer", SamplingParams(temperature=1.0)),
+    (FP16, "flashinfer", SamplingParams(temperature=1.0)),
+]
+
+
+@pytest.mark.parametrize("dtype,backend,params", LAW_CASES, ids=_ids(LAW_CASES))
+def test_speculative_sampling_matches_target_law(dtype, backend, params):
+    if backend == "flashinfer" and not flashinfer_available():
+        pytest.skip("flashinfer is not installed")
+    hf = tiny_hf_llama(vocab=VOCAB, hidden=256, layers=2, heads=4, kv_heads=2, seed=11, init_range=0.05,
+                       dtype=torch.float32)
+    target = TargetModel.from_hf(hf, device="cuda", dtype=dtype, attn_backend=backend)
+    engine = Engine(target, Eagle3Draft.for_target(target, seed=2), config=SpecConfig(top_k=3, depth=2, total_tokens=8),
+                    bins=EntropyBins([0.8, 1.6]))
+    engine.target.config.eos_token_ids = ()
+    res = engine.generate_batch([PROMPT] * REQUESTS, max_new_tokens=NEW, method="heterospec",
+                                temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+                                seed=2024, chat=False)
+    samples = [tuple(r.token_ids) for r in res]
+    assert all(len(s) == NEW for s in samples)
+    pvalue, impossible = chi_square_pvalue(samples, _law(engine, params))
+    assert impossible == 0, "sampled a sequence the processed target law gives zero probability"
+    assert pvalue > ALPHA, f"chi-square rejects the target law: p = {pvalue:.2e}"
+    accepts = [r.accept_len for x in res for r in x.stats.records]
+    assert 0 < sum(a > 0 for a in accepts) < len(accepts)
