@@ -1,4 +1,5 @@
-// Argument validation shared by every heterospec host function (CPU and CUDA).
+// Argument validation helpers of every heterospec host function (CPU and CUDA); the per-op
+// metadata checks built from them live in op_checks.h.
 // Every failure raises a ValueError (c10::ValueError) whose message names the op, the tensor and
 // what was expected versus what was received, e.g.
 //   "select_tree_nodes: expected parents of dtype torch.int64, got torch.int32".
@@ -10,7 +11,6 @@
 #include <c10/util/Exception.h>
 
 #include <cstdint>
-#include <initializer_list>
 #include <sstream>
 #include <string>
 
@@ -90,10 +90,6 @@ inline void check_cuda(const char* op, const char* name, const at::Tensor& t) {
 
 inline void check_contiguous(const char* op, const char* name, const at::Tensor& t) {
   HS_CHECK(t.is_contiguous(), op, ": expected ", name, " to be contiguous, got strides ", t.strides());
-}
-
-inline void check_all_cpu(const char* op, std::initializer_list<std::pair<const char*, const at::Tensor*>> ts) {
-  for (const auto& p : ts) check_cpu(op, p.first, *p.second);
 }
 
 }  // namespace heterospec

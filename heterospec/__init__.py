@@ -52,13 +52,5 @@ __all__ = [
     "Eagle3Draft",
     "KVCache",
     "ops",
-    "topk_entropy",
-    "entropy_bin_policy",
-    "select_tree_nodes",
-    "build_tree",
-    "tree_attention_mask",
-    "dense_tree_attention_mask",
-    "verify_greedy",
-    "verify_sampling",
-    "compact_kv_",
+    *ops.OP_NAMES,  # the op wrappers imported above
 ]

@@ -20,23 +20,7 @@ from torch import Tensor
 from . import _C  # noqa: F401  (defines the op schemas; must precede register_fake)
 from ._checks import FLOAT_LOGITS, check_int, check_size, check_tensor
 
-__all__ = [
-    "topk_entropy",
-    "entropy_bin_policy",
-    "select_tree_nodes",
-    "build_tree",
-    "tree_attention_mask",
-    "dense_tree_attention_mask",
-    "verify_greedy",
-    "verify_sampling",
-    "compact_kv_",
-    "OP_NAMES",
-    "MAX_TOPK",
-]
-
-_ops = torch.ops.heterospec
-
-#: Every op of the library, in design-doc order.
+#: Every op of the library, in design-doc order (each has a wrapper of the same name below).
 OP_NAMES = (
     "topk_entropy",
     "entropy_bin_policy",
@@ -48,6 +32,10 @@ OP_NAMES = (
     "verify_sampling",
     "compact_kv_",
 )
+
+__all__ = [*OP_NAMES, "OP_NAMES", "MAX_TOPK"]
+
+_ops = torch.ops.heterospec
 
 #: Largest ``k`` accepted by :func:`topk_entropy`.
 MAX_TOPK = 64

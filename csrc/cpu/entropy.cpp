@@ -19,8 +19,8 @@
 #include <immintrin.h>
 #endif
 
-#include "checks.h"
 #include "cpu/parallel.h"
+#include "op_checks.h"
 #include "ops.h"
 
 namespace heterospec {
@@ -292,21 +292,13 @@ void topk_entropy_impl(const at::Tensor& logits, int64_t k, const float* parent,
 std::tuple<Tensor, Tensor, Tensor> topk_entropy_cpu(const Tensor& logits_in, int64_t k,
                                                     const std::optional<Tensor>& parent_entropy) {
   constexpr const char* op = "topk_entropy";
-  check_float_dtype(op, "logits", logits_in);
-  check_dim(op, "logits", logits_in, 2, "[M, V]");
-  check_cpu(op, "logits", logits_in);
+  check_topk_logits(Backend::CPU, op, logits_in, k, kMaxK);
   const int64_t M = logits_in.size(0), V = logits_in.size(1);
-  HS_CHECK(k >= 1 && k <= std::min<int64_t>(V, kMaxK), op, ": expected 1 <= k <= min(V, ", kMaxK, ") = ",
-           std::min<int64_t>(V, kMaxK), " (V = logits.size(1) = ", V, "), got k = ", k);
   const float* parent = nullptr;
   Tensor parent_c;
   if (parent_entropy.has_value() && parent_entropy->defined()) {
-    const Tensor& pe = *parent_entropy;
-    check_dtype(op, "parent_entropy", pe, at::kFloat);
-    check_dim(op, "parent_entropy", pe, 1, "[M]");
-    check_same_device(op, "parent_entropy", pe, "logits", logits_in);
-    check_size(op, "parent_entropy", pe, 0, M, "M = logits.size(0)");
-    parent_c = pe.contiguous();
+    check_parent_entropy(op, *parent_entropy, logits_in);
+    parent_c = parent_entropy->contiguous();
     parent = parent_c.const_data_ptr<float>();
   }
   // Rows may be strided; the vocabulary dimension must be contiguous (else copy once).
@@ -332,21 +324,8 @@ std::tuple<Tensor, Tensor, Tensor> topk_entropy_cpu(const Tensor& logits_in, int
 std::tuple<Tensor, Tensor, Tensor> entropy_bin_policy_cpu(const Tensor& path_entropy, const Tensor& bin_edges,
                                                           const Tensor& bin_extra_depth, const Tensor& bin_budget) {
   constexpr const char* op = "entropy_bin_policy";
-  check_dtype(op, "path_entropy", path_entropy, at::kFloat);
-  check_dtype(op, "bin_edges", bin_edges, at::kFloat);
-  check_dtype(op, "bin_extra_depth", bin_extra_depth, at::kLong);
-  check_dtype(op, "bin_budget", bin_budget, at::kLong);
-  check_dim(op, "path_entropy", path_entropy, 1, "[B]");
-  check_dim(op, "bin_edges", bin_edges, 1, "[num_bins - 1]");
-  check_dim(op, "bin_extra_depth", bin_extra_depth, 1, "[num_bins]");
-  check_dim(op, "bin_budget", bin_budget, 1, "[num_bins]");
-  check_all_cpu(op, {{"path_entropy", &path_entropy},
-                     {"bin_edges", &bin_edges},
-                     {"bin_extra_depth", &bin_extra_depth},
-                     {"bin_budget", &bin_budget}});
+  check_bin_policy_inputs(Backend::CPU, op, path_entropy, bin_edges, bin_extra_depth, bin_budget);
   const int64_t B = path_entropy.size(0), ne = bin_edges.size(0), nb = ne + 1;
-  check_size(op, "bin_extra_depth", bin_extra_depth, 0, nb, "num_bins = bin_edges.size(0) + 1");
-  check_size(op, "bin_budget", bin_budget, 0, nb, "num_bins = bin_edges.size(0) + 1");
   const Tensor h = path_entropy.contiguous(), e = bin_edges.contiguous();
   const Tensor xd = bin_extra_depth.contiguous(), bb = bin_budget.contiguous();
   const float* hp = h.const_data_ptr<float>();

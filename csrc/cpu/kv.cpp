@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <cstring>
 
-#include "checks.h"
 #include "cpu/parallel.h"
+#include "op_checks.h"
 #include "ops.h"
 
 namespace heterospec {
@@ -19,32 +19,9 @@ namespace heterospec {
 void compact_kv_cpu(Tensor& k_cache, Tensor& v_cache, const Tensor& accept_path_in, const Tensor& accept_len_in,
                     const Tensor& prefix_lens_in) {
   constexpr const char* op = "compact_kv_";
-  check_dim(op, "k_cache", k_cache, 5, "[num_layers, B, S, H_kv, D]");
-  check_dim(op, "v_cache", v_cache, 5, "[num_layers, B, S, H_kv, D]");
-  check_cpu(op, "k_cache", k_cache);
-  check_cpu(op, "v_cache", v_cache);
-  HS_CHECK(k_cache.sizes() == v_cache.sizes(), op, ": expected v_cache of the same shape as k_cache ",
-           sizes_str(k_cache), ", got ", sizes_str(v_cache));
-  HS_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), op, ": expected v_cache of the same dtype as k_cache (",
-           dtype_name(k_cache.scalar_type()), "), got ", dtype_name(v_cache.scalar_type()));
-  HS_CHECK(k_cache.numel() == 0 || k_cache.const_data_ptr() != v_cache.const_data_ptr(), op,
-           ": k_cache and v_cache must be different tensors");
-  check_contiguous(op, "k_cache", k_cache);
-  check_contiguous(op, "v_cache", v_cache);
-  const int64_t NL = k_cache.size(0), B = k_cache.size(1), S = k_cache.size(2);
-  check_dtype(op, "accept_path", accept_path_in, at::kLong);
-  check_dim(op, "accept_path", accept_path_in, 2, "[B, P]");
-  check_cpu(op, "accept_path", accept_path_in);
-  check_size(op, "accept_path", accept_path_in, 0, B, "B = k_cache.size(1)");
-  const int64_t P = accept_path_in.size(1);
-  HS_CHECK(P >= 1 || B == 0, op, ": expected accept_path.size(1) >= 1, got ", P);
-  const std::pair<const char*, const Tensor*> vecs[] = {{"accept_len", &accept_len_in}, {"prefix_lens", &prefix_lens_in}};
-  for (const auto& [name, t] : vecs) {
-    check_dtype(op, name, *t, at::kLong);
-    check_dim(op, name, *t, 1, "[B]");
-    check_cpu(op, name, *t);
-    check_size(op, name, *t, 0, B, "B = k_cache.size(1)");
-  }
+  const KvDims d = check_compact_kv_inputs(Backend::CPU, op, k_cache, v_cache, accept_path_in, accept_len_in,
+                                           prefix_lens_in);
+  const int64_t NL = d.num_layers, B = d.B, S = d.S, P = d.P;
   const Tensor accept_path = accept_path_in.contiguous(), accept_len = accept_len_in.contiguous();
   const Tensor prefix_lens = prefix_lens_in.contiguous();
   const int64_t* path = accept_path.const_data_ptr<int64_t>();

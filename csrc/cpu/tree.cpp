@@ -14,8 +14,8 @@
 #include <numeric>
 #include <vector>
 
-#include "checks.h"
 #include "cpu/parallel.h"
+#include "op_checks.h"
 #include "ops.h"
 
 namespace heterospec {
@@ -31,22 +31,6 @@ void check_prefix_lens_values(const char* op, const int64_t* L, int64_t B) {
   for (int64_t b = 0; b < B; ++b) HS_CHECK(L[b] >= 0, op, ": expected prefix_lens[", b, "] >= 0, got ", L[b]);
 }
 
-// Common checks for ([B] int64) request vectors.
-void check_request_vector(const char* op, const char* name, const Tensor& t, int64_t B) {
-  check_dtype(op, name, t, at::kLong);
-  check_dim(op, name, t, 1, "[B]");
-  check_cpu(op, name, t);
-  check_size(op, name, t, 0, B, "B, the batch size");
-}
-
-// tree_mask [B, T, T] bool.
-void check_tree_mask(const char* op, const Tensor& tree_mask) {
-  check_dtype(op, "tree_mask", tree_mask, at::kBool);
-  check_dim(op, "tree_mask", tree_mask, 3, "[B, T, T]");
-  check_cpu(op, "tree_mask", tree_mask);
-  check_size(op, "tree_mask", tree_mask, 2, tree_mask.size(1), "T = tree_mask.size(1); the mask is square");
-}
-
 }  // namespace
 
 // scores [B, C] float32 (-inf = invalid), parents [B, C] int64 (-1 = root), budgets [B] int64.
@@ -54,17 +38,8 @@ void check_tree_mask(const char* op, const Tensor& tree_mask) {
 std::tuple<Tensor, Tensor, Tensor> select_tree_nodes_cpu(const Tensor& scores_in, const Tensor& parents_in,
                                                          const Tensor& budgets_in, int64_t max_nodes) {
   constexpr const char* op = "select_tree_nodes";
-  check_dtype(op, "scores", scores_in, at::kFloat);
-  check_dim(op, "scores", scores_in, 2, "[B, C]");
-  check_cpu(op, "scores", scores_in);
-  check_dtype(op, "parents", parents_in, at::kLong);
-  check_dim(op, "parents", parents_in, 2, "[B, C]");
-  check_cpu(op, "parents", parents_in);
+  check_select_inputs(Backend::CPU, op, scores_in, parents_in, budgets_in, max_nodes);
   const int64_t B = scores_in.size(0), C = scores_in.size(1);
-  check_size(op, "parents", parents_in, 0, B, "B = scores.size(0)");
-  check_size(op, "parents", parents_in, 1, C, "C = scores.size(1)");
-  check_request_vector(op, "budgets", budgets_in, B);
-  HS_CHECK(max_nodes >= 0, op, ": expected max_nodes >= 0, got ", max_nodes);
   const int64_t T = max_nodes + 1;
 
   const Tensor scores = scores_in.contiguous(), parents = parents_in.contiguous(), budgets = budgets_in.contiguous();
@@ -129,12 +104,8 @@ std::tuple<Tensor, Tensor, Tensor> select_tree_nodes_cpu(const Tensor& scores_in
 std::tuple<Tensor, Tensor, Tensor, Tensor> build_tree_cpu(const Tensor& tree_parents_in, const Tensor& num_nodes_in,
                                                           const Tensor& prefix_lens_in) {
   constexpr const char* op = "build_tree";
-  check_dtype(op, "tree_parents", tree_parents_in, at::kLong);
-  check_dim(op, "tree_parents", tree_parents_in, 2, "[B, T]");
-  check_cpu(op, "tree_parents", tree_parents_in);
+  check_build_tree_inputs(Backend::CPU, op, tree_parents_in, num_nodes_in, prefix_lens_in);
   const int64_t B = tree_parents_in.size(0), T = tree_parents_in.size(1);
-  check_request_vector(op, "num_nodes", num_nodes_in, B);
-  check_request_vector(op, "prefix_lens", prefix_lens_in, B);
   const Tensor parents = tree_parents_in.contiguous(), num_nodes = num_nodes_in.contiguous();
   const Tensor prefix_lens = prefix_lens_in.contiguous();
   const int64_t* pp = parents.const_data_ptr<int64_t>();
@@ -205,10 +176,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> build_tree_cpu(const Tensor& tree_par
 std::tuple<Tensor, Tensor> tree_attention_mask_cpu(const Tensor& tree_mask_in, const Tensor& num_nodes_in,
                                                    const Tensor& prefix_lens_in, int64_t mask_numel) {
   constexpr const char* op = "tree_attention_mask";
-  check_tree_mask(op, tree_mask_in);
+  check_tree_attention_mask_inputs(Backend::CPU, op, tree_mask_in, num_nodes_in, prefix_lens_in);
   const int64_t B = tree_mask_in.size(0), T = tree_mask_in.size(1);
-  check_request_vector(op, "num_nodes", num_nodes_in, B);
-  check_request_vector(op, "prefix_lens", prefix_lens_in, B);
   const Tensor tree_mask = tree_mask_in.contiguous(), num_nodes = num_nodes_in.contiguous();
   const Tensor prefix_lens = prefix_lens_in.contiguous();
   const int64_t* np = num_nodes.const_data_ptr<int64_t>();
@@ -246,10 +215,8 @@ std::tuple<Tensor, Tensor> tree_attention_mask_cpu(const Tensor& tree_mask_in, c
 // -> [B, T, width] bool: prefix columns true, tree columns from tree_mask, the rest false.
 Tensor dense_tree_attention_mask_cpu(const Tensor& tree_mask_in, const Tensor& prefix_lens_in, int64_t width) {
   constexpr const char* op = "dense_tree_attention_mask";
-  check_tree_mask(op, tree_mask_in);
+  check_dense_mask_inputs(Backend::CPU, op, tree_mask_in, prefix_lens_in, width);
   const int64_t B = tree_mask_in.size(0), T = tree_mask_in.size(1);
-  check_request_vector(op, "prefix_lens", prefix_lens_in, B);
-  HS_CHECK(width >= 0, op, ": expected width >= 0, got ", width);
   const Tensor tree_mask = tree_mask_in.contiguous(), prefix_lens = prefix_lens_in.contiguous();
   const int64_t* lp = prefix_lens.const_data_ptr<int64_t>();
   check_prefix_lens_values(op, lp, B);

@@ -10,44 +10,19 @@
 #include <cstdint>
 #include <vector>
 
-#include "checks.h"
 #include "cpu/parallel.h"
+#include "op_checks.h"
 #include "ops.h"
 
 namespace heterospec {
 namespace {
 
-struct TreeInputs {
-  int64_t B = 0, T = 0;
-  Tensor tokens, first_child, next_sibling, num_nodes;  // contiguous
-};
-
-// Checks shared by both verifiers. The link checks (child and sibling positions strictly greater
-// than the node, and below num_nodes) make every walk terminate inside the real nodes.
-TreeInputs check_tree_inputs(const char* op, const Tensor& tree_tokens, const Tensor& first_child,
-                             const Tensor& next_sibling, const Tensor& num_nodes) {
-  check_dtype(op, "tree_tokens", tree_tokens, at::kLong);
-  check_dim(op, "tree_tokens", tree_tokens, 2, "[B, T]");
-  check_cpu(op, "tree_tokens", tree_tokens);
-  TreeInputs in;
-  in.B = tree_tokens.size(0);
-  in.T = tree_tokens.size(1);
-  const std::pair<const char*, const Tensor*> bt[] = {{"first_child", &first_child}, {"next_sibling", &next_sibling}};
-  for (const auto& [name, t] : bt) {
-    check_dtype(op, name, *t, at::kLong);
-    check_dim(op, name, *t, 2, "[B, T]");
-    check_cpu(op, name, *t);
-    check_size(op, name, *t, 0, in.B, "B = tree_tokens.size(0)");
-    check_size(op, name, *t, 1, in.T, "T = tree_tokens.size(1)");
-  }
-  check_dtype(op, "num_nodes", num_nodes, at::kLong);
-  check_dim(op, "num_nodes", num_nodes, 1, "[B]");
-  check_cpu(op, "num_nodes", num_nodes);
-  check_size(op, "num_nodes", num_nodes, 0, in.B, "B = tree_tokens.size(0)");
-  in.tokens = tree_tokens.contiguous();
-  in.first_child = first_child.contiguous();
-  in.next_sibling = next_sibling.contiguous();
-  in.num_nodes = num_nodes.contiguous();
+// The shared metadata checks (op_checks.h) plus the link checks: child and sibling positions
+// strictly greater than the node, and below num_nodes, so every walk terminates inside the real
+// nodes.
+TreeInputs check_tree_inputs_cpu(const char* op, const Tensor& tree_tokens, const Tensor& first_child,
+                                 const Tensor& next_sibling, const Tensor& num_nodes) {
+  TreeInputs in = check_tree_inputs(Backend::CPU, op, tree_tokens, first_child, next_sibling, num_nodes);
   const int64_t* np = in.num_nodes.const_data_ptr<int64_t>();
   const int64_t* fc = in.first_child.const_data_ptr<int64_t>();
   const int64_t* ns = in.next_sibling.const_data_ptr<int64_t>();
@@ -96,12 +71,8 @@ std::tuple<Tensor, Tensor, Tensor> verify_greedy_cpu(const Tensor& tree_tokens, 
                                                      const Tensor& first_child, const Tensor& next_sibling,
                                                      const Tensor& num_nodes) {
   constexpr const char* op = "verify_greedy";
-  const TreeInputs in = check_tree_inputs(op, tree_tokens, first_child, next_sibling, num_nodes);
-  check_dtype(op, "target_ids", target_ids_in, at::kLong);
-  check_dim(op, "target_ids", target_ids_in, 2, "[B, T]");
-  check_cpu(op, "target_ids", target_ids_in);
-  check_size(op, "target_ids", target_ids_in, 0, in.B, "B = tree_tokens.size(0)");
-  check_size(op, "target_ids", target_ids_in, 1, in.T, "T = tree_tokens.size(1)");
+  const TreeInputs in = check_tree_inputs_cpu(op, tree_tokens, first_child, next_sibling, num_nodes);
+  check_tree_like(Backend::CPU, op, "target_ids", target_ids_in, at::kLong, 2, in.B, in.T, tree_tokens);
   const Tensor target_ids = target_ids_in.contiguous();
   const int64_t B = in.B, T = in.T;
   auto opts = in.tokens.options();
@@ -146,24 +117,10 @@ std::tuple<Tensor, Tensor, Tensor> verify_sampling_cpu(const Tensor& tree_tokens
                                                        const Tensor& num_nodes, const Tensor& coins_in,
                                                        const Tensor& final_coins_in) {
   constexpr const char* op = "verify_sampling";
-  const TreeInputs in = check_tree_inputs(op, tree_tokens, first_child, next_sibling, num_nodes);
+  const TreeInputs in = check_tree_inputs_cpu(op, tree_tokens, first_child, next_sibling, num_nodes);
   const int64_t B = in.B, T = in.T;
-  check_dtype(op, "target_probs", target_probs_in, at::kFloat);
-  check_dim(op, "target_probs", target_probs_in, 3, "[B, T, V]");
-  check_cpu(op, "target_probs", target_probs_in);
-  check_size(op, "target_probs", target_probs_in, 0, B, "B = tree_tokens.size(0)");
-  check_size(op, "target_probs", target_probs_in, 1, T, "T = tree_tokens.size(1)");
-  const int64_t V = target_probs_in.size(2);
-  HS_CHECK(V >= 1, op, ": expected target_probs.size(2) (the vocabulary) >= 1, got ", V);
-  check_dtype(op, "coins", coins_in, at::kFloat);
-  check_dim(op, "coins", coins_in, 2, "[B, T]");
-  check_cpu(op, "coins", coins_in);
-  check_size(op, "coins", coins_in, 0, B, "B = tree_tokens.size(0)");
-  check_size(op, "coins", coins_in, 1, T, "T = tree_tokens.size(1)");
-  check_dtype(op, "final_coins", final_coins_in, at::kFloat);
-  check_dim(op, "final_coins", final_coins_in, 1, "[B]");
-  check_cpu(op, "final_coins", final_coins_in);
-  check_size(op, "final_coins", final_coins_in, 0, B, "B = tree_tokens.size(0)");
+  const int64_t V =
+      check_verify_sampling_inputs(Backend::CPU, op, in, tree_tokens, target_probs_in, coins_in, final_coins_in);
   const Tensor probs = target_probs_in.contiguous(), coins = coins_in.contiguous();
   const Tensor final_coins = final_coins_in.contiguous();
 

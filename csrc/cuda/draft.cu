@@ -3,9 +3,9 @@
 // dense_tree_attention_mask. Kernels and schedules: kernels/topk_entropy.cuh, kernels/bin_policy.cuh,
 // kernels/tree.cuh (torch-free). One translation unit on purpose: each torch-including .cu costs
 // ~45-90 s of nvcc time on a 2-core box, mostly parsing torch headers (host and device passes).
-// Host checks mirror the CPU ops' metadata checks; value checks that need the data raise only on
-// the CPU (a device sync otherwise) and are flagged in the outputs or handled memory-safely
-// instead, as documented in the kernel headers.
+// Metadata checks are shared with the CPU ops (op_checks.h); value checks that need the data
+// raise only on the CPU (a device sync otherwise) and are flagged in the outputs or handled
+// memory-safely instead, as documented in the kernel headers.
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -19,30 +19,14 @@
 #include <cstdint>
 #include <limits>
 
-#include "checks.h"
 #include "kernels/bin_policy.cuh"
 #include "kernels/topk_entropy.cuh"
 #include "kernels/tree.cuh"
+#include "op_checks.h"
 #include "ops.h"
 
 namespace heterospec {
 namespace {
-
-// A [B] int64 request vector on the device of `ref`.
-void check_request_vector(const char* op, const char* name, const Tensor& t, int64_t B, const char* ref_name,
-                          const Tensor& ref) {
-  check_dtype(op, name, t, at::kLong);
-  check_dim(op, name, t, 1, "[B]");
-  check_same_device(op, name, t, ref_name, ref);
-  check_size(op, name, t, 0, B, "B, the batch size");
-}
-
-void check_tree_mask(const char* op, const Tensor& tree_mask) {
-  check_dtype(op, "tree_mask", tree_mask, at::kBool);
-  check_dim(op, "tree_mask", tree_mask, 3, "[B, T, T]");
-  check_cuda(op, "tree_mask", tree_mask);
-  check_size(op, "tree_mask", tree_mask, 2, tree_mask.size(1), "T = tree_mask.size(1); the mask is square");
-}
 
 void check_grid_batch(const char* op, int64_t B) {
   HS_CHECK(B <= 65535, op, ": the CUDA kernel supports B <= 65535 requests, got B = ", B);
@@ -57,13 +41,8 @@ cudaStream_t current_stream() { return c10::cuda::getCurrentCUDAStream().stream(
 std::tuple<Tensor, Tensor, Tensor> topk_entropy_cuda(const Tensor& logits_in, int64_t k,
                                                      const std::optional<Tensor>& parent_entropy) {
   constexpr const char* op = "topk_entropy";
-  check_float_dtype(op, "logits", logits_in);
-  check_dim(op, "logits", logits_in, 2, "[M, V]");
-  check_cuda(op, "logits", logits_in);
+  check_topk_logits(Backend::CUDA, op, logits_in, k, cuda::kTopkMaxK);
   const int64_t M = logits_in.size(0), V = logits_in.size(1);
-  HS_CHECK(k >= 1 && k <= std::min<int64_t>(V, cuda::kTopkMaxK), op, ": expected 1 <= k <= min(V, ",
-           cuda::kTopkMaxK, ") = ", std::min<int64_t>(V, cuda::kTopkMaxK), " (V = logits.size(1) = ", V,
-           "), got k = ", k);
   HS_CHECK(V <= cuda::kTopkMaxVocab && cuda::topk_num_chunks(V, logits_in.element_size()) <= 65535, op,
            ": the CUDA kernel supports V <= ",
            std::min<int64_t>(cuda::kTopkMaxVocab, 65535LL * cuda::topk_chunk_elems(logits_in.element_size())),
@@ -71,12 +50,8 @@ std::tuple<Tensor, Tensor, Tensor> topk_entropy_cuda(const Tensor& logits_in, in
   HS_CHECK(M <= 0x7fffffffLL, op, ": the CUDA kernel supports M < 2^31, got M = ", M);
   Tensor parent_c;
   if (parent_entropy.has_value() && parent_entropy->defined()) {
-    const Tensor& pe = *parent_entropy;
-    check_dtype(op, "parent_entropy", pe, at::kFloat);
-    check_dim(op, "parent_entropy", pe, 1, "[M]");
-    check_same_device(op, "parent_entropy", pe, "logits", logits_in);
-    check_size(op, "parent_entropy", pe, 0, M, "M = logits.size(0)");
-    parent_c = pe.contiguous();
+    check_parent_entropy(op, *parent_entropy, logits_in);
+    parent_c = parent_entropy->contiguous();
   }
   const c10::cuda::CUDAGuard guard(logits_in.device());
   const Tensor logits = (logits_in.stride(1) == 1 || V <= 1) ? logits_in : logits_in.contiguous();
@@ -118,21 +93,8 @@ std::tuple<Tensor, Tensor, Tensor> topk_entropy_cuda(const Tensor& logits_in, in
 std::tuple<Tensor, Tensor, Tensor> entropy_bin_policy_cuda(const Tensor& path_entropy, const Tensor& bin_edges,
                                                            const Tensor& bin_extra_depth, const Tensor& bin_budget) {
   constexpr const char* op = "entropy_bin_policy";
-  check_dtype(op, "path_entropy", path_entropy, at::kFloat);
-  check_dtype(op, "bin_edges", bin_edges, at::kFloat);
-  check_dtype(op, "bin_extra_depth", bin_extra_depth, at::kLong);
-  check_dtype(op, "bin_budget", bin_budget, at::kLong);
-  check_dim(op, "path_entropy", path_entropy, 1, "[B]");
-  check_dim(op, "bin_edges", bin_edges, 1, "[num_bins - 1]");
-  check_dim(op, "bin_extra_depth", bin_extra_depth, 1, "[num_bins]");
-  check_dim(op, "bin_budget", bin_budget, 1, "[num_bins]");
-  check_cuda(op, "path_entropy", path_entropy);
-  check_same_device(op, "bin_edges", bin_edges, "path_entropy", path_entropy);
-  check_same_device(op, "bin_extra_depth", bin_extra_depth, "path_entropy", path_entropy);
-  check_same_device(op, "bin_budget", bin_budget, "path_entropy", path_entropy);
-  const int64_t B = path_entropy.size(0), ne = bin_edges.size(0), nb = ne + 1;
-  check_size(op, "bin_extra_depth", bin_extra_depth, 0, nb, "num_bins = bin_edges.size(0) + 1");
-  check_size(op, "bin_budget", bin_budget, 0, nb, "num_bins = bin_edges.size(0) + 1");
+  check_bin_policy_inputs(Backend::CUDA, op, path_entropy, bin_edges, bin_extra_depth, bin_budget);
+  const int64_t B = path_entropy.size(0), ne = bin_edges.size(0);
   const c10::cuda::CUDAGuard guard(path_entropy.device());
   const Tensor h = path_entropy.contiguous(), e = bin_edges.contiguous();
   const Tensor xd = bin_extra_depth.contiguous(), bb = bin_budget.contiguous();
@@ -160,17 +122,8 @@ std::tuple<Tensor, Tensor, Tensor> entropy_bin_policy_cuda(const Tensor& path_en
 std::tuple<Tensor, Tensor, Tensor> select_tree_nodes_cuda(const Tensor& scores_in, const Tensor& parents_in,
                                                           const Tensor& budgets_in, int64_t max_nodes) {
   constexpr const char* op = "select_tree_nodes";
-  check_dtype(op, "scores", scores_in, at::kFloat);
-  check_dim(op, "scores", scores_in, 2, "[B, C]");
-  check_cuda(op, "scores", scores_in);
-  check_dtype(op, "parents", parents_in, at::kLong);
-  check_dim(op, "parents", parents_in, 2, "[B, C]");
-  check_same_device(op, "parents", parents_in, "scores", scores_in);
+  check_select_inputs(Backend::CUDA, op, scores_in, parents_in, budgets_in, max_nodes);
   const int64_t B = scores_in.size(0), C = scores_in.size(1);
-  check_size(op, "parents", parents_in, 0, B, "B = scores.size(0)");
-  check_size(op, "parents", parents_in, 1, C, "C = scores.size(1)");
-  check_request_vector(op, "budgets", budgets_in, B, "scores", scores_in);
-  HS_CHECK(max_nodes >= 0, op, ": expected max_nodes >= 0, got ", max_nodes);
   HS_CHECK(B <= std::numeric_limits<int32_t>::max(), op, ": the CUDA kernel supports B < 2^31, got ", B);
   HS_CHECK(C <= (1LL << 27), op, ": the CUDA kernel supports C <= 2^27 candidates, got ", C);
   HS_CHECK(max_nodes < std::numeric_limits<int32_t>::max(), op, ": max_nodes too large: ", max_nodes);
@@ -211,12 +164,8 @@ std::tuple<Tensor, Tensor, Tensor> select_tree_nodes_cuda(const Tensor& scores_i
 std::tuple<Tensor, Tensor, Tensor, Tensor> build_tree_cuda(const Tensor& tree_parents_in, const Tensor& num_nodes_in,
                                                            const Tensor& prefix_lens_in) {
   constexpr const char* op = "build_tree";
-  check_dtype(op, "tree_parents", tree_parents_in, at::kLong);
-  check_dim(op, "tree_parents", tree_parents_in, 2, "[B, T]");
-  check_cuda(op, "tree_parents", tree_parents_in);
+  check_build_tree_inputs(Backend::CUDA, op, tree_parents_in, num_nodes_in, prefix_lens_in);
   const int64_t B = tree_parents_in.size(0), T = tree_parents_in.size(1);
-  check_request_vector(op, "num_nodes", num_nodes_in, B, "tree_parents", tree_parents_in);
-  check_request_vector(op, "prefix_lens", prefix_lens_in, B, "tree_parents", tree_parents_in);
   HS_CHECK(B * T * T < (1LL << 40), op, ": tree_mask too large for the CUDA kernel: B = ", B, ", T = ", T);
 
   const c10::cuda::CUDAGuard guard(tree_parents_in.device());
@@ -250,10 +199,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> build_tree_cuda(const Tensor& tree_pa
 std::tuple<Tensor, Tensor> tree_attention_mask_cuda(const Tensor& tree_mask_in, const Tensor& num_nodes_in,
                                                     const Tensor& prefix_lens_in, int64_t mask_numel) {
   constexpr const char* op = "tree_attention_mask";
-  check_tree_mask(op, tree_mask_in);
+  check_tree_attention_mask_inputs(Backend::CUDA, op, tree_mask_in, num_nodes_in, prefix_lens_in);
   const int64_t B = tree_mask_in.size(0), T = tree_mask_in.size(1);
-  check_request_vector(op, "num_nodes", num_nodes_in, B, "tree_mask", tree_mask_in);
-  check_request_vector(op, "prefix_lens", prefix_lens_in, B, "tree_mask", tree_mask_in);
   HS_CHECK(mask_numel >= 0, op, ": expected mask_numel >= 0, got ", mask_numel);
   check_grid_batch(op, B);
   HS_CHECK(T <= std::numeric_limits<int32_t>::max(), op, ": T too large: ", T);
@@ -283,10 +230,8 @@ std::tuple<Tensor, Tensor> tree_attention_mask_cuda(const Tensor& tree_mask_in, 
 // -> [B, T, width] bool: prefix columns true, tree columns from tree_mask, the rest false.
 Tensor dense_tree_attention_mask_cuda(const Tensor& tree_mask_in, const Tensor& prefix_lens_in, int64_t width) {
   constexpr const char* op = "dense_tree_attention_mask";
-  check_tree_mask(op, tree_mask_in);
+  check_dense_mask_inputs(Backend::CUDA, op, tree_mask_in, prefix_lens_in, width);
   const int64_t B = tree_mask_in.size(0), T = tree_mask_in.size(1);
-  check_request_vector(op, "prefix_lens", prefix_lens_in, B, "tree_mask", tree_mask_in);
-  HS_CHECK(width >= 0, op, ": expected width >= 0, got ", width);
   check_grid_batch(op, B);
   HS_CHECK(T <= std::numeric_limits<int32_t>::max(), op, ": T too large: ", T);
 

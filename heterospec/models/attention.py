@@ -63,7 +63,10 @@ class FlashInferAttention:
         import flashinfer  # lazy: only on CUDA hosts
 
         self._workspace = torch.empty(_FLASHINFER_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-        self._wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, kv_layout="NHD")
+        # fa2 explicitly: the wrapper keeps the backend of its first plan(), and fa3 (picked on
+        # Hopper for a plan without a mask) rejects custom masks later.
+        self._wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, kv_layout="NHD",
+                                                                       backend="fa2")
 
     def plan(self, tree_mask: torch.Tensor, prefix_lens: torch.Tensor, cache: KVCache, n_heads: int,
              scale: float):
@@ -74,7 +77,12 @@ class FlashInferAttention:
             raise ValueError(f"the flashinfer backend needs float16 or bfloat16, got {dtype}")
         num_nodes = torch.full((B,), T, dtype=torch.long, device=dev)
         kv_lens = prefix_lens + T  # [B]
-        mask_numel = T * int(kv_lens.sum())  # plan() syncs with the host anyway
+        total, worst = torch.stack([kv_lens.sum(), kv_lens.max()]).tolist()  # plan() syncs anyway
+        if worst > S:
+            # FlashInfer would read the next request's page (or past the cache) without a word.
+            raise ValueError(f"tree of {T} tokens after a prefix of {worst - T} overflows the KV cache "
+                             f"(max_length {S})")
+        mask_numel = T * int(total)
         custom_mask, _ = ops.tree_attention_mask(tree_mask.contiguous(), num_nodes, prefix_lens, mask_numel)
         assert custom_mask.dtype == torch.bool and custom_mask.numel() == mask_numel, "custom_mask size mismatch"
         i32 = dict(dtype=torch.int32, device=dev)

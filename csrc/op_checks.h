@@ -1,0 +1,239 @@
+// Metadata checks of every op (dtype, rank, device, sizes, scalar arguments), one function per op
+// family, shared by the CPU host functions (csrc/cpu/*.cpp) and the CUDA launchers
+// (csrc/cuda/*.cu), so both backends raise the same errors in the same order. They read no tensor
+// data (no device sync). What stays out of here: the value checks that need the data (tree links,
+// NaN rows, coins, accepted paths; CPU files only) and the CUDA kernels' own size limits (.cu).
+// Same includes as checks.h, to keep the CUDA translation units lean.
+#pragma once
+
+#include "checks.h"
+
+namespace heterospec {
+
+// The backend a host function serves; it decides the device checks. On the CPU every tensor must
+// be a CPU tensor (check_cpu); on CUDA the op's reference tensor must be a CUDA tensor
+// (check_cuda) and every other tensor on the reference's device (check_same_device).
+enum class Backend { CPU, CUDA };
+
+// The reference tensor of an op.
+inline void check_ref_device(Backend be, const char* op, const char* name, const at::Tensor& t) {
+  if (be == Backend::CPU)
+    check_cpu(op, name, t);
+  else
+    check_cuda(op, name, t);
+}
+
+// Any other tensor of the op; `ref` has passed check_ref_device.
+inline void check_device(Backend be, const char* op, const char* name, const at::Tensor& t, const char* ref_name,
+                         const at::Tensor& ref) {
+  if (be == Backend::CPU)
+    check_cpu(op, name, t);
+  else
+    check_same_device(op, name, t, ref_name, ref);
+}
+
+// A [B] int64 request vector on the device of `ref`.
+inline void check_request_vector(Backend be, const char* op, const char* name, const at::Tensor& t, int64_t B,
+                                 const char* ref_name, const at::Tensor& ref) {
+  check_dtype(op, name, t, at::kLong);
+  check_dim(op, name, t, 1, "[B]");
+  check_device(be, op, name, t, ref_name, ref);
+  check_size(op, name, t, 0, B, "B, the batch size");
+}
+
+// ---- topk_entropy --------------------------------------------------------------------------------
+// logits [M, V] float32 / float16 / bfloat16; 1 <= k <= min(V, max_k) (max_k: the kernel's limit).
+inline void check_topk_logits(Backend be, const char* op, const at::Tensor& logits, int64_t k, int64_t max_k) {
+  check_float_dtype(op, "logits", logits);
+  check_dim(op, "logits", logits, 2, "[M, V]");
+  check_ref_device(be, op, "logits", logits);
+  const int64_t V = logits.size(1), k_max = V < max_k ? V : max_k;
+  HS_CHECK(k >= 1 && k <= k_max, op, ": expected 1 <= k <= min(V, ", max_k, ") = ", k_max, " (V = logits.size(1) = ", V,
+           "), got k = ", k);
+}
+
+// parent_entropy [M] float32 on logits' device (check_same_device on both backends).
+inline void check_parent_entropy(const char* op, const at::Tensor& parent_entropy, const at::Tensor& logits) {
+  check_dtype(op, "parent_entropy", parent_entropy, at::kFloat);
+  check_dim(op, "parent_entropy", parent_entropy, 1, "[M]");
+  check_same_device(op, "parent_entropy", parent_entropy, "logits", logits);
+  check_size(op, "parent_entropy", parent_entropy, 0, logits.size(0), "M = logits.size(0)");
+}
+
+// ---- entropy_bin_policy --------------------------------------------------------------------------
+// path_entropy [B] float32, bin_edges [num_bins - 1] float32, bin_extra_depth / bin_budget
+// [num_bins] int64.
+inline void check_bin_policy_inputs(Backend be, const char* op, const at::Tensor& path_entropy,
+                                    const at::Tensor& bin_edges, const at::Tensor& bin_extra_depth,
+                                    const at::Tensor& bin_budget) {
+  check_dtype(op, "path_entropy", path_entropy, at::kFloat);
+  check_dtype(op, "bin_edges", bin_edges, at::kFloat);
+  check_dtype(op, "bin_extra_depth", bin_extra_depth, at::kLong);
+  check_dtype(op, "bin_budget", bin_budget, at::kLong);
+  check_dim(op, "path_entropy", path_entropy, 1, "[B]");
+  check_dim(op, "bin_edges", bin_edges, 1, "[num_bins - 1]");
+  check_dim(op, "bin_extra_depth", bin_extra_depth, 1, "[num_bins]");
+  check_dim(op, "bin_budget", bin_budget, 1, "[num_bins]");
+  check_ref_device(be, op, "path_entropy", path_entropy);
+  check_device(be, op, "bin_edges", bin_edges, "path_entropy", path_entropy);
+  check_device(be, op, "bin_extra_depth", bin_extra_depth, "path_entropy", path_entropy);
+  check_device(be, op, "bin_budget", bin_budget, "path_entropy", path_entropy);
+  const int64_t nb = bin_edges.size(0) + 1;
+  check_size(op, "bin_extra_depth", bin_extra_depth, 0, nb, "num_bins = bin_edges.size(0) + 1");
+  check_size(op, "bin_budget", bin_budget, 0, nb, "num_bins = bin_edges.size(0) + 1");
+}
+
+// ---- select_tree_nodes ---------------------------------------------------------------------------
+// scores [B, C] float32, parents [B, C] int64, budgets [B] int64; max_nodes >= 0.
+inline void check_select_inputs(Backend be, const char* op, const at::Tensor& scores, const at::Tensor& parents,
+                                const at::Tensor& budgets, int64_t max_nodes) {
+  check_dtype(op, "scores", scores, at::kFloat);
+  check_dim(op, "scores", scores, 2, "[B, C]");
+  check_ref_device(be, op, "scores", scores);
+  check_dtype(op, "parents", parents, at::kLong);
+  check_dim(op, "parents", parents, 2, "[B, C]");
+  check_device(be, op, "parents", parents, "scores", scores);
+  const int64_t B = scores.size(0), C = scores.size(1);
+  check_size(op, "parents", parents, 0, B, "B = scores.size(0)");
+  check_size(op, "parents", parents, 1, C, "C = scores.size(1)");
+  check_request_vector(be, op, "budgets", budgets, B, "scores", scores);
+  HS_CHECK(max_nodes >= 0, op, ": expected max_nodes >= 0, got ", max_nodes);
+}
+
+// ---- build_tree, tree_attention_mask, dense_tree_attention_mask ---------------------------------
+// tree_parents [B, T] int64, num_nodes [B] int64, prefix_lens [B] int64.
+inline void check_build_tree_inputs(Backend be, const char* op, const at::Tensor& tree_parents,
+                                    const at::Tensor& num_nodes, const at::Tensor& prefix_lens) {
+  check_dtype(op, "tree_parents", tree_parents, at::kLong);
+  check_dim(op, "tree_parents", tree_parents, 2, "[B, T]");
+  check_ref_device(be, op, "tree_parents", tree_parents);
+  const int64_t B = tree_parents.size(0);
+  check_request_vector(be, op, "num_nodes", num_nodes, B, "tree_parents", tree_parents);
+  check_request_vector(be, op, "prefix_lens", prefix_lens, B, "tree_parents", tree_parents);
+}
+
+// tree_mask [B, T, T] bool.
+inline void check_tree_mask(Backend be, const char* op, const at::Tensor& tree_mask) {
+  check_dtype(op, "tree_mask", tree_mask, at::kBool);
+  check_dim(op, "tree_mask", tree_mask, 3, "[B, T, T]");
+  check_ref_device(be, op, "tree_mask", tree_mask);
+  check_size(op, "tree_mask", tree_mask, 2, tree_mask.size(1), "T = tree_mask.size(1); the mask is square");
+}
+
+// tree_mask [B, T, T] bool, num_nodes [B] int64, prefix_lens [B] int64.
+inline void check_tree_attention_mask_inputs(Backend be, const char* op, const at::Tensor& tree_mask,
+                                             const at::Tensor& num_nodes, const at::Tensor& prefix_lens) {
+  check_tree_mask(be, op, tree_mask);
+  const int64_t B = tree_mask.size(0);
+  check_request_vector(be, op, "num_nodes", num_nodes, B, "tree_mask", tree_mask);
+  check_request_vector(be, op, "prefix_lens", prefix_lens, B, "tree_mask", tree_mask);
+}
+
+// tree_mask [B, T, T] bool, prefix_lens [B] int64; width >= 0.
+inline void check_dense_mask_inputs(Backend be, const char* op, const at::Tensor& tree_mask,
+                                    const at::Tensor& prefix_lens, int64_t width) {
+  check_tree_mask(be, op, tree_mask);
+  check_request_vector(be, op, "prefix_lens", prefix_lens, tree_mask.size(0), "tree_mask", tree_mask);
+  HS_CHECK(width >= 0, op, ": expected width >= 0, got ", width);
+}
+
+// ---- verify_greedy, verify_sampling --------------------------------------------------------------
+// The tree of both verifiers: B, T and contiguous copies of its tensors.
+struct TreeInputs {
+  int64_t B = 0, T = 0;
+  at::Tensor tokens, first_child, next_sibling, num_nodes;  // contiguous
+};
+
+// A [B, T] (dims = 2) or [B] (dims = 1) tensor of `dtype` on tree_tokens' device.
+inline void check_tree_like(Backend be, const char* op, const char* name, const at::Tensor& t,
+                            c10::ScalarType dtype, int64_t dims, int64_t B, int64_t T,
+                            const at::Tensor& tree_tokens) {
+  check_dtype(op, name, t, dtype);
+  check_dim(op, name, t, dims, dims == 2 ? "[B, T]" : "[B]");
+  check_device(be, op, name, t, "tree_tokens", tree_tokens);
+  check_size(op, name, t, 0, B, "B = tree_tokens.size(0)");
+  if (dims == 2) check_size(op, name, t, 1, T, "T = tree_tokens.size(1)");
+}
+
+// tree_tokens, first_child, next_sibling [B, T] int64 and num_nodes [B] int64, on tree_tokens'
+// device. Metadata only: the CPU verifiers also check the links' values.
+inline TreeInputs check_tree_inputs(Backend be, const char* op, const at::Tensor& tree_tokens,
+                                    const at::Tensor& first_child, const at::Tensor& next_sibling,
+                                    const at::Tensor& num_nodes) {
+  check_dtype(op, "tree_tokens", tree_tokens, at::kLong);
+  check_dim(op, "tree_tokens", tree_tokens, 2, "[B, T]");
+  check_ref_device(be, op, "tree_tokens", tree_tokens);
+  TreeInputs in;
+  in.B = tree_tokens.size(0);
+  in.T = tree_tokens.size(1);
+  check_tree_like(be, op, "first_child", first_child, at::kLong, 2, in.B, in.T, tree_tokens);
+  check_tree_like(be, op, "next_sibling", next_sibling, at::kLong, 2, in.B, in.T, tree_tokens);
+  check_tree_like(be, op, "num_nodes", num_nodes, at::kLong, 1, in.B, in.T, tree_tokens);
+  in.tokens = tree_tokens.contiguous();
+  in.first_child = first_child.contiguous();
+  in.next_sibling = next_sibling.contiguous();
+  in.num_nodes = num_nodes.contiguous();
+  return in;
+}
+
+// target_probs [B, T, V] float32 (V >= 1), coins [B, T] float32, final_coins [B] float32.
+// Returns V.
+inline int64_t check_verify_sampling_inputs(Backend be, const char* op, const TreeInputs& in,
+                                            const at::Tensor& tree_tokens, const at::Tensor& target_probs,
+                                            const at::Tensor& coins, const at::Tensor& final_coins) {
+  check_dtype(op, "target_probs", target_probs, at::kFloat);
+  check_dim(op, "target_probs", target_probs, 3, "[B, T, V]");
+  check_device(be, op, "target_probs", target_probs, "tree_tokens", tree_tokens);
+  check_size(op, "target_probs", target_probs, 0, in.B, "B = tree_tokens.size(0)");
+  check_size(op, "target_probs", target_probs, 1, in.T, "T = tree_tokens.size(1)");
+  const int64_t V = target_probs.size(2);
+  HS_CHECK(V >= 1, op, ": expected target_probs.size(2) (the vocabulary) >= 1, got ", V);
+  check_tree_like(be, op, "coins", coins, at::kFloat, 2, in.B, in.T, tree_tokens);
+  check_tree_like(be, op, "final_coins", final_coins, at::kFloat, 1, in.B, in.T, tree_tokens);
+  return V;
+}
+
+// ---- compact_kv_ ---------------------------------------------------------------------------------
+struct KvDims {
+  int64_t num_layers = 0, B = 0, S = 0, P = 0;
+};
+
+// k_cache, v_cache [num_layers, B, S, H_kv, D] (same shape and dtype, distinct, contiguous);
+// accept_path [B, P] int64 (P >= 1 unless B == 0), accept_len [B] int64, prefix_lens [B] int64.
+inline KvDims check_compact_kv_inputs(Backend be, const char* op, const at::Tensor& k_cache,
+                                      const at::Tensor& v_cache, const at::Tensor& accept_path,
+                                      const at::Tensor& accept_len, const at::Tensor& prefix_lens) {
+  check_dim(op, "k_cache", k_cache, 5, "[num_layers, B, S, H_kv, D]");
+  check_dim(op, "v_cache", v_cache, 5, "[num_layers, B, S, H_kv, D]");
+  check_ref_device(be, op, "k_cache", k_cache);
+  check_device(be, op, "v_cache", v_cache, "k_cache", k_cache);
+  HS_CHECK(k_cache.sizes() == v_cache.sizes(), op, ": expected v_cache of the same shape as k_cache ",
+           sizes_str(k_cache), ", got ", sizes_str(v_cache));
+  HS_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), op, ": expected v_cache of the same dtype as k_cache (",
+           dtype_name(k_cache.scalar_type()), "), got ", dtype_name(v_cache.scalar_type()));
+  HS_CHECK(k_cache.numel() == 0 || k_cache.const_data_ptr() != v_cache.const_data_ptr(), op,
+           ": k_cache and v_cache must be different tensors");
+  check_contiguous(op, "k_cache", k_cache);
+  check_contiguous(op, "v_cache", v_cache);
+  KvDims d;
+  d.num_layers = k_cache.size(0);
+  d.B = k_cache.size(1);
+  d.S = k_cache.size(2);
+  check_dtype(op, "accept_path", accept_path, at::kLong);
+  check_dim(op, "accept_path", accept_path, 2, "[B, P]");
+  check_device(be, op, "accept_path", accept_path, "k_cache", k_cache);
+  check_size(op, "accept_path", accept_path, 0, d.B, "B = k_cache.size(1)");
+  d.P = accept_path.size(1);
+  HS_CHECK(d.P >= 1 || d.B == 0, op, ": expected accept_path.size(1) >= 1, got ", d.P);
+  auto check_vector = [&](const char* name, const at::Tensor& t) {  // [B] int64
+    check_dtype(op, name, t, at::kLong);
+    check_dim(op, name, t, 1, "[B]");
+    check_device(be, op, name, t, "k_cache", k_cache);
+    check_size(op, name, t, 0, d.B, "B = k_cache.size(1)");
+  };
+  check_vector("accept_len", accept_len);
+  check_vector("prefix_lens", prefix_lens);
+  return d;
+}
+
+}  // namespace heterospec
