@@ -44,8 +44,8 @@ def test_speculative_round(benchmark, engine, method):
 
     def one_round():
         tree = engine._draft_tree(st, CFG, policy)
-        out = engine._verify(st, tree, policy, SamplingParams(), gen)
-        engine._commit(st, tree, *out, 4096, None, 0.0, 0.0)
+        verdict = engine._verify(st, tree, policy, SamplingParams(), gen)
+        engine._commit(st, tree, verdict, 4096, None, 0.0, 0.0)
 
     with torch.inference_mode():
         benchmark.pedantic(one_round, rounds=20, iterations=1, warmup_rounds=2)

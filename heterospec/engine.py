@@ -121,6 +121,18 @@ class _Batch:
 
 
 @dataclass
+class _Verdict:
+    """The verified tree and what the target accepted of it."""
+
+    tree_tokens: torch.Tensor   # [B, T] token at each tree position (root at 0)
+    tree_cand: torch.Tensor     # [B, T] candidate index of each position (-1: root / padding)
+    num_nodes: torch.Tensor     # [B] real positions, root included
+    accept_path: torch.Tensor   # [B, T] positions of root + accepted nodes, -1 padded
+    accept_len: torch.Tensor    # [B] accepted draft nodes
+    bonus: torch.Tensor         # [B] the target's token after the last accepted node
+
+
+@dataclass
 class _Tree:
     """A drafted candidate set and what HeteroSpec decided about it (all ``[B, ...]``)."""
 
@@ -265,11 +277,9 @@ class Engine:
                     t_draft = time.perf_counter()
                     tree = self._draft_tree(st, cfg, policy)
                     t_verify = time.perf_counter()
-                    accept_path, accept_len, bonus, tree_tokens, num_nodes, tree_cand = \
-                        self._verify(st, tree, policy, params, gen)
+                    verdict = self._verify(st, tree, policy, params, gen)
                     t_end = time.perf_counter()
-                    self._commit(st, tree, accept_path, accept_len, bonus, tree_tokens, num_nodes, tree_cand,
-                                 max_new_tokens, stream, t_verify - t_draft, t_end - t_verify)
+                    self._commit(st, tree, verdict, max_new_tokens, stream, t_verify - t_draft, t_end - t_verify)
             total = time.perf_counter() - t0
         results = []
         for b in range(st.size):
@@ -518,18 +528,19 @@ class Engine:
         st.ext_feats = feats.gather(1, path[:, :, None].expand(-1, -1, feats.shape[-1]))
         st.ext_num = accept_len + 1
         st.draft_lens = st.prefix_lens.clone()
-        return accept_path, accept_len, bonus, tree_tokens, num_nodes, tree_cand
+        return _Verdict(tree_tokens, tree_cand, num_nodes, accept_path, accept_len, bonus)
 
     # -- commit -----------------------------------------------------------------------------------
-    def _commit(self, st: _Batch, tree: _Tree, accept_path, accept_len, bonus, tree_tokens, num_nodes,
-                tree_cand, max_new_tokens: int, stream, draft_s: float, verify_s: float) -> None:
+    def _commit(self, st: _Batch, tree: _Tree, v: "_Verdict", max_new_tokens: int, stream,
+                draft_s: float, verify_s: float) -> None:
+        accept_len, bonus = v.accept_len, v.bonus
         acc = accept_len.tolist()
-        paths = accept_path.tolist()
-        toks = tree_tokens.tolist()
+        paths = v.accept_path.tolist()
+        toks = v.tree_tokens.tolist()
         bon = bonus.tolist()
-        nn = num_nodes.tolist()
-        cands = tree_cand.tolist()
-        sel_scores = tree.scores.gather(1, tree_cand.clamp(min=0)).tolist()
+        nn = v.num_nodes.tolist()
+        cands = v.tree_cand.tolist()
+        sel_scores = tree.scores.gather(1, v.tree_cand.clamp(min=0)).tolist()
         new = []
         active = set(st.active())
         for b in range(st.size):
