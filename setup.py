@@ -9,19 +9,63 @@ build isolation:
 Switches (environment variables):
     HETEROSPEC_FORCE_CPU=1   build only the CPU kernels even when torch has CUDA
     TORCH_CUDA_ARCH_LIST     CUDA archs (default 9.0 when no GPU is visible)
+    CUDA_HOME                CUDA toolkit (default: the one the nvcc on PATH runs from)
     MAX_JOBS                 parallel compile jobs (ninja)
 """
 
 import glob
 import os
+import re
+import shutil
+import subprocess
 import sys
 
 from setuptools import setup
 
 BUILD_CMD = "pip install --no-build-isolation ."
 
+
+def _pin_cuda_home() -> None:
+    """Set CUDA_HOME to the toolkit the `nvcc` on PATH really runs from, when torch would guess wrong.
+
+    With neither CUDA_HOME nor CUDA_PATH set, torch.utils.cpp_extension (at import) takes the parent
+    of the nvcc on PATH. If that nvcc is a wrapper script or symlink outside the toolkit (e.g.
+    /usr/local/bin/nvcc running /usr/local/cuda-13.0/bin/nvcc), the guess (/usr/local) has no CUDA
+    headers or libcudart: the .cu files still compile, but the link fails with `cannot find -lcudart`.
+    """
+    if os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH"):
+        return
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        return  # torch falls back to /usr/local/cuda by itself
+
+    def is_toolkit(home: str) -> bool:
+        return os.path.isfile(os.path.join(home, "include", "cuda_runtime.h"))
+
+    if is_toolkit(os.path.dirname(os.path.dirname(nvcc))):
+        return  # torch's guess is right
+    candidates = [os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))]
+    try:  # nvcc reports its own install dir ("#$ TOP=/usr/local/cuda-13.0/bin/..") in a dry run
+        out = subprocess.run(
+            [nvcc, "-dryrun", "-c", "-x", "cu", os.devnull, "-o", os.devnull],
+            capture_output=True, text=True, timeout=60,
+        )
+        tops = re.findall(r"^#\$ TOP=(.+)$", out.stdout + out.stderr, re.M)
+        candidates += [os.path.realpath(top) for top in tops]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    for home in candidates:
+        if is_toolkit(home):
+            print(f"heterospec: CUDA_HOME={home} (the toolkit behind {nvcc})")
+            os.environ["CUDA_HOME"] = home
+            return
+
+
 try:
     import torch
+
+    if torch.version.cuda is not None and os.environ.get("HETEROSPEC_FORCE_CPU", "0") != "1":
+        _pin_cuda_home()  # before importing cpp_extension, which fixes CUDA_HOME at import time
     from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
 except ImportError as exc:  # an isolated build env, or torch not installed yet
     sys.exit(

@@ -237,15 +237,13 @@ def _verify_latency(model, contexts, sizes, backends, reps, warmup, graphs) -> l
                 rows.append(dict(backend=b, mode=mode, context=C, error=f"{type(exc).__name__}: {exc}"[:300]))
             finally:
                 model.set_attn_backend("sdpa")
-        del cache
+        cache = None  # free this context's KV before the next one is allocated
     return rows
 
 
 # ---------------------------------------------------------------------------------------------
 # Per-step split
 # ---------------------------------------------------------------------------------------------
-OP_NAMES = ("topk_entropy", "entropy_bin_policy", "select_tree_nodes", "build_tree", "tree_attention_mask",
-            "dense_tree_attention_mask", "verify_greedy", "verify_sampling", "compact_kv_")
 
 
 class SplitTimer:
@@ -274,7 +272,7 @@ class SplitTimer:
     def installed(self, engine):
         draft, target, saved = engine.draft, engine.target, []
         for obj, names, kind in ((draft, ("extend", "tree_step", "logits", "to_target_ids"), "draft"),
-                                 (target, ("forward",), "verify"), (ops, OP_NAMES, "ops")):
+                                 (target, ("forward",), "verify"), (ops, ops.OP_NAMES, "ops")):
             for n in names:
                 saved.append((obj, n, obj.__dict__.get(n)))
                 setattr(obj, n, self.wrap(kind, getattr(obj, n)))
@@ -316,8 +314,8 @@ def step_split(engine, prompt, rounds=10, warmup=2, configs=None) -> list:
                     engine._decode_one(st, params, gen, n_tok, None)
                     return
                 tree = engine._draft_tree(st, cfg, policy)
-                out = engine._verify(st, tree, policy, params, gen)
-                engine._commit(st, tree, *out, n_tok, None, 0.0, 0.0)
+                verdict = engine._verify(st, tree, policy, params, gen)
+                engine._commit(st, tree, verdict, n_tok, None, 0.0, 0.0)
 
             for _ in range(warmup):
                 one_round()

@@ -157,7 +157,7 @@ def run_e2e(engine, sets: Sequence[str], n: int = 8, max_new_tokens: int = 128, 
     """Run every method on every prompt, interleaved; write JSON, Markdown and plots to ``out_dir``."""
     from tqdm.auto import tqdm
 
-    from .datasets import PROMPT_SETS, load_prompts
+    from .datasets import load_prompts
 
     methods = [m for m in METHODS if m in methods]
     os.makedirs(out_dir, exist_ok=True)

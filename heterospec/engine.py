@@ -17,8 +17,8 @@ Shapes follow ``docs/design.md``.
 
 from __future__ import annotations
 
-import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Sequence, Union
 
@@ -220,6 +220,14 @@ class Engine:
     def bins(self) -> EntropyBins:
         if self._bins is None:
             self._bins = EntropyBins.find(self.draft_dir, self.config)
+            tree = self._bins.provenance.get("tree") or {}
+            seen = (tree.get("depth"), tree.get("entropy_k"))
+            want = (self.config.depth, self.config.resolved_entropy_k)
+            if tree and seen != want:
+                # H(P*) sums depth + 1 per-step entropies of log(K) at most: its scale moves with both.
+                warnings.warn(f"entropy bins were calibrated with depth {seen[0]} and K {seen[1]}, this engine "
+                              f"drafts with depth {want[0]} and K {want[1]}; recalibrate (`heterospec calibrate`) "
+                              "for meaningful bins", stacklevel=2)
         return self._bins
 
     @bins.setter

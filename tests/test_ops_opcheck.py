@@ -6,7 +6,7 @@ import torch
 
 import heterospec.ops as ops
 from reference import build_tree_ref
-from reference.samples import golden_two_request_tree, random_candidates, random_tree
+from reference.samples import golden_two_request_tree, random_candidates
 
 raw = torch.ops.heterospec
 

@@ -1,7 +1,6 @@
 """verify_greedy and verify_sampling vs the references, golden cases, and the statistical
 (losslessness) test of verify_sampling with a negative control."""
 
-import math
 
 import pytest
 import torch

@@ -203,6 +203,16 @@ def test_simulate_and_export(tmp_path, target):
             "midlayer.self_attn.q_proj.weight"} <= keys
     cfg = json.loads((dest / "config.json").read_text())
     assert cfg["draft_vocab_size"] == 32 and cfg["vocab_size"] == VOCAB
+    # re-export over a larger vocabulary (frozen lm_head = the target's rows)
+    T.build_vocab(data, 48, out=tmp_path / "v48.json")
+    dest2 = T.export_draft(ck, tmp_path / "export48", target=target, vocab_file=tmp_path / "v48.json")
+    from heterospec.models.draft import Eagle3Draft
+
+    d48 = Eagle3Draft.from_pretrained(dest2, target=target, dtype=torch.float32)
+    kept48 = torch.tensor(json.loads((tmp_path / "v48.json").read_text())["kept"])
+    assert torch.equal(d48.to_target_ids(torch.arange(48)), kept48)
+    torch.testing.assert_close(d48.lm_head.weight, target.get_input_embeddings().weight[kept48].half().float())
+    torch.testing.assert_close(d48.fc.weight, tr.draft.fc.weight.half().float())
 
 
 def test_training_prompts_disjoint_from_benchmarks():

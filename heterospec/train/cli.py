@@ -88,6 +88,8 @@ def build_parser(prog: str = "heterospec train-draft") -> argparse.ArgumentParse
     p.add_argument("--run", default=None)
     p.add_argument("--checkpoint", default=None)
     p.add_argument("--dest", default=None, help="default heterospec/assets/smollm2-135m-instruct-eagle3")
+    p.add_argument("--vocab", default=None,
+                   help="export over this draft vocabulary (a `vocab` output); frozen-lm_head runs only")
     return ap
 
 
