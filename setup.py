@@ -48,9 +48,12 @@ def _pin_cuda_home() -> None:
     try:  # nvcc reports its own install dir ("#$ TOP=/usr/local/cuda-13.0/bin/..") in a dry run
         out = subprocess.run(
             [nvcc, "-dryrun", "-c", "-x", "cu", os.devnull, "-o", os.devnull],
-            capture_output=True, text=True, timeout=60,
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
-        tops = re.findall(r"^#\$ TOP=(.+)$", out.stdout + out.stderr, re.M)
+        tops = re.findall(r"^#\$ TOP=(.+)$", out.stdout + out.stderr, re.MULTILINE)
         candidates += [os.path.realpath(top) for top in tops]
     except (OSError, subprocess.SubprocessError):
         pass
