@@ -91,7 +91,11 @@ def build_vocab(data_dir, size: int = 8192, vocab_size: int | None = None, out=N
         vocab_size = json.loads((data_dir / "manifest.json").read_text())["vocab_size"]
     counts = token_counts(data_dir, vocab_size)
     held = token_counts(data_dir, vocab_size, exclude_val=False) - counts
-    order = torch.argsort(counts, descending=True, stable=True)
+    # ties (notably tokens never seen in a response, when size > distinct response tokens) are
+    # broken by the count over whole sequences (prompts included), then by token id
+    every = token_counts(data_dir, vocab_size, response_only=False)
+    key = counts * (int(every.max()) + 1) + every
+    order = torch.argsort(key, descending=True, stable=True)
     total, htotal = int(counts.sum()), int(held.sum())
     if total == 0:
         raise ValueError(f"no response tokens found in {data_dir}")
@@ -581,8 +585,24 @@ class Trainer:
                    mininterval=10)
         ema = None
         logf = (self.run / "train_log.jsonl").open("a")
+        stop = {"sig": None}
+        old_handlers = {}
+
+        def _graceful(signum, frame):  # SIGTERM / SIGINT: finish the step, checkpoint, exit
+            stop["sig"] = signum
+
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                old_handlers[sig] = signal.signal(sig, _graceful)
         try:
             while self.step < cfg.steps:
+                if stop["sig"] is not None:
+                    self.log(f"signal {stop['sig']}: checkpointing at step {self.step} and stopping")
+                    self.save_checkpoint()
+                    return {"stopped": True, "step": self.step}
                 if cfg.time_budget_s is not None and self.train_seconds > cfg.time_budget_s:
                     self.log(f"time budget reached at step {self.step}")
                     break
@@ -610,6 +630,8 @@ class Trainer:
         finally:
             bar.close()
             logf.close()
+            for sig, h in old_handlers.items():
+                signal.signal(sig, h)
         return final
 
     def _eval_and_log(self, logf) -> dict:
@@ -766,9 +788,29 @@ def benchmark_sequences(target, set_name: str, n: int, max_new_tokens: int = 256
 # ----------------------------------------------------------------------------- export
 
 
-def export_draft(checkpoint, dest, target=None) -> Path:
+def revocab(draft, target, kept_new: torch.Tensor):
+    """The same draft over another draft vocabulary ``kept_new``. Only valid for a draft whose
+    lm_head is the target's output rows (trained with ``freeze_lm_head``): the new lm_head is
+    the target's rows for ``kept_new``, every other weight is copied."""
+    head = _target_head(target)
+    old_ids = draft.to_target_ids(torch.arange(draft.config.draft_vocab_size))
+    if not torch.allclose(draft.lm_head.weight.float(), head[old_ids], atol=1e-6):
+        raise ValueError("revocab needs a draft whose lm_head equals the target's rows "
+                         "(trained with freeze_lm_head=True)")
+    new = new_draft(target, kept_new, init_from_target=False)
+    sd = {k: v for k, v in draft.state_dict().items() if k not in ("lm_head.weight", "d2t", "t2d")}
+    missing, unexpected = new.load_state_dict(sd, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight", "d2t", "t2d"}, (missing, unexpected)
+    with torch.no_grad():
+        new.lm_head.weight.copy_(head[new.to_target_ids(torch.arange(new.config.draft_vocab_size))])
+    return new
+
+
+def export_draft(checkpoint, dest, target=None, vocab_file=None) -> Path:
     """Load a training checkpoint (``ckpt_*.pt``) and write the draft with ``save_pretrained``
-    (public EAGLE-3 layout, fp16) to ``dest``; also writes ``training_info.json``."""
+    (public EAGLE-3 layout, fp16) to ``dest``; also writes ``training_info.json``.
+    ``vocab_file`` (a ``vocab`` command output): export over that draft vocabulary instead
+    (see ``revocab``; needs a frozen-lm_head run)."""
     st = torch.load(checkpoint, map_location="cpu", weights_only=False)
     cfg = st["config"]
     target = target if target is not None else load_target_for_training(cfg.get("target_dir"))
@@ -776,6 +818,9 @@ def export_draft(checkpoint, dest, target=None) -> Path:
     kept = d2t + torch.arange(d2t.numel())
     draft = new_draft(target, kept, init_from_target=False)
     draft.load_state_dict(st["draft"])
+    trained_vocab = int(kept.numel())
+    if vocab_file is not None:
+        draft = revocab(draft, target, load_vocab(vocab_file))
     L = getattr(target.config, "num_hidden_layers", None)
     if L is not None and draft.config.aux_layer_ids is None:
         # self-describing taps, in the checkpoint convention ("output of layer k" = input of k+1)
@@ -793,6 +838,8 @@ def export_draft(checkpoint, dest, target=None) -> Path:
     tmp.rmdir()
     hist = st.get("history") or []
     info = {"step": st["step"], "tokens_seen": st.get("tokens_seen"),
+            "trained_draft_vocab": trained_vocab, "draft_vocab": int(draft.config.draft_vocab_size),
+            "vocab_file": str(vocab_file) if vocab_file else None,
             "last_eval": hist[-1] if hist else None,
             "train_config": {k: v for k, v in cfg.items() if k not in ("data_dir", "run_dir")},
             "method": "EAGLE-3 self-distillation on heterospec.train.prompts (see docs)"}
@@ -851,7 +898,7 @@ def cli_dispatch(args, default_data, default_run) -> int:
         if not os.path.exists(src):
             src = str(Path(run) / "ckpt_latest.pt")
         dest = export_draft(src, args.dest or DRAFT_ASSET_DIR,
-                            target=load_target_for_training(args.target))
+                            target=load_target_for_training(args.target), vocab_file=args.vocab)
         print(f"exported {src} -> {dest}")
         return 0
     raise SystemExit(f"unknown command {args.cmd}")
