@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import platform
 import statistics
@@ -79,6 +80,10 @@ def summarize(runs: List[dict]) -> Dict[str, Dict[str, dict]]:
     return out
 
 
+def _ratio(x: float, digits: int) -> str:
+    return "-" if math.isnan(x) else f"{x:.{digits}f}x"   # nan: the reference method was not run
+
+
 def markdown_table(summary: Dict[str, Dict[str, dict]], methods: Sequence[str]) -> str:
     head = ("| set | method | tok/s | speedup vs AR | vs eagle3 | tau | target calls | verified/call "
             "| draft ms/round | verify ms/call |")
@@ -89,7 +94,7 @@ def markdown_table(summary: Dict[str, Dict[str, dict]], methods: Sequence[str]) 
             if method not in ms:
                 continue
             m = ms[method]
-            lines.append(f"| {name} | {method} | {m['tokens_per_s']:.2f} | {m['speedup']:.2f}x | {m['vs_eagle3']:.3f} "
+            lines.append(f"| {name} | {method} | {m['tokens_per_s']:.2f} | {_ratio(m['speedup'], 2)} | {_ratio(m['vs_eagle3'], 3)} "
                          f"| {m['tau']:.2f} | {m['target_calls']} | {m['verified_per_call']:.1f} "
                          f"| {m['draft_ms_per_round']:.1f} | {m['verify_ms_per_call']:.1f} |")
             for key in ("speedup", "vs_eagle3", "tau", "verified_per_call"):
@@ -97,7 +102,7 @@ def markdown_table(summary: Dict[str, Dict[str, dict]], methods: Sequence[str]) 
     for method in methods:
         if method in means:
             mm = {k: statistics.fmean(v) for k, v in means[method].items()}
-            lines.append(f"| **mean** | {method} | | {mm['speedup']:.2f}x | {mm['vs_eagle3']:.3f} | {mm['tau']:.2f} "
+            lines.append(f"| **mean** | {method} | | {_ratio(mm['speedup'], 2)} | {_ratio(mm['vs_eagle3'], 3)} | {mm['tau']:.2f} "
                          f"| | {mm['verified_per_call']:.1f} | | |")
     return "\n".join(lines)
 

@@ -78,6 +78,19 @@ def rank_rises_with_entropy(bins: EntropyBins) -> bool:
     return all(b >= a for a, b in zip(means, means[1:]))
 
 
+def _where(path) -> Optional[str]:
+    """A model location for the provenance record: package-relative for the shipped assets,
+    ``~``-relative under the home directory, so a shipped bins file names no build machine."""
+    if path is None or not os.path.exists(str(path)):
+        return None if path is None else str(path)   # e.g. "hf_model" for an in-memory target
+    path = os.path.abspath(str(path))
+    pkg = os.path.dirname(os.path.abspath(__file__))
+    if path.startswith(pkg + os.sep):
+        return "heterospec/" + os.path.relpath(path, pkg)
+    home = os.path.expanduser("~")
+    return "~/" + os.path.relpath(path, home) if path.startswith(home + os.sep) else path
+
+
 def calibrate(engine, prompts: Sequence, max_new_tokens: int = 128, label: str = "tcr",
               source: str = "user prompts", out_dir: Optional[str] = None, progress: bool = True,
               chat: bool = True) -> EntropyBins:
@@ -99,8 +112,8 @@ def calibrate(engine, prompts: Sequence, max_new_tokens: int = 128, label: str =
     x, y = traces_from_records(records, label)
     cfg = engine.config
     provenance = {
-        "target": getattr(engine.target, "name_or_path", None),
-        "draft": engine.draft_dir,
+        "target": _where(getattr(engine.target, "name_or_path", None)),
+        "draft": _where(engine.draft_dir),
         "prompt_source": source,
         "prompts": len(prompts),
         "rounds": len(records),

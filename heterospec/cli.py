@@ -18,6 +18,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     g.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                    help="weight dtype (default: float32 on CPU, bfloat16 on CUDA)")
+    g.add_argument("--draft-dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                   help="draft weight dtype (default: bfloat16 on CPUs with native bf16 and a float32 "
+                        "target, else the target's; never changes the output, only speed and tau)")
     t = p.add_argument_group("tree (default: the device's shipped settings)")
     t.add_argument("--tree-top-k", type=int, dest="tree_top_k", help="children per expanded node (tree branching)")
     t.add_argument("--depth", type=int, help="tree-expansion draft forwards per round")
@@ -40,7 +43,9 @@ def _engine(args):
         cfg = cfg.replace(**changes)
     if args.target is None and args.draft is not None:
         raise SystemExit("--draft needs --target (the built-in draft belongs to the built-in target)")
-    return Engine.from_pretrained(args.target, args.draft, device=device, dtype=dtype, config=cfg)
+    draft_dtype = getattr(torch, args.draft_dtype) if args.draft_dtype else None
+    return Engine.from_pretrained(args.target, args.draft, device=device, dtype=dtype, config=cfg,
+                                  draft_dtype=draft_dtype)
 
 
 def cmd_generate(args) -> int:

@@ -105,10 +105,12 @@ class SpecConfig:
 # Official EAGLE-3 settings (EaModel.from_pretrained defaults; the paper's 7-8B settings).
 OFFICIAL = SpecConfig(top_k=10, depth=7, total_tokens=60)
 
-# CPU: verifying a token costs real compute (on the 2-core dev box a 32-token verify of SmolLM2
-# takes ~2x a one-token step, 8 tokens ~1.35x), so trees are smaller. Chosen from the measured
-# verification-latency curve; see bench/RESULTS.md ("Device-aware budgets").
-CPU_DEFAULT = SpecConfig(top_k=6, depth=5, total_tokens=16)
+# CPU: verifying a token costs real compute (on the 2-core dev box, SmolLM2 verifying 8 tree
+# tokens takes ~1.4x a one-token step, 16 ~1.7x, 24 ~2x), so trees are small. Chosen by a grid
+# over (top_k, depth, total_tokens) of eagle3 tokens/s on calibration prompts (disjoint from the
+# benchmark sets), interleaved with autoregressive: (4, 3, 8) was fastest (1.15x AR, tau 2.31);
+# (6, 5, 16) reached tau 2.61 but 0.97x. See bench/RESULTS.md ("Device-aware budgets").
+CPU_DEFAULT = SpecConfig(top_k=4, depth=3, total_tokens=8)
 
 
 def default_config(device) -> SpecConfig:

@@ -147,6 +147,30 @@ class _Tree:
     pstar: List[int]          # candidate index of P*'s final node per request
 
 
+def cpu_has_native_bf16() -> bool:
+    """AVX512-BF16 or AMX-BF16 on this (Linux) CPU: bf16 matmuls run natively, not emulated."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def default_draft_dtype(device, target_dtype: torch.dtype) -> torch.dtype:
+    """The draft's dtype for a target on ``device`` in ``target_dtype``.
+
+    The draft only proposes; what is accepted is decided by the target alone, so the draft's
+    precision can never change the output (greedy or sampled), only tau. On a CPU with native
+    bf16 a float32 target gets a bfloat16 draft: measured on the 2-core dev box (SmolLM2 pair,
+    tree (4, 3, 8)) the draft's time per round halves (26.9 -> 14.3 ms) at the same tau (2.31 vs
+    2.30), about 6 % more tokens/s. Elsewhere the draft follows the target."""
+    kind = getattr(device, "type", str(device)).split(":")[0]
+    if kind == "cpu" and target_dtype == torch.float32 and cpu_has_native_bf16():
+        return torch.bfloat16
+    return target_dtype
+
+
 # ---------------------------------------------------------------------------------------------
 # Engine
 # ---------------------------------------------------------------------------------------------
@@ -185,8 +209,12 @@ class Engine:
     # -- construction ---------------------------------------------------------------------------
     @classmethod
     def from_pretrained(cls, target: Optional[str] = None, draft: Optional[str] = None, device="cpu",
-                        dtype=None, config: Optional[SpecConfig] = None, **kwargs) -> "Engine":
-        """Load a target directory and an EAGLE-3 draft directory; no arguments = the built-in pair."""
+                        dtype=None, config: Optional[SpecConfig] = None, draft_dtype=None,
+                        **kwargs) -> "Engine":
+        """Load a target directory and an EAGLE-3 draft directory; no arguments = the built-in pair.
+
+        ``draft_dtype``: the draft's weights; default :func:`default_draft_dtype` (bfloat16 on
+        CPUs with native bf16 matmul when the target runs float32, else the target's dtype)."""
         from .models.draft import Eagle3Draft
         from .models.target import TargetModel
 
@@ -199,7 +227,8 @@ class Engine:
         drf = None
         if draft is not None:
             drf = Eagle3Draft.from_pretrained(draft, target=tgt)
-            drf.to(device=tgt.lm_head.weight.device, dtype=tgt.lm_head.weight.dtype)
+            w = tgt.lm_head.weight
+            drf.to(device=w.device, dtype=draft_dtype or default_draft_dtype(w.device, w.dtype))
         return cls(tgt, drf, config=config, draft_dir=draft, **kwargs)
 
     @staticmethod

@@ -85,6 +85,11 @@ def test_bins_file_round_trip_and_errors(tmp_path):
         EntropyBins([2.0, 1.0])
     with pytest.raises(FileNotFoundError):
         EntropyBins.load(str(tmp_path / "missing.json"))
+    # a provenance value JSON cannot hold fails the save and leaves no temporary file behind
+    bad = EntropyBins([1.0], provenance={"draft": object()})
+    with pytest.raises(TypeError):
+        bad.save(str(tmp_path / "unsavable.json"))
+    assert sorted(p.name for p in tmp_path.iterdir() if "unsavable" in p.name) == []
 
 
 def test_bin_actions_follow_the_paper_formulas():
@@ -103,7 +108,7 @@ def test_engine_calibration_end_to_end(tmp_path):
     hf = tiny_hf_llama(seed=21)
     draft = OracleDraft(hf, noise=2.0, seed=3)
     engine = Engine(hf, draft, config=SpecConfig(top_k=3, depth=3, total_tokens=10))
-    engine.draft_dir = str(tmp_path)
+    engine.draft_dir = tmp_path     # a Path, as Engine.from_pretrained() gives for the built-in draft
     prompts = [[5 + i, 9, 17 + i, 33] for i in range(6)]
     draft.set_prompts(prompts)
     with warnings.catch_warnings():
@@ -113,6 +118,7 @@ def test_engine_calibration_end_to_end(tmp_path):
     assert saved.edges == bins.edges and 2 <= bins.num_bins <= 8
     p = saved.provenance
     assert p["prompts"] == 6 and p["rounds"] >= 8 and p["label"] == "tcr" and "date" in p
+    assert p["draft"] == str(tmp_path) and p["target"] == "hf_model"
     assert engine.bins is bins
     # The next heterospec run uses them.
     draft.set_prompts(prompts[:1])

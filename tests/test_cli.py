@@ -1,6 +1,7 @@
 """The `heterospec` command line on a tiny pair saved to disk (with the SmolLM2 tokenizer)."""
 
 import json
+import math
 import os
 import shutil
 
@@ -86,3 +87,25 @@ def test_bad_arguments(pair_dirs, capsys):
     assert main(["generate", "x", "--target", t, "--draft", d, "--temperature", "-1"]) == 2
     assert "temperature" in capsys.readouterr().err
     assert main(["generate", "x", "--target", str(t) + "-missing"]) == 2
+
+
+def test_from_pretrained_draft_dtype(pair_dirs):
+    t, d = pair_dirs
+    eng = heterospec.Engine.from_pretrained(t, d, draft_dtype=torch.bfloat16)
+    assert eng.draft.dtype == torch.bfloat16 and eng.target.lm_head.weight.dtype == torch.float32
+    eng = heterospec.Engine.from_pretrained(t, d, draft_dtype=torch.float32)
+    assert eng.draft.dtype == torch.float32
+    ref = eng.generate("Say hi.", max_new_tokens=6, method="autoregressive").token_ids
+    assert eng.generate("Say hi.", max_new_tokens=6, method="eagle3").token_ids == ref
+
+
+def test_markdown_table_without_reference_methods():
+    from heterospec.bench import markdown_table, summarize
+    rec = {"accept_len": 1, "depth": 3}
+    run = dict(set="s", method="eagle3", new_tokens=10, total_s=1.0, prefill_s=0.1, rounds=5, target_calls=5,
+               verified_tokens=40, draft_s=0.2, verify_s=0.5, records=[rec] * 5)
+    s = summarize([run])
+    assert math.isnan(s["s"]["eagle3"]["speedup"]) and s["s"]["eagle3"]["vs_eagle3"] == 1.0
+    table = markdown_table(s, ["eagle3"])
+    assert "nan" not in table and "| - |" in table and "| 1.000x |" in table
+    assert s["s"]["eagle3"]["tau"] == 2.0 and s["s"]["eagle3"]["acceptance_rates"] == [1.0, 0.0, 0.0]

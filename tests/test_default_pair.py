@@ -50,11 +50,15 @@ def test_shipped_draft_is_small_public_format_and_calibrated():
 
 
 def test_greedy_default_pair_is_lossless(engine):
-    small = SpecConfig(top_k=4, depth=3, total_tokens=8)
+    # the shipped CPU tree on two prompts, a bigger one (deeper DED, wider TNP budgets) on the third
+    bigger = SpecConfig(top_k=6, depth=5, total_tokens=16)
     for i, prompt in enumerate(PROMPTS):
         ref = engine.generate(prompt, max_new_tokens=24, method="autoregressive")
         for method in ("eagle3", "heterospec"):
-            out = engine.generate(prompt, max_new_tokens=24, method=method, config=small if i == 2 else None)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # bins calibrated for the shipped depth
+                out = engine.generate(prompt, max_new_tokens=24, method=method,
+                                      config=bigger if i == 2 else None)
             assert out.token_ids == ref.token_ids, (method, prompt)
             assert out.text == ref.text
 

@@ -173,3 +173,28 @@ def test_missing_bins_warn_and_fall_back():
         warnings.simplefilter("always")
         bins = engine.bins
     assert bins.is_fallback and any("fallback" in str(x.message) for x in w)
+
+
+def test_default_draft_dtype_policy(monkeypatch):
+    from heterospec import engine as eng
+    monkeypatch.setattr(eng, "cpu_has_native_bf16", lambda: True)
+    assert eng.default_draft_dtype("cpu", torch.float32) == torch.bfloat16
+    assert eng.default_draft_dtype(torch.device("cpu"), torch.float64) == torch.float64
+    assert eng.default_draft_dtype("cuda:0", torch.float16) == torch.float16
+    monkeypatch.setattr(eng, "cpu_has_native_bf16", lambda: False)
+    assert eng.default_draft_dtype("cpu", torch.float32) == torch.float32
+
+
+@pytest.mark.parametrize("draft_dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_draft_is_still_lossless(draft_dtype):
+    # the draft only proposes: a bf16/fp16 draft under a float32 target must not change the output
+    hf = tiny_hf_llama(seed=3, kv_heads=2, dtype=torch.float32)
+    target = heterospec.TargetModel.from_hf(hf)
+    draft = heterospec.Eagle3Draft.for_target(target, seed=3).to(draft_dtype)
+    engine = Engine(target, draft, config=SMALL, bins=EntropyBins([0.5, 1.0, 2.0]))
+    for prompt in _prompts(target.config.vocab_size, 3, seed=3):
+        ref = engine.generate(prompt, max_new_tokens=20, method="autoregressive")
+        for method in ("eagle3", "heterospec"):
+            out = engine.generate(prompt, max_new_tokens=20, method=method)
+            assert out.token_ids == ref.token_ids, (method, draft_dtype)
+    assert draft.dtype == draft_dtype

@@ -132,6 +132,7 @@ class TargetModel(nn.Module):
         if config.tie_word_embeddings:
             model.lm_head.weight = model.embed_tokens.weight
         model.rotary.to(device)
+        model.name_or_path = os.fspath(what)  # where it came from, for provenance records
         model.eval()
         model.backend  # noqa: B018 (an unusable attn_backend fails at load time)
         return model
@@ -187,7 +188,8 @@ class TargetModel(nn.Module):
         sd = hf_model.state_dict()
         tensors = {k.removeprefix("model."): v.detach() for k, v in sd.items()}
         ref = hf_model.get_input_embeddings().weight
-        return cls._build(config, tensors, dtype or ref.dtype, device or ref.device, attn_backend, "hf_model")
+        what = getattr(hf_model.config, "_name_or_path", "") or "hf_model"
+        return cls._build(config, tensors, dtype or ref.dtype, device or ref.device, attn_backend, what)
 
     # ---- properties -------------------------------------------------------------------------
 
