@@ -72,7 +72,9 @@ def _engine(draft_kind):
         engine = Engine(hf, draft, config=cfg, bins=EntropyBins([0.8, 1.6]))
     else:
         target = heterospec.TargetModel.from_hf(hf)
-        draft = heterospec.Eagle3Draft.for_target(target, seed=2).to(torch.float64)
+        # "eagle3-bf16": a low-precision draft (what the CPU default picks) must not bias the law
+        dtype = torch.bfloat16 if draft_kind == "eagle3-bf16" else torch.float64
+        draft = heterospec.Eagle3Draft.for_target(target, seed=2).to(dtype)
         engine = Engine(target, draft, config=cfg, bins=EntropyBins([0.8, 1.6]))
     engine.target.config.eos_token_ids = ()     # the law below is over all 3-token continuations
     return engine, hf
@@ -83,6 +85,7 @@ def _engine(draft_kind):
     ("eagle3", "eagle3", SamplingParams(temperature=1.0)),
     ("heterospec", "eagle3", SamplingParams(temperature=0.7, top_k=5, top_p=0.9)),
     ("heterospec", "oracle", SamplingParams(temperature=1.0)),
+    ("heterospec", "eagle3-bf16", SamplingParams(temperature=1.0)),
 ])
 def test_speculative_sampling_matches_target_law(method, draft_kind, params):
     engine, hf = _engine(draft_kind)
