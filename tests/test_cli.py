@@ -76,6 +76,14 @@ def test_bench_writes_tables_and_plots(pair_dirs, tmp_path, capsys):
     assert res["meta"]["greedy_mismatches"] == []
     for f in ("e2e.md", "speedup.png", "entropy_bins.png"):
         assert (tmp_path / f).exists(), f
+    assert "autoregressive: 0" in (tmp_path / "e2e.md").read_text()
+    # without the autoregressive baseline nothing is compared, and the report says so
+    only = tmp_path / "only"
+    rc = main(["bench", "--target", t, "--draft", d, "--sets", "humaneval", "--n", "1", "--max-new-tokens", "4",
+               "--methods", "eagle3", "--out", str(only), "--tree-top-k", "3", "--depth", "2", "--total-tokens", "6"])
+    assert rc == 0
+    md = (only / "e2e.md").read_text()
+    assert "not checked" in md and "nan" not in md
 
 
 def test_bad_arguments(pair_dirs, capsys):
