@@ -41,3 +41,16 @@ def tiny_llama(vocab=101, hidden=64, layers=6, heads=4, kv_heads=2, tied=False, 
 def llama3_rope_scaling(original_max=32):
     return {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
             "original_max_position_embeddings": original_max}
+
+
+def random_parents(T, gen):
+    """Parents of a random topologically ordered tree of T nodes (position 0 = root)."""
+    return [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, T)]
+
+
+def path_to(parents, i):
+    path = []
+    while i >= 0:
+        path.append(i)
+        i = parents[i]
+    return path[::-1]  # root first

@@ -25,7 +25,7 @@ from heterospec.entropy import EntropyBins
 from heterospec.models.attention import flashinfer_available
 from heterospec.sampling import processed_probs
 from tests.engine_util import tiny_hf_llama
-from tests.test_sampling_lossless import chi_square_pvalue
+from tests.test_sampling_lossless import NEW, REQUESTS, VOCAB, assert_samples_follow_law
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -121,7 +121,6 @@ def test_batch_of_different_lengths_matches_single_requests(dtype, backend):
         _assert_greedy_equivalent(engine, p, single, r.token_ids, dtype, f"batch vs single {dtype} {backend}")
 
 
-VOCAB, NEW, REQUESTS, ALPHA = 8, 3, 6000, 1e-3
 PROMPT = [3, 5, 1, 7]
 
 
@@ -166,10 +165,4 @@ def test_speculative_sampling_matches_target_law(dtype, backend, params):
     res = engine.generate_batch([PROMPT] * REQUESTS, max_new_tokens=NEW, method="heterospec",
                                 temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
                                 seed=2024, chat=False)
-    samples = [tuple(r.token_ids) for r in res]
-    assert all(len(s) == NEW for s in samples)
-    pvalue, impossible = chi_square_pvalue(samples, _law(engine, params))
-    assert impossible == 0, "sampled a sequence the processed target law gives zero probability"
-    assert pvalue > ALPHA, f"chi-square rejects the target law: p = {pvalue:.2e}"
-    accepts = [r.accept_len for x in res for r in x.stats.records]
-    assert 0 < sum(a > 0 for a in accepts) < len(accepts)
+    assert_samples_follow_law(res, _law(engine, params))

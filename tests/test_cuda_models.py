@@ -19,7 +19,7 @@ import torch
 import heterospec
 from heterospec.models import Eagle3Draft, TargetModel
 from heterospec.models.attention import flashinfer_available
-from models_util import llama3_rope_scaling, tiny_llama
+from models_util import llama3_rope_scaling, path_to, random_parents, tiny_llama
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -52,17 +52,6 @@ def _backend_or_skip(backend):
 def _i64(*xs, device="cuda"):
     return torch.tensor(xs, dtype=torch.long, device=device)
 
-
-def _random_parents(n, gen):
-    return [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)]
-
-
-def _path(parents, i):
-    out = []
-    while i >= 0:
-        out.append(i)
-        i = parents[i]
-    return out[::-1]
 
 
 def _hf_logits(hf, seq):
@@ -112,7 +101,7 @@ def test_tree_verification_sequential_and_compaction(name, dtype, backend):
     parents = torch.full((B, T), -1, dtype=torch.long)
     plists = []
     for b, n in enumerate(num_nodes):
-        plists.append(_random_parents(n, gen))
+        plists.append(random_parents(n, gen))
         parents[b, :n] = torch.tensor(plists[-1])
     nn_ = _i64(*num_nodes)
     tree_mask, positions, _, _ = heterospec.build_tree(parents.cuda(), nn_, prefix)
@@ -121,15 +110,15 @@ def test_tree_verification_sequential_and_compaction(name, dtype, backend):
         t_logits, _ = tm(tokens.cuda(), positions, cache, prefix, tree_mask, nn_)
     for b in range(B):
         for i in range(num_nodes[b]):
-            seq = prompts[b] + tokens[b, _path(plists[b], i)].tolist()
+            seq = prompts[b] + tokens[b, path_to(plists[b], i)].tolist()
             _close(t_logits[b, i], _hf_logits(hf, seq)[-1], dtype, f'tree node {b}/{i}')
     # accept the path to the deepest node, compact, then decode 3 more tokens
     accept_path = torch.full((B, T), -1, dtype=torch.long)
     accept_len = torch.zeros(B, dtype=torch.long)
     accepted = []
     for b, n in enumerate(num_nodes):
-        deepest = max(range(n), key=lambda i: (len(_path(plists[b], i)), i))
-        path = _path(plists[b], deepest)
+        deepest = max(range(n), key=lambda i: (len(path_to(plists[b], i)), i))
+        path = path_to(plists[b], deepest)
         accept_path[b, :len(path)] = torch.tensor(path)
         accept_len[b] = len(path) - 1
         accepted.append(tokens[b, path].tolist())
@@ -181,7 +170,7 @@ def test_flashinfer_matches_sdpa_smollm2_shape():
     num_nodes = [60, 22, 1]
     parents = torch.full((B, T), -1, dtype=torch.long)
     for b, n in enumerate(num_nodes):
-        parents[b, :n] = torch.tensor(_random_parents(n, gen))
+        parents[b, :n] = torch.tensor(random_parents(n, gen))
     toks = torch.randint(0, 4096, (B, T), generator=gen).cuda()
     outs = []
     for backend in ("flashinfer", "sdpa"):
@@ -208,7 +197,7 @@ def test_cuda_graph_replay_of_verification_forward():
     B, T = 2, 8
 
     def inputs():
-        parents = torch.stack([torch.tensor(_random_parents(T, gen)) for _ in range(B)]).cuda()
+        parents = torch.stack([torch.tensor(random_parents(T, gen)) for _ in range(B)]).cuda()
         prefix = _i64(*[len(p) for p in prompts])
         mask, pos, _, _ = heterospec.build_tree(parents, _i64(T, T), prefix)
         return [torch.randint(0, 131, (B, T), generator=gen).cuda(), pos, prefix, mask, _i64(T, T)]
@@ -287,9 +276,9 @@ def test_flashinfer_graph_mode_replay_after_replanning():
         blocks = []
         for L in prefix:
             tm = torch.zeros(T, T, dtype=torch.bool)
-            parents = _random_parents(T, gen)
+            parents = random_parents(T, gen)
             for i in range(T):
-                for j in _path(parents, i):
+                for j in path_to(parents, i):
                     tm[i, j] = True
             blocks.append(torch.cat([torch.ones(T, L, dtype=torch.bool), tm], 1))
         packed, byte_indptr = _pack_little(blocks)

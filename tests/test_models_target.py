@@ -13,7 +13,7 @@ import torch
 import heterospec
 from heterospec.models import TargetModel
 from heterospec.models.attention import flashinfer_available
-from models_util import llama3_rope_scaling, tiny_llama
+from models_util import llama3_rope_scaling, path_to, random_parents, tiny_llama
 
 # Tolerances (absolute, on logits of magnitude ~1-10; features likewise)
 ATOL = {torch.float32: 1e-4, torch.float64: 1e-9, torch.bfloat16: 0.15}
@@ -43,19 +43,6 @@ def _hf_reference(hf, ids):
     with torch.no_grad():
         out = hf(ids, output_hidden_states=True)
     return out.logits.float(), out.hidden_states
-
-
-def random_parents(T, gen):
-    """Parents of a random topologically ordered tree of T nodes (position 0 = root)."""
-    return [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, T)]
-
-
-def path_to(parents, i):
-    path = []
-    while i >= 0:
-        path.append(i)
-        i = parents[i]
-    return path[::-1]  # root first
 
 
 # ---------------------------------------------------------------------------------------------

@@ -92,14 +92,19 @@ def test_speculative_sampling_matches_target_law(method, draft_kind, params):
     res = engine.generate_batch([PROMPT] * REQUESTS, max_new_tokens=NEW, method=method,
                                 temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
                                 seed=2024, chat=False)
-    samples = [tuple(r.token_ids) for r in res]
+    assert_samples_follow_law(res, exact_law(hf, params), trees_used=method != "autoregressive")
+
+
+def assert_samples_follow_law(results, law, trees_used: bool = True):
+    """``results`` (one per request, NEW tokens each) pass the chi-square test against ``law``;
+    with ``trees_used``, some rounds accepted drafts and some rejected them."""
+    samples = [tuple(r.token_ids) for r in results]
     assert all(len(s) == NEW for s in samples)
-    pvalue, impossible = chi_square_pvalue(samples, exact_law(hf, params))
+    pvalue, impossible = chi_square_pvalue(samples, law)
     assert impossible == 0, "sampled a sequence the processed target law gives zero probability"
     assert pvalue > ALPHA, f"chi-square rejects the target law: p = {pvalue:.2e}"
-    if method != "autoregressive":
-        # The trees really were used: some rounds accept drafts and some reject them.
-        accepts = [r.accept_len for x in res for r in x.stats.records]
+    if trees_used:
+        accepts = [r.accept_len for x in results for r in x.stats.records]
         assert 0 < sum(a > 0 for a in accepts) < len(accepts)
 
 
