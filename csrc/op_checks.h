@@ -84,7 +84,9 @@ inline void check_bin_policy_inputs(Backend be, const char* op, const at::Tensor
 }
 
 // ---- select_tree_nodes ---------------------------------------------------------------------------
-// scores [B, C] float32, parents [B, C] int64, budgets [B] int64; max_nodes >= 0.
+constexpr int64_t kMaxTreeNodes = int64_t{1} << 20;
+
+// scores [B, C] float32, parents [B, C] int64, budgets [B] int64; 0 <= max_nodes <= kMaxTreeNodes.
 inline void check_select_inputs(Backend be, const char* op, const at::Tensor& scores, const at::Tensor& parents,
                                 const at::Tensor& budgets, int64_t max_nodes) {
   check_dtype(op, "scores", scores, at::kFloat);
@@ -97,7 +99,10 @@ inline void check_select_inputs(Backend be, const char* op, const at::Tensor& sc
   check_size(op, "parents", parents, 0, B, "B = scores.size(0)");
   check_size(op, "parents", parents, 1, C, "C = scores.size(1)");
   check_request_vector(be, op, "budgets", budgets, B, "scores", scores);
-  HS_CHECK(max_nodes >= 0, op, ": expected max_nodes >= 0, got ", max_nodes);
+  // A verification tree is a few hundred nodes at most; a huge capacity is a caller bug that
+  // would otherwise surface as an allocator failure.
+  HS_CHECK(max_nodes >= 0 && max_nodes <= kMaxTreeNodes, op, ": expected max_nodes >= 0 and <= ", kMaxTreeNodes,
+           ", got ", max_nodes);
 }
 
 // ---- build_tree, tree_attention_mask, dense_tree_attention_mask ---------------------------------
@@ -198,7 +203,7 @@ struct KvDims {
   int64_t num_layers = 0, B = 0, S = 0, P = 0;
 };
 
-// k_cache, v_cache [num_layers, B, S, H_kv, D] (same shape and dtype, distinct, contiguous);
+// k_cache, v_cache [num_layers, B, S, H_kv, D] (same shape and dtype, contiguous, not overlapping);
 // accept_path [B, P] int64 (P >= 1 unless B == 0), accept_len [B] int64, prefix_lens [B] int64.
 inline KvDims check_compact_kv_inputs(Backend be, const char* op, const at::Tensor& k_cache,
                                       const at::Tensor& v_cache, const at::Tensor& accept_path,
@@ -211,10 +216,17 @@ inline KvDims check_compact_kv_inputs(Backend be, const char* op, const at::Tens
            sizes_str(k_cache), ", got ", sizes_str(v_cache));
   HS_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), op, ": expected v_cache of the same dtype as k_cache (",
            dtype_name(k_cache.scalar_type()), "), got ", dtype_name(v_cache.scalar_type()));
-  HS_CHECK(k_cache.numel() == 0 || k_cache.const_data_ptr() != v_cache.const_data_ptr(), op,
-           ": k_cache and v_cache must be different tensors");
   check_contiguous(op, "k_cache", k_cache);
   check_contiguous(op, "v_cache", v_cache);
+  if (k_cache.numel() > 0) {
+    // Both are contiguous, so each is exactly the byte range [ptr, ptr + nbytes): rows moved in
+    // one cache must never land in the other (offset views of one buffer included).
+    const char* k0 = static_cast<const char*>(k_cache.const_data_ptr());
+    const char* v0 = static_cast<const char*>(v_cache.const_data_ptr());
+    const auto nbytes = static_cast<std::ptrdiff_t>(k_cache.nbytes());
+    HS_CHECK(k0 + nbytes <= v0 || v0 + nbytes <= k0, op,
+             ": k_cache and v_cache must be different tensors whose memory does not overlap");
+  }
   KvDims d;
   d.num_layers = k_cache.size(0);
   d.B = k_cache.size(1);

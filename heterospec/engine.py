@@ -195,16 +195,25 @@ class Engine:
         self.device = next(target.parameters()).device
         self.tokenizer = tokenizer if tokenizer is not None else getattr(target, "tokenizer", None)
         self.draft = draft
+        # The draft's taps travel with every target call (not through the target's config), so
+        # the features always match the draft even when the target was built or shared elsewhere.
+        self._taps = None
         if draft is not None:
-            self._check_pair(target, draft)
+            self._taps = self._check_pair(target, draft)
             draft.to(self.device)
         self.config = config if config is not None else default_config(self.device)
         self.draft_dir = draft_dir
         self._bins = bins
         limit = int(getattr(target.config, "max_position_embeddings", 0) or 0) or 4096
+        rotary = getattr(target, "rotary", None)
+        if getattr(rotary, "exact_length", None):
+            limit = min(limit, rotary.exact_length)       # longrope: its original (short) context
         self.max_length = int(max_length) if max_length is not None else limit
         if self.max_length < 2:
             raise ValueError(f"max_length must be >= 2, got {self.max_length}")
+        for model, what in ((target, "target"), (draft, "draft")):
+            if hasattr(getattr(model, "rotary", None), "check_length"):
+                model.rotary.check_length(self.max_length, f"Engine {what}")
 
     # -- construction ---------------------------------------------------------------------------
     @classmethod
@@ -232,7 +241,8 @@ class Engine:
         return cls(tgt, drf, config=config, draft_dir=draft, **kwargs)
 
     @staticmethod
-    def _check_pair(target, draft) -> None:
+    def _check_pair(target, draft) -> Optional[tuple]:
+        """Raise on a draft that cannot serve this target; return the target layers it taps."""
         tc, dc = target.config, draft.config
         t_hidden = getattr(dc, "target_hidden_size", None) or dc.hidden_size
         if t_hidden != tc.hidden_size:
@@ -244,6 +254,7 @@ class Engine:
         aux = draft.aux_layers(tc.num_layers) if hasattr(draft, "aux_layers") else None
         if aux is not None and any(not 0 <= a <= tc.num_layers for a in aux):
             raise ValueError(f"draft taps target layers {aux}, but the target has {tc.num_layers} layers")
+        return None if aux is None else tuple(aux)
 
     @property
     def bins(self) -> EntropyBins:
@@ -395,7 +406,7 @@ class Engine:
         zeros = torch.zeros(B, dtype=torch.int64, device=dev)
         speculative = method != "autoregressive"
         logits, feats = self.target(tokens, positions, tcache, zeros, None, lens, return_features=speculative,
-                                    logits_index=(lens - 1)[:, None])
+                                    logits_index=(lens - 1)[:, None], taps=self._taps)
         last = logits[:, 0]                                                      # [B, V]
         first = self._pick(last, params, gen)                                     # [B]
 
@@ -543,7 +554,7 @@ class Engine:
         tree_mask, positions, first_child, next_sibling = ops.build_tree(
             tree_parents, num_nodes, st.prefix_lens)
         logits, feats = self.target(tree_tokens, positions, st.target_cache, st.prefix_lens, tree_mask,
-                                    num_nodes, return_features=True)
+                                    num_nodes, return_features=True, taps=self._taps)
         if params.greedy:
             accept_path, accept_len, bonus = ops.verify_greedy(
                 tree_tokens, logits.argmax(dim=-1), first_child, next_sibling, num_nodes)

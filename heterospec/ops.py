@@ -12,6 +12,8 @@ tensors ``int64`` with ``-1`` as the "none / padding" sentinel.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Optional, Tuple
 
 import torch
@@ -41,6 +43,28 @@ _ops = torch.ops.heterospec
 MAX_TOPK = 64
 
 _i64 = torch.int64
+
+
+def _fake(op: str):
+    """``register_fake`` for ``heterospec::<op>``, plus the one check a fake must make itself:
+    every tensor on one device. A raw call mixing devices (say CPU and meta) dispatches to the
+    fake kernel, which would otherwise hand back uninitialised tensors instead of an error."""
+
+    def register(fn):
+        sig = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def fake(*args, **kwargs):
+            named = [(n, v) for n, v in sig.bind(*args, **kwargs).arguments.items() if isinstance(v, Tensor)]
+            first, ref = named[0]
+            for name, t in named[1:]:
+                check_tensor(op, name, t, device=ref.device, device_of=first)
+            return fn(*args, **kwargs)
+
+        torch.library.register_fake(f"heterospec::{op}")(fake)
+        return fn
+
+    return register
 
 
 def _vec(op: str, name: str, x: Tensor, B: int, device: torch.device, ref: str) -> None:
@@ -110,7 +134,7 @@ def topk_entropy(
     return out
 
 
-@torch.library.register_fake("heterospec::topk_entropy")
+@_fake("topk_entropy")
 def _(logits, k, parent_entropy=None):
     torch._check(logits.dim() == 2, lambda: "topk_entropy: logits must be [M, V]")
     torch._check(logits.dtype in FLOAT_LOGITS, lambda: "topk_entropy: logits must be float32/float16/bfloat16")
@@ -167,7 +191,7 @@ def entropy_bin_policy(
     return _ops.entropy_bin_policy.default(path_entropy, bin_edges, bin_extra_depth, bin_budget)
 
 
-@torch.library.register_fake("heterospec::entropy_bin_policy")
+@_fake("entropy_bin_policy")
 def _(path_entropy, bin_edges, bin_extra_depth, bin_budget):
     torch._check(path_entropy.dim() == 1, lambda: "entropy_bin_policy: path_entropy must be [B]")
     torch._check(bin_extra_depth.size(0) == bin_edges.size(0) + 1, lambda: "entropy_bin_policy: bin sizes differ")
@@ -223,7 +247,7 @@ def select_tree_nodes(
     return _ops.select_tree_nodes.default(scores, parents, budgets, max_nodes)
 
 
-@torch.library.register_fake("heterospec::select_tree_nodes")
+@_fake("select_tree_nodes")
 def _(scores, parents, budgets, max_nodes):
     torch._check(scores.dim() == 2, lambda: "select_tree_nodes: scores must be [B, C]")
     torch._check(max_nodes >= 0, lambda: "select_tree_nodes: max_nodes must be >= 0")
@@ -275,7 +299,7 @@ def build_tree(
     return _ops.build_tree.default(tree_parents, num_nodes, prefix_lens)
 
 
-@torch.library.register_fake("heterospec::build_tree")
+@_fake("build_tree")
 def _(tree_parents, num_nodes, prefix_lens):
     torch._check(tree_parents.dim() == 2, lambda: "build_tree: tree_parents must be [B, T]")
     B, T = tree_parents.shape
@@ -326,7 +350,7 @@ def tree_attention_mask(
     return _ops.tree_attention_mask.default(tree_mask, num_nodes, prefix_lens, mask_numel)
 
 
-@torch.library.register_fake("heterospec::tree_attention_mask")
+@_fake("tree_attention_mask")
 def _(tree_mask, num_nodes, prefix_lens, mask_numel):
     torch._check(tree_mask.dim() == 3, lambda: "tree_attention_mask: tree_mask must be [B, T, T]")
     torch._check(mask_numel >= 0, lambda: "tree_attention_mask: mask_numel must be >= 0")
@@ -366,7 +390,7 @@ def dense_tree_attention_mask(tree_mask: Tensor, prefix_lens: Tensor, width: int
     return _ops.dense_tree_attention_mask.default(tree_mask, prefix_lens, width)
 
 
-@torch.library.register_fake("heterospec::dense_tree_attention_mask")
+@_fake("dense_tree_attention_mask")
 def _(tree_mask, prefix_lens, width):
     torch._check(tree_mask.dim() == 3, lambda: "dense_tree_attention_mask: tree_mask must be [B, T, T]")
     torch._check(width >= 0, lambda: "dense_tree_attention_mask: width must be >= 0")
@@ -438,7 +462,7 @@ def _fake_verify(tree_tokens):
     )
 
 
-@torch.library.register_fake("heterospec::verify_greedy")
+@_fake("verify_greedy")
 def _(tree_tokens, target_ids, first_child, next_sibling, num_nodes):
     return _fake_verify(tree_tokens)
 
@@ -511,7 +535,7 @@ def verify_sampling(
                                         final_coins)
 
 
-@torch.library.register_fake("heterospec::verify_sampling")
+@_fake("verify_sampling")
 def _(tree_tokens, target_probs, first_child, next_sibling, num_nodes, coins, final_coins):
     torch._check(target_probs.dim() == 3, lambda: "verify_sampling: target_probs must be [B, T, V]")
     return _fake_verify(tree_tokens)
@@ -531,7 +555,7 @@ def compact_kv_(
     Parameters
     ----------
     k_cache, v_cache : Tensor
-        ``[num_layers, B, S, H_kv, D]``, same shape / dtype / device, contiguous, distinct;
+        ``[num_layers, B, S, H_kv, D]``, same shape / dtype / device, contiguous, not overlapping;
         written in place.
     accept_path : Tensor
         ``[B, P]`` int64 (``P >= 1``, usually ``T``) from :func:`verify_greedy` /
@@ -560,7 +584,7 @@ def compact_kv_(
     _ops.compact_kv_.default(k_cache, v_cache, accept_path, accept_len, prefix_lens)
 
 
-@torch.library.register_fake("heterospec::compact_kv_")
+@_fake("compact_kv_")
 def _(k_cache, v_cache, accept_path, accept_len, prefix_lens):
     torch._check(k_cache.dim() == 5, lambda: "compact_kv_: k_cache must be [num_layers, B, S, H_kv, D]")
     return None

@@ -6,14 +6,14 @@ import torch
 
 
 def tiny_llama_config(vocab=101, hidden=64, layers=6, heads=4, kv_heads=2, tied=False, head_dim=None,
-                      intermediate=None, rope_theta=10000.0, rope_scaling=None, max_position=512):
+                      intermediate=None, rope_theta=10000.0, rope_scaling=None, max_position=512, **extra):
     from transformers import LlamaConfig
 
     kw = dict(
         vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate or 2 * hidden,
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
         max_position_embeddings=max_position, rms_norm_eps=1e-5, tie_word_embeddings=tied,
-        rope_theta=rope_theta, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        rope_theta=rope_theta, bos_token_id=1, eos_token_id=2, pad_token_id=0, **extra,
     )
     if head_dim is not None:
         kw["head_dim"] = head_dim

@@ -152,6 +152,52 @@ def test_full_vocab_without_maps_and_aux_layer_ids(tmp_path, target):
     assert json.loads(json.dumps(loaded.config.to_dict()))["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 2, 4]
 
 
+def test_engine_feeds_the_draft_its_own_taps(tmp_path):
+    """A draft naming its own tap layers gets exactly those features, however the target was built
+    (in-memory transformers model, a TargetModel attached to another draft), and a later draft with
+    default taps does not inherit them."""
+    from heterospec import Engine
+
+    hf = tiny_llama(vocab=103, hidden=48, layers=8, heads=6, kv_heads=2, seed=4)
+    tm = TargetModel.from_hf(hf)
+    custom = Eagle3Draft.for_target(tm, seed=5)
+    custom.save_pretrained(tmp_path, dtype=torch.float32)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [0, 3, 6]}   # taps (1, 4, 7)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    custom = Eagle3Draft.from_pretrained(tmp_path, target=TargetModel.from_hf(hf))
+    default = Eagle3Draft.for_target(tm, seed=6)
+
+    ids = torch.randint(0, 103, (1, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        hidden = hf(ids, output_hidden_states=True).hidden_states     # [i] enters layer i
+
+    def fed_features(engine):
+        seen = []
+        extend = engine.draft.extend
+
+        def spy(tokens, feats, *a, **k):
+            seen.append(feats)
+            return extend(tokens, feats, *a, **k)
+        engine.draft.extend = spy
+        try:
+            engine.generate(ids[0].tolist(), max_new_tokens=2, method="eagle3")
+        finally:
+            del engine.draft.extend
+        return seen[0]
+
+    def expected(layers):
+        return torch.cat([hidden[i] for i in layers], dim=-1)    # entry p: feature p, token p + 1
+
+    for engine in (Engine(hf, custom), Engine(tm, custom)):
+        f = fed_features(engine)
+        torch.testing.assert_close(f, expected((1, 4, 7)), atol=1e-4, rtol=1e-4)
+    default.attach(tm)                    # after custom taps were set on tm by from_pretrained/attach
+    assert tm.config.aux_layers == (2, 4, 5)
+    f = fed_features(Engine(tm, default))
+    torch.testing.assert_close(f, expected((2, 4, 5)), atol=1e-4, rtol=1e-4)
+
+
 def test_narrower_draft_with_own_embedding(tmp_path, target):
     """target_hidden_size != hidden_size, head_dim from the config, GQA ratio 4, own embed_tokens."""
     cfg = DraftConfig(hidden_size=32, intermediate_size=80, num_attention_heads=8, num_key_value_heads=2,

@@ -28,6 +28,17 @@ CONFIGS = {
                         rope_scaling=llama3_rope_scaling(16), head_dim=32),
     "yarn_rope": dict(vocab=64, hidden=32, layers=4, heads=2, kv_heads=2,  # attention scaling != 1
                       rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}, max_position=32),
+    "linear_rope": dict(vocab=70, hidden=32, layers=3, heads=4, kv_heads=2,
+                        rope_scaling={"rope_type": "linear", "factor": 2.0}),
+    "dynamic_rope": dict(vocab=70, hidden=32, layers=3, heads=4, kv_heads=2, max_position=16,
+                         rope_scaling={"rope_type": "dynamic", "factor": 2.0}),
+    "longrope": dict(vocab=70, hidden=32, layers=3, heads=2, kv_heads=1, max_position=64,  # head_dim 16
+                     rope_scaling={"rope_type": "longrope", "original_max_position_embeddings": 16,
+                                   "short_factor": [1.0 + 0.1 * i for i in range(8)],
+                                   "long_factor": [2.0 + 0.5 * i for i in range(8)]}),
+    # Llama-3.2-style head_dim != hidden / heads, with q/k/v/o and MLP biases (checked non-zero below)
+    "biases_head_dim": dict(vocab=70, hidden=32, layers=3, heads=4, kv_heads=2, head_dim=16,
+                            attention_bias=True, mlp_bias=True),
 }
 
 
@@ -52,6 +63,10 @@ def _hf_reference(hf, ids):
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_prefill_matches_transformers(name):
     hf = tiny_llama(seed=1, **CONFIGS[name])
+    with torch.no_grad():  # transformers starts biases at zero, which would test nothing
+        for pname, p in hf.named_parameters():
+            if pname.endswith(".bias"):
+                p.normal_(0.0, 0.3)
     tm = TargetModel.from_hf(hf)
     B, T = 2, 11
     ids = torch.randint(0, hf.config.vocab_size, (B, T), generator=torch.Generator().manual_seed(0))
@@ -216,6 +231,65 @@ def test_from_pretrained_sharded_dir_with_tokenizer_absent(tmp_path):
     _close(logits, ref)
 
 
+def test_from_pretrained_pytorch_model_bin(tmp_path):
+    """The older .bin layout: one file, or shards with an index (and the legacy rotary buffers
+    some uploads carry); a shard the index names but the directory lacks is named."""
+    hf = tiny_llama(seed=10, **CONFIGS["gqa4_untied"])
+    sd = {k: v.clone() for k, v in hf.state_dict().items()}
+    ids = torch.randint(0, 101, (1, 7), generator=torch.Generator().manual_seed(4))
+    ref, _ = _hf_reference(hf, ids)
+    one, sharded = tmp_path / "one", tmp_path / "sharded"
+    for d in (one, sharded):
+        hf.config.save_pretrained(d)
+    torch.save(sd, one / "pytorch_model.bin")
+    sd["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(4)   # legacy key, ignored
+    names = sorted(sd)
+    weight_map = {}
+    for n, part in enumerate((names[: len(names) // 2], names[len(names) // 2:]), start=1):
+        fn = f"pytorch_model-0000{n}-of-00002.bin"
+        torch.save({k: sd[k] for k in part}, sharded / fn)
+        weight_map.update({k: fn for k in part})
+    (sharded / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    for d in (one, sharded):
+        tm = TargetModel.from_pretrained(d)
+        logits, _ = tm(ids, torch.arange(7)[None], tm.new_cache(1, 7), _i64(0))
+        _close(logits, ref)
+    (sharded / "pytorch_model-00002-of-00002.bin").unlink()
+    with pytest.raises(FileNotFoundError, match="pytorch_model-00002-of-00002.bin"):
+        TargetModel.from_pretrained(sharded)
+
+
+@pytest.mark.parametrize("name,limit", [("dynamic_rope", 16), ("longrope", 16)])
+def test_length_rescaled_rope_is_capped(name, limit):
+    """transformers recomputes dynamic / longrope frequencies from the sequence length, which a
+    static cache cannot follow: our logits match it up to that length, and beyond is an error."""
+    from heterospec import Engine
+
+    hf = tiny_llama(seed=11, **CONFIGS[name])
+    tm = TargetModel.from_hf(hf)
+    ids = torch.randint(0, 70, (1, limit), generator=torch.Generator().manual_seed(5))
+    ref, _ = _hf_reference(hf, ids)
+    logits, _ = tm(ids, torch.arange(limit)[None], tm.new_cache(1, limit), _i64(0))
+    _close(logits, ref)
+    with pytest.raises(ValueError, match=f"max_length {limit + 1} exceeds {limit}.*{name.split('_')[0]}"):
+        tm.new_cache(1, limit + 1)
+    assert Engine(tm).max_length == limit           # the default stays inside
+    with pytest.raises(ValueError, match="exceeds"):
+        Engine(tm, max_length=limit + 8)
+
+
+def test_rope_table_stays_float32():
+    """Casting a model never rounds its RoPE frequencies (bf16 would move the angles of distant
+    positions by up to half a radian); devices are still followed."""
+    tm = TargetModel.from_hf(tiny_llama(seed=12, **CONFIGS["llama3_rope"]))
+    before = tm.rotary.inv_freq.clone()
+    tm.to(torch.bfloat16)
+    assert tm.dtype == torch.bfloat16 and tm.rotary.inv_freq.dtype == torch.float32
+    assert torch.equal(tm.rotary.inv_freq, before)
+    tm.to(device="meta")
+    assert tm.rotary.inv_freq.device.type == "meta" and tm.rotary.inv_freq.dtype == torch.float32
+
+
 def test_from_pretrained_tied_dtype(tmp_path):
     hf = tiny_llama(seed=9, **CONFIGS["gqa3_tied"])
     hf.save_pretrained(tmp_path)
@@ -247,6 +321,17 @@ def test_unsupported_architecture(tmp_path):
         TargetModel.from_pretrained(tmp_path)
     with pytest.raises(ValueError, match="unsupported architecture: mistral"):
         TargetModel.from_hf(MistralForCausalLM(cfg))
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    qwen = Qwen2ForCausalLM(Qwen2Config(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2))
+    with pytest.raises(ValueError, match="unsupported architecture: qwen2"):
+        TargetModel.from_hf(qwen)
+
+
+def test_auto_backend_is_sdpa_on_cpu():
+    tm = TargetModel.from_hf(tiny_llama(**CONFIGS["gqa4_untied"]))
+    assert tm.attn_backend_name == "auto" and tm.backend.name == "sdpa"
 
 
 def test_missing_weight_is_named(tmp_path):

@@ -7,6 +7,7 @@ import torch
 
 import heterospec.ops as ops
 from reference import entropy_bin_policy_ref, topk_entropy_ref
+from reference.samples import strided
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -108,6 +109,15 @@ def test_entropy_bin_policy_random(devices):
             assert torch.equal(o.cpu(), r)
 
 
+def test_entropy_bin_policy_noncontiguous(devices):
+    edges = torch.tensor([0.5, 1.5, 3.0])
+    h = torch.rand(29, generator=torch.Generator().manual_seed(1)) * 4
+    xd, bb = torch.tensor([3, 2, 1, 0]), torch.tensor([10, 20, 40, 60])
+    args = [strided(t.to(devices)) for t in (h, edges, xd, bb)]
+    for o, r in zip(ops.entropy_bin_policy(*args), entropy_bin_policy_ref(h, edges, xd, bb)):
+        assert torch.equal(o.cpu(), r)
+
+
 def test_entropy_bin_policy_golden(devices):
     h = torch.tensor([0.0, 1.0, 1.5, 2.0, 9.0, float("nan"), -1.0], device=devices)
     edges = torch.tensor([1.0, 2.0], device=devices)
@@ -117,3 +127,20 @@ def test_entropy_bin_policy_golden(devices):
     assert bins.cpu().tolist() == [0, 0, 1, 1, 2, 2, 0]
     assert d.cpu().tolist() == [2, 2, 1, 1, 0, 0, 2]
     assert n.cpu().tolist() == [80, 80, 60, 60, 40, 40, 80]
+
+
+@pytest.mark.skipif(not torch.backends.cpu.get_cpu_capability().startswith("AVX"),
+                    reason="the scalar path is already the default here")
+def test_topk_entropy_portable_scalar_path():
+    """x86 runs the AVX2 kernel; HETEROSPEC_CPU_SCALAR=1 (read once per process) forces the
+    portable loop that other CPUs run, and the CPU cases of this file must hold for it too."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, HETEROSPEC_CPU_SCALAR="1")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
+           "-k", "topk_entropy and cpu and not scalar_path"]
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert " passed" in run.stdout

@@ -110,6 +110,7 @@ CASES = [
     ("select_tree_nodes", {"scores": F(-1.0, nan, -3.0)[None]}, r"scores\[0, 1\] is NaN"),
     ("select_tree_nodes", {"parents": L(-1, 0)[None]}, r"expected parents.size\(1\) == 3"),
     ("select_tree_nodes", {"max_nodes": -1, "budgets": L(0)}, "max_nodes >= 0"),
+    ("select_tree_nodes", {"max_nodes": 2**40, "budgets": L(0)}, "max_nodes >= 0 and <= 1048576, got 1099511627776"),
     ("select_tree_nodes", {"scores": F(-1.0, -2.0, -3.0)}, "expected scores to have 2 dimensions"),
     ("build_tree", {"tree_parents": L(0, 0, 1)[None]}, r"expected tree_parents\[0, 0\] == -1"),
     ("build_tree", {"tree_parents": L(-1, 0, 2)[None]}, r"invalid tree_parents\[0, 2\] = 2"),
@@ -196,6 +197,13 @@ def test_compact_kv_rejects_aliased_caches():
     k = torch.zeros(1, 1, 4, 1, 1)
     with pytest.raises(ValueError, match="different tensors"):
         raw.compact_kv_.default(k, k, L(0)[None], L(0), L(0))
+    base = torch.arange(17.0)    # two offset views of one buffer: distinct pointers, shared rows
+    kv, vv = base[0:16].view(1, 1, 16, 1, 1), base[1:17].view(1, 1, 16, 1, 1)
+    with pytest.raises(ValueError, match="does not overlap"):
+        raw.compact_kv_.default(kv, vv, L(0, 2)[None], L(1), L(3))
+    assert torch.equal(base, torch.arange(17.0))     # rejected before anything moved
+    apart = torch.zeros(2, 1, 1, 8, 1, 1)             # adjacent halves of one buffer are fine
+    raw.compact_kv_.default(apart[0], apart[1], L(0)[None], L(0), L(0))
 
 
 def test_wrapper_rejects_non_tensors_and_bad_ints():
@@ -216,3 +224,16 @@ def test_device_mismatch_is_reported(devices):
     args[4] = args[4].to(other)
     with pytest.raises(ValueError, match=rf"expected num_nodes on device {devices}"):
         ops.verify_greedy(*args)
+
+
+DEVICE_CASES = [(op, i) for op in ARG for i, a in enumerate(valid(op)) if i > 0 and isinstance(a, torch.Tensor)]
+
+
+@pytest.mark.parametrize("op,i", DEVICE_CASES, ids=[f"{op}-{ARG[op][i]}" for op, i in DEVICE_CASES])
+def test_raw_op_device_mismatch_is_an_error(op, i):
+    """One tensor on another device: the raw op (whose dispatch then lands in the fake kernel for
+    a meta tensor) raises naming it, instead of returning uninitialised outputs."""
+    args = valid(op)
+    args[i] = args[i].to("meta")
+    with pytest.raises(ValueError, match=rf"{op}: expected {ARG[op][i]} on device cpu .*got meta"):
+        getattr(raw, op).default(*args)

@@ -5,6 +5,7 @@ import torch
 
 import heterospec.ops as ops
 from reference import compact_kv_ref
+from reference.samples import strided
 
 
 def _random_paths(B, P, S, g):
@@ -35,6 +36,17 @@ def test_compact_kv_random(devices, dtype, NL, B, S, H, D, P):
     k_ptr = kd.data_ptr()
     out = ops.compact_kv_(kd, vd, accept_path.to(devices), accept_len.to(devices), prefix_lens.to(devices))
     assert out is None and kd.data_ptr() == k_ptr  # in place
+    assert torch.equal(kd.cpu(), rk) and torch.equal(vd.cpu(), rv)
+
+
+def test_compact_kv_noncontiguous_indices(devices):
+    """The caches must be contiguous (an error otherwise); the index tensors may be any view."""
+    g = torch.Generator().manual_seed(7)
+    k, v = torch.randn(2, 4, 30, 2, 4, generator=g), torch.randn(2, 4, 30, 2, 4, generator=g)
+    accept_path, accept_len, prefix_lens = _random_paths(4, 6, 30, g)
+    rk, rv = compact_kv_ref(k, v, accept_path, accept_len, prefix_lens)
+    kd, vd = k.to(devices), v.to(devices)
+    ops.compact_kv_(kd, vd, *[strided(t.to(devices)) for t in (accept_path, accept_len, prefix_lens)])
     assert torch.equal(kd.cpu(), rk) and torch.equal(vd.cpu(), rv)
 
 

@@ -12,7 +12,7 @@ from reference import (
     select_tree_nodes_ref,
     tree_attention_mask_ref,
 )
-from reference.samples import golden_two_request_tree, random_candidates, random_tree
+from reference.samples import golden_two_request_tree, random_candidates, random_tree, strided
 
 
 def _assert_all_equal(out, ref):
@@ -78,6 +78,14 @@ def test_build_tree_random(devices, B, T):
     parents, num_nodes = random_tree(B, T, gen=g)
     prefix_lens = torch.randint(0, 50, (B,), generator=g)
     out = ops.build_tree(parents.to(devices), num_nodes.to(devices), prefix_lens.to(devices))
+    _assert_all_equal(out, build_tree_ref(parents, num_nodes, prefix_lens))
+
+
+def test_build_tree_noncontiguous(devices):
+    g = torch.Generator().manual_seed(9)
+    parents, num_nodes = random_tree(4, 21, gen=g)
+    prefix_lens = torch.randint(0, 30, (4,), generator=g)
+    out = ops.build_tree(*[strided(t.to(devices)) for t in (parents, num_nodes, prefix_lens)])
     _assert_all_equal(out, build_tree_ref(parents, num_nodes, prefix_lens))
 
 

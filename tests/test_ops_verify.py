@@ -7,7 +7,7 @@ import torch
 
 import heterospec.ops as ops
 from reference import build_tree_ref, verify_greedy_ref, verify_sampling_ref
-from reference.samples import golden_two_request_tree, random_tree
+from reference.samples import golden_two_request_tree, random_tree, strided
 
 
 def _tree(B, T, g, full=False):
@@ -72,6 +72,17 @@ def test_verify_sampling_random(devices, B, T, V):
     coins = torch.rand(B, T, generator=g)
     final = torch.rand(B, generator=g)
     args = [t.to(devices) for t in (tokens, probs, fc, ns, num_nodes, coins, final)]
+    _assert_all_equal(ops.verify_sampling(*args), verify_sampling_ref(tokens, probs, fc, ns, num_nodes, coins, final))
+
+
+def test_verify_sampling_noncontiguous(devices):
+    g = torch.Generator().manual_seed(12)
+    B, T, V = 3, 15, 7
+    _, num_nodes, fc, ns = _tree(B, T, g)
+    tokens = torch.randint(0, V, (B, T), generator=g)
+    probs = torch.rand(B, T, V, generator=g) ** 2
+    coins, final = torch.rand(B, T, generator=g), torch.rand(B, generator=g)
+    args = [strided(t.to(devices)) for t in (tokens, probs, fc, ns, num_nodes, coins, final)]
     _assert_all_equal(ops.verify_sampling(*args), verify_sampling_ref(tokens, probs, fc, ns, num_nodes, coins, final))
 
 

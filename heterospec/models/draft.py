@@ -34,7 +34,8 @@ import torch
 from torch import nn
 
 from .kv_cache import KVCache, _host_checks_enabled
-from .layers import MLP, QKVO, RMSNorm, Rotary, assign_weights, load_weight_file, rope_inv_freq, sdpa
+from .layers import (MLP, QKVO, RMSNorm, Rotary, assign_weights, load_weight_file, rope_exact_length, rope_inv_freq,
+                     sdpa)
 
 _ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters")
 _KNOWN_KEYS = {
@@ -237,8 +238,10 @@ class Eagle3Draft(nn.Module):
         self.register_buffer("t2d", torch.ones(c.vocab_size, dtype=torch.bool))
         self.embed_tokens = nn.Embedding(c.vocab_size, H) if own_embedding else None
         self._shared_embedding: list[nn.Module] = []  # the target's; a list keeps it unregistered
-        inv_freq, scaling = rope_inv_freq(c.hf_rope_config())
-        self.rotary = Rotary(inv_freq, scaling)
+        rope_cfg = c.hf_rope_config()
+        inv_freq, scaling = rope_inv_freq(rope_cfg)
+        self.rotary = Rotary(inv_freq, scaling, rope_exact_length(rope_cfg),
+                             (rope_cfg.rope_parameters or {}).get("rope_type", "default"))
 
     # ---- properties -------------------------------------------------------------------------
 
@@ -299,12 +302,12 @@ class Eagle3Draft(nn.Module):
                 raise ValueError(f"hidden-size mismatch: the draft (hidden {c.hidden_size}) has no embed_tokens and "
                                  f"cannot share the target's embedding (width {t['hidden']})")
             self.set_embedding(t["embedding"])
-        aux = self.config.aux_layers
-        if aux is not None:
-            if any(i < 0 or i > t["layers"] for i in aux):
-                raise ValueError(f"the draft taps target layers {list(aux)} but the target has {t['layers']} layers")
-            if t["model"] is not None:
-                t["model"].config.aux_layers = tuple(aux)
+        aux = self.aux_layers(t["layers"])
+        if any(i < 0 or i > t["layers"] for i in aux):
+            raise ValueError(f"the draft taps target layers {list(aux)} but the target has {t['layers']} layers")
+        if t["model"] is not None:
+            # Also when the draft names no ids: a previous draft's taps must not linger.
+            t["model"].config.aux_layers = tuple(aux)
         return self
 
     # ---- construction -----------------------------------------------------------------------
@@ -417,6 +420,7 @@ class Eagle3Draft(nn.Module):
 
     def new_cache(self, batch_size: int, max_length: int) -> KVCache:
         c = self.config
+        self.rotary.check_length(max_length, "draft KV cache")
         return KVCache(1, batch_size, max_length, c.num_key_value_heads, c.head_dim, self.dtype, self.device)
 
     def _layer_in(self, input_ids: torch.Tensor, hidden: torch.Tensor):

@@ -67,13 +67,51 @@ def _rope_inv_freq(hf_config) -> tuple[torch.Tensor, float]:
     return inv_freq, float(scaling)
 
 
-class Rotary(nn.Module):
-    """cos/sin tables computed on the fly from explicit positions (no max-length table)."""
+def rope_exact_length(hf_config) -> int | None:
+    """The longest sequence our fixed frequency table reproduces transformers for, or None (any).
 
-    def __init__(self, inv_freq: torch.Tensor, scaling: float = 1.0):
+    transformers recomputes the table from the current length for two rope types: "dynamic"
+    (NTK) grows the base past ``max_position_embeddings``, "longrope" switches to its long
+    factors past ``original_max_position_embeddings``, and both rewrite the angles of positions
+    already cached. A static KV cache cannot follow that, so caches are capped at this length
+    (a clear error beyond it rather than silently different logits)."""
+    params = dict(hf_config.rope_parameters or {})
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type == "dynamic":
+        return int(hf_config.max_position_embeddings)
+    if rope_type == "longrope":
+        orig = params.get("original_max_position_embeddings") or getattr(
+            hf_config, "original_max_position_embeddings", None) or hf_config.max_position_embeddings
+        return int(orig)
+    return None
+
+
+class Rotary(nn.Module):
+    """cos/sin tables computed on the fly from explicit positions (no max-length table).
+
+    ``inv_freq`` stays float32 whatever dtype the module is cast to: in bfloat16 the angles of
+    position 3000 would be off by up to half a radian, and drafts are trained with float32 RoPE."""
+
+    def __init__(self, inv_freq: torch.Tensor, scaling: float = 1.0, exact_length: int | None = None,
+                 rope_type: str = "default"):
         super().__init__()
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
         self.scaling = scaling
+        self.exact_length = exact_length
+        self.rope_type = rope_type
+
+    def _apply(self, fn, recurse=True):
+        inv_freq = self.inv_freq
+        super()._apply(fn, recurse)
+        self.inv_freq = inv_freq.to(device=self.inv_freq.device)   # follow devices, never dtypes
+        return self
+
+    def check_length(self, max_length: int, what: str) -> None:
+        if self.exact_length is not None and max_length > self.exact_length:
+            raise ValueError(
+                f"{what}: max_length {max_length} exceeds {self.exact_length}, the longest context this "
+                f"model's {self.rope_type!r} RoPE supports here (transformers rescales its frequencies past "
+                f"that length, which a static KV cache cannot follow); use max_length <= {self.exact_length}")
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         # positions: [..., T] int64 -> cos, sin: [..., T, D] in `dtype`

@@ -23,7 +23,7 @@ from torch import nn
 
 from .attention import causal_tree_mask, make_backend
 from .kv_cache import KVCache
-from .layers import MLP, QKVO, RMSNorm, Rotary, assign_weights, load_weight_file, rope_inv_freq
+from .layers import MLP, QKVO, RMSNorm, Rotary, assign_weights, load_weight_file, rope_exact_length, rope_inv_freq
 
 
 def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
@@ -115,8 +115,10 @@ class TargetModel(nn.Module):
         self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
         if c.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        inv_freq, scaling = rope_inv_freq(c.hf_config)
-        self.rotary = Rotary(inv_freq, scaling)
+        rope_cfg = c.hf_config
+        inv_freq, scaling = rope_inv_freq(rope_cfg)
+        self.rotary = Rotary(inv_freq, scaling, rope_exact_length(rope_cfg),
+                             (rope_cfg.rope_parameters or {}).get("rope_type", "default"))
         self.tokenizer = None
         self.attn_backend_name = attn_backend
         self._backend, self._backend_key = None, None
@@ -216,17 +218,22 @@ class TargetModel(nn.Module):
 
     def new_cache(self, batch_size: int, max_length: int) -> KVCache:
         c = self.config
+        self.rotary.check_length(max_length, "target KV cache")
         return KVCache(c.num_layers, batch_size, max_length, c.num_kv_heads, c.head_dim, self.dtype, self.device)
 
     # ---- forward ----------------------------------------------------------------------------
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, prefix_lens: torch.Tensor,
                 tree_mask: torch.Tensor | None = None, num_nodes: torch.Tensor | None = None,
-                return_features: bool = True, logits_index: torch.Tensor | None = None):
+                return_features: bool = True, logits_index: torch.Tensor | None = None,
+                taps: tuple[int, ...] | None = None):
         """input_ids, positions [B, T]; prefix_lens [B]; tree_mask [B, T, T] bool or None (causal);
         num_nodes [B] or None (all T real; padding rows only matter through tree_mask).
         logits_index [B, k] (optional, not in the design contract): compute logits only at these
         input rows -> [B, k, V].
+        taps: the layers whose input hidden states form the features (default
+        ``config.aux_layers``). The engine passes its draft's taps here, so one target can serve
+        drafts that tap different layers without any state to keep in sync.
 
         Returns (logits [B, T, V] float32, features [B, T, len(aux_layers) * H] or None).
         """
@@ -248,7 +255,9 @@ class TargetModel(nn.Module):
         plan = backend.plan(tree_mask, prefix_lens, cache, c.num_heads, c.head_dim**-0.5)
         x = self.embed_tokens(input_ids)  # [B, T, H]
         cos, sin = self.rotary(positions, x.dtype)
-        aux = c.aux_layers if return_features else ()
+        if taps is not None and any(not 0 <= int(i) <= c.num_layers for i in taps):
+            raise ValueError(f"feature taps {list(taps)} out of range for a target of {c.num_layers} layers")
+        aux = (c.aux_layers if taps is None else tuple(int(i) for i in taps)) if return_features else ()
         taps = {}
         for i, layer in enumerate(self.layers):
             if i in aux:
@@ -263,19 +272,29 @@ class TargetModel(nn.Module):
         return logits, features
 
 
+def _indexed_shards(path: str, index_name: str) -> list[str] | None:
+    """The shard files a sharded checkpoint's index names (None without an index); a shard the
+    index names but the directory lacks is an error naming the file."""
+    index = os.path.join(path, index_name)
+    if not os.path.isfile(index):
+        return None
+    with open(index) as f:
+        files = sorted({os.path.join(path, v) for v in json.load(f)["weight_map"].values()})
+    missing = [os.path.basename(f) for f in files if not os.path.isfile(f)]
+    if missing:
+        raise FileNotFoundError(f"target model directory {path}: missing weight shards {missing} (named in {index_name})")
+    return files
+
+
 def _read_weights(path: str) -> dict:
     """All tensors of a local HF checkpoint, keys without the "model." prefix."""
-    index = os.path.join(path, "model.safetensors.index.json")
-    if os.path.isfile(index):
-        with open(index) as f:
-            files = sorted({os.path.join(path, v) for v in json.load(f)["weight_map"].values()})
-        missing = [f for f in files if not os.path.isfile(f)]
-        if missing:
-            raise FileNotFoundError(f"target model directory {path}: missing weight shards {missing}")
-    else:
+    files = _indexed_shards(path, "model.safetensors.index.json")
+    if files is None:
         files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
-    if not files:
-        files = sorted(glob.glob(os.path.join(path, "pytorch_model*.bin")))
+    if not files:  # the older layout (Vicuna, early Llama 2 uploads)
+        files = _indexed_shards(path, "pytorch_model.bin.index.json")
+        if files is None:
+            files = sorted(glob.glob(os.path.join(path, "pytorch_model*.bin")))
         if not files:
             raise FileNotFoundError(f"target model directory {path} has no *.safetensors (or pytorch_model*.bin) weights")
     tensors = {}

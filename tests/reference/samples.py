@@ -33,12 +33,15 @@ def random_candidates(B: int, C: int, *, mode: str = "monotone", p_neg_inf: floa
 
 
 def random_tree(B: int, T: int, *, gen=None, full: bool = False, junk_padding: bool = True):
-    """tree_parents [B, T] (topologically ordered, junk in the padding), num_nodes [B]."""
+    """tree_parents [B, T] (topologically ordered, junk in the padding), num_nodes [B].
+
+    Node counts are random in [1, T], except that the last request of a batch (B >= 2) always
+    fills the whole capacity, so every test with a T-node capacity also sees a T-node tree."""
     g = gen or torch.Generator().manual_seed(0)
     parents = torch.full((B, T), -1, dtype=torch.int64)
     num_nodes = torch.empty(B, dtype=torch.int64)
     for b in range(B):
-        n = T if full else int(torch.randint(1, T + 1, (1,), generator=g))
+        n = T if full or (B >= 2 and b == B - 1) else int(torch.randint(1, T + 1, (1,), generator=g))
         num_nodes[b] = n
         for i in range(1, T):
             if i < n:
@@ -48,6 +51,19 @@ def random_tree(B: int, T: int, *, gen=None, full: bool = False, junk_padding: b
             elif junk_padding:
                 parents[b, i] = int(torch.randint(-5, T + 5, (1,), generator=g))
     return parents, num_nodes
+
+
+def strided(t: torch.Tensor) -> torch.Tensor:
+    """The same values in a non-contiguous layout: every other element of a twice-as-long
+    buffer for vectors, the last two dimensions stored transposed otherwise."""
+    if t.dim() == 1:
+        buf = torch.empty(2 * t.numel(), dtype=t.dtype, device=t.device)
+        out = buf[::2]
+        out.copy_(t)
+    else:
+        out = t.transpose(-1, -2).contiguous().transpose(-1, -2)
+    assert not out.is_contiguous() or t.numel() <= 1
+    return out
 
 
 def golden_two_request_tree():
