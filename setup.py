@@ -103,7 +103,9 @@ def _openmp_flags() -> list[str]:
 def _extension():
     sources = _sources("csrc/*.cpp") + _sources("csrc/cpu/*.cpp")
     # No -std=...: torch's BuildExtension picks the standard its headers need.
-    extra = {"cxx": ["-O3", "-g0"] + _openmp_flags()}
+    # -fno-trapping-math: we never read FP exception flags, and it lets GCC turn the selects of
+    # the portable topk_entropy loop into vector blends (4x on that path; results unchanged).
+    extra = {"cxx": ["-O3", "-g0", "-fno-trapping-math"] + _openmp_flags()}
     link = _openmp_flags()
     include_dirs = [os.path.join(ROOT, "csrc")]
     if not _with_cuda():

@@ -8,6 +8,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <bit>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -65,7 +66,7 @@ struct TopK {
   }
 };
 
-// Row state shared by the scalar and vector paths: running max and sum of exp(x - max).
+// Row state shared by the portable and AVX2 paths: running max and sum of exp(x - max).
 struct RowStats {
   float max = kNegInf;
   double sumexp = 0.0;
@@ -80,23 +81,71 @@ struct RowStats {
   }
 };
 
-// ---------------- portable scalar path ----------------
+// ---------------- portable path ----------------
+// What non-x86 CPUs run (and x86 ones without AVX2). Branch-free `omp simd` loops that the
+// compiler vectorises for the baseline ISA (SSE2, NEON): std::exp per element would make the
+// fused op slower than PyTorch's composite.
+
+// exp(t) for t <= 0 with the AVX2 path's range reduction and degree-7 polynomial: t = n ln2 + r,
+// n rounded by adding 1.5 * 2^23 (which also leaves n in the low mantissa bits, so 2^n needs no
+// float-to-int conversion). t below -87.3 (under FLT_MIN), -inf and NaN give 0 (NaN rows are
+// flagged separately). Selects, not branches: with -fno-trapping-math (setup.py, CMakeLists.txt)
+// the loops calling this vectorise.
+inline float exp_nonpos_portable(float t) {
+  const float keep = t >= -87.3f ? 1.f : 0.f;
+  t = t > -87.3f ? t : -87.3f;
+  const float shifted = t * 1.44269504088896341f + 12582912.f;
+  const float n = shifted - 12582912.f;
+  float r = t - n * 0.693145751953125f;
+  r = r - n * 1.428606765330187045e-06f;
+  float p = 1.f / 5040.f;
+  p = p * r + 1.f / 720.f;
+  p = p * r + 1.f / 120.f;
+  p = p * r + 1.f / 24.f;
+  p = p * r + 1.f / 6.f;
+  p = p * r + 0.5f;
+  p = p * r + 1.f;
+  p = p * r + 1.f;
+  const float scale = std::bit_cast<float>((std::bit_cast<int32_t>(shifted) - 0x4B400000 + 127) << 23);
+  return p * scale * keep;
+}
+
 template <typename scalar_t>
-void scan_row_scalar(const scalar_t* row, int64_t V, TopK& top, RowStats& st) {
+void scan_row_portable(const scalar_t* row, int64_t V, TopK& top, RowStats& st) {
+  float buf[kChunk];
   for (int64_t c0 = 0; c0 < V; c0 += kChunk) {
-    const int64_t c1 = std::min(V, c0 + kChunk);
+    const int64_t n = std::min(V - c0, kChunk);
+    for (int64_t j = 0; j < n; ++j) buf[j] = to_float(row[c0 + j]);
+    // Pass 1: chunk max and NaN flag (a NaN never wins `x > cmax`; it is flagged instead), then
+    // the top-k candidates above the running threshold.
     float cmax = kNegInf;
-    for (int64_t j = c0; j < c1; ++j) {
-      const float x = to_float(row[j]);
-      if (std::isnan(x)) st.nan = true;
+    int any_nan = 0;
+#pragma omp simd reduction(max : cmax) reduction(| : any_nan)
+    for (int64_t j = 0; j < n; ++j) {
+      const float x = buf[j];
       cmax = x > cmax ? x : cmax;
-      if (!top.full() || x > top.threshold()) top.push(x, j);
+      any_nan |= (x != x);
+    }
+    if (any_nan) st.nan = true;
+    // Candidates: most blocks of a long row hold none once the top-k is full, and a vectorised
+    // block max says so without a branch per element.
+    constexpr int64_t kBlock = 32;
+    for (int64_t b0 = 0; b0 < n && (!top.full() || cmax > top.threshold()); b0 += kBlock) {
+      const int64_t b1 = std::min(n, b0 + kBlock);
+      float bmax = kNegInf;
+#pragma omp simd reduction(max : bmax)
+      for (int64_t j = b0; j < b1; ++j) bmax = buf[j] > bmax ? buf[j] : bmax;
+      if (top.full() && !(bmax > top.threshold())) continue;
+      for (int64_t j = b0; j < b1; ++j)
+        if (!top.full() || buf[j] > top.threshold()) top.push(buf[j], c0 + j);
     }
     st.rescale_to(cmax);
     if (st.max == kNegInf || std::isinf(st.max)) continue;  // nothing to add yet / invalid row
-    float s = 0.f;
+    // Pass 2 (chunk in L1): sum of exp(x - max); `omp simd` licenses the reassociation.
     const float m = st.max;
-    for (int64_t j = c0; j < c1; ++j) s += std::exp(to_float(row[j]) - m);
+    float s = 0.f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t j = 0; j < n; ++j) s += exp_nonpos_portable(buf[j] - m);
     st.sumexp += s;
   }
 }
@@ -200,8 +249,8 @@ HS_AVX2 void scan_row_avx2(const scalar_t* row, int64_t V, TopK& top, RowStats& 
   }
 }
 
-// HETEROSPEC_CPU_SCALAR=1 forces the portable path, the only one non-x86 machines run, so that
-// the tests can check it on x86 too.
+// HETEROSPEC_CPU_SCALAR=1 forces the portable path, the one non-x86 machines run, so that the
+// tests (and benchmarks) can check it on x86 too.
 bool cpu_has_avx2() {
   static const bool ok = [] {
     const char* force_scalar = std::getenv("HETEROSPEC_CPU_SCALAR");
@@ -263,7 +312,7 @@ void topk_entropy_impl(const at::Tensor& logits, int64_t k, const float* parent,
         scan_row_avx2(row, V, top, st);
       else
 #endif
-        scan_row_scalar(row, V, top, st);
+        scan_row_portable(row, V, top, st);
       const bool ok = !st.nan && std::isfinite(st.max) && st.sumexp > 0.0 && std::isfinite(st.sumexp);
       if (!ok) {
         int64_t cur = bad_row.load();
