@@ -164,9 +164,21 @@ def run_e2e(engine, sets: Sequence[str], n: int = 8, max_new_tokens: int = 128, 
 
     from .datasets import load_prompts
 
+    for name, v in (("n", n), ("max_new_tokens", max_new_tokens)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"run_e2e: {name} must be an integer >= 1, got {v!r}")
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise ValueError(f"run_e2e: unknown methods {unknown}; choose from {', '.join(METHODS)}")
     methods = [m for m in METHODS if m in methods]
-    os.makedirs(out_dir, exist_ok=True)
+    if not methods or not sets:
+        raise ValueError(f"run_e2e: need at least one method and one prompt set, "
+                         f"got {list(methods)} and {list(sets)}")
     prompt_sets = {name: load_prompts(name, n=n, seed=seed) for name in sets}
+    empty = [name for name, p in prompt_sets.items() if not p]
+    if empty:
+        raise ValueError(f"run_e2e: no prompts in set(s) {empty}")
+    os.makedirs(out_dir, exist_ok=True)
     # Warm up every code path once so that first-call costs are not charged to one method.
     warm = next(iter(prompt_sets.values()))[0].text
     for m in methods:
@@ -226,6 +238,19 @@ def verify_latency_curve(engine, sizes: Sequence[int] = (1, 2, 4, 8, 16, 32, 64)
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    sizes = list(sizes)
+
+    def bad(v):
+        return isinstance(v, bool) or not isinstance(v, int) or v < 1
+    if not sizes or any(bad(v) for v in sizes):
+        raise ValueError(f"verify_latency_curve: sizes must be integers >= 1, got {sizes}")
+    for name, v in (("context", context), ("repeats", repeats)):
+        if bad(v):
+            raise ValueError(f"verify_latency_curve: {name} must be an integer >= 1, got {v!r}")
+    limit = getattr(engine, "max_length", None)
+    if limit is not None and context + max(sizes) > limit:
+        raise ValueError(f"verify_latency_curve: context {context} + largest size {max(sizes)} = "
+                         f"{context + max(sizes)} exceeds the target's max length {limit}")
     target, dev = engine.target, engine.device
     gen = torch.Generator(device="cpu").manual_seed(0)
     vocab = target.config.vocab_size

@@ -105,8 +105,11 @@ def calibrate(engine, prompts: Sequence, max_new_tokens: int = 128, label: str =
         raise ValueError("calibrate: no calibration prompts given")
     records: List = []
     bar = tqdm(prompts, desc="calibrating (eagle3 rounds)", disable=not progress, unit="prompt")
-    for p in bar:
-        res = engine.generate(p, max_new_tokens=max_new_tokens, method="eagle3", chat=chat)
+    for i, p in enumerate(bar):
+        try:
+            res = engine.generate(p, max_new_tokens=max_new_tokens, method="eagle3", chat=chat)
+        except ValueError as e:
+            raise ValueError(f"calibration prompt {i}: {e}") from e
         records.extend(res.stats.records)
         bar.set_postfix(rounds=len(records))
     x, y = traces_from_records(records, label)

@@ -4,47 +4,237 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
+import tempfile
 from typing import List, Optional
 
+from .datasets import PROMPT_SETS
 from .engine import METHODS
 
+DEBUG_ENV = "HETEROSPEC_DEBUG"
+SEED_MAX = 2 ** 63 - 1
+EPILOG = (f"Bad arguments are reported before any model loads (exit status 2). Errors found while running "
+          f"(e.g. a model directory that lacks weights) print one line 'heterospec: error: ...' (exit "
+          f"status 1); set {DEBUG_ENV}=1 to get the full Python traceback instead.")
 
-def _add_model_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("model pair (default: the built-in SmolLM2-135M-Instruct + shipped EAGLE-3 draft)")
-    g.add_argument("--target", help="Hugging Face directory of a Llama-architecture target")
-    g.add_argument("--draft", help="EAGLE-3 draft directory (public EAGLE-3 checkpoint format)")
-    g.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    g.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
-                   help="weight dtype (default: float32 on CPU, bfloat16 on CUDA)")
-    g.add_argument("--draft-dtype", default=None, choices=["float32", "bfloat16", "float16"],
-                   help="draft weight dtype (default: bfloat16 on CPUs with native bf16 and a float32 "
-                        "target, else the target's; never changes the output, only speed and tau)")
-    t = p.add_argument_group("tree (default: the device's shipped settings)")
-    t.add_argument("--tree-top-k", type=int, dest="tree_top_k", help="children per expanded node (tree branching)")
-    t.add_argument("--depth", type=int, help="tree-expansion draft forwards per round")
-    t.add_argument("--total-tokens", type=int, help="verified nodes per round, root included")
-    t.add_argument("--alpha", type=int, help="HeteroSpec extra-depth scale (default ceil(depth/2))")
 
+# --------------------------------------------------------------------------- argument types
+# Each raises argparse.ArgumentTypeError, which argparse reports as
+# "heterospec CMD: error: argument --FLAG: MESSAGE" with exit status 2.
+
+def _int_at_least(lo: int):
+    def parse(s: str) -> int:
+        try:
+            v = int(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {lo}, got {s!r}") from None
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {lo}, got {v}")
+        return v
+    parse.__name__ = f"int>={lo}"
+    return parse
+
+
+_positive_int = _int_at_least(1)
+_nonneg_int = _int_at_least(0)
+
+
+def _float(s: str) -> float:
+    try:
+        return float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {s!r}") from None
+
+
+def _nonneg_float(s: str) -> float:
+    v = _float(s)
+    if not (math.isfinite(v) and v >= 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {s}")
+    return v
+
+
+def _probability(s: str) -> float:
+    v = _float(s)
+    if not 0.0 < v <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {s}")
+    return v
+
+
+def _seed(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer seed, got {s!r}") from None
+    if not 0 <= v <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"must be an integer in [0, 2**63-1], got {s}")
+    return v
+
+
+def _prompt_set(s: str) -> str:
+    key = s.lower()
+    if key not in PROMPT_SETS:
+        raise argparse.ArgumentTypeError(f"unknown prompt set {s!r}; choose from {', '.join(PROMPT_SETS)}")
+    return key
+
+
+def _device(s: str) -> str:
+    import torch
+
+    try:
+        dev = torch.device(s)
+    except (RuntimeError, ValueError, TypeError):
+        raise argparse.ArgumentTypeError(f"unknown device {s!r}; use cpu, cuda or cuda:N") from None
+    if dev.type == "cpu":
+        return s
+    if dev.type != "cuda":
+        raise argparse.ArgumentTypeError(f"unsupported device {s!r}; use cpu, cuda or cuda:N")
+    if not torch.cuda.is_available():
+        why = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA device is visible"
+        raise argparse.ArgumentTypeError(f"{s!r} requested but {why}; use --device cpu")
+    count = torch.cuda.device_count()
+    if dev.index is not None and dev.index >= count:
+        raise argparse.ArgumentTypeError(f"{s!r} requested but only {count} CUDA device(s) are visible")
+    return s
+
+
+def _model_dir(s: str) -> str:
+    if not os.path.exists(s):
+        raise argparse.ArgumentTypeError(f"no such directory: {s!r}")
+    if not os.path.isdir(s):
+        raise argparse.ArgumentTypeError(f"not a directory: {s!r}")
+    if not os.path.isfile(os.path.join(s, "config.json")):
+        raise argparse.ArgumentTypeError(f"{s!r} has no config.json (expected a model directory)")
+    return s
+
+
+# --------------------------------------------------------------------------- checks before loading
+
+def _out_dir_error(path: str) -> Optional[str]:
+    """Create ``path`` if needed and check that a file can be written there; None when usable."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        return f"{path!r} exists and is not a directory"
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        return f"cannot create directory {path!r}: {e.strerror or e}"
+    try:
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        return f"cannot write to directory {path!r}: {e.strerror or e}"
+    return None
+
+
+def read_prompts_file(path: str) -> List[str]:
+    """Prompts from a text file: one per line, or JSON lines with a "text" key (blank lines skipped).
+    Raises ValueError with a one-line message naming the file (and line) on anything unusable."""
+    if os.path.isdir(path):
+        raise ValueError(f"{path!r} is a directory, not a prompts file")
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.readlines()
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path!r} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise ValueError(f"cannot read {path!r}: {e.strerror or e}") from None
+    prompts = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        if not line.lstrip().startswith("{"):
+            prompts.append(line.rstrip("\n"))
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError as e:
+            raise ValueError(f"{path!r} line {i}: starts with '{{' but is not valid JSON ({e})") from None
+        if not isinstance(obj, dict) or "text" not in obj:
+            raise ValueError(f"{path!r} line {i}: JSON object has no \"text\" key")
+        text = obj["text"]
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError(f"{path!r} line {i}: \"text\" must be a non-empty string, got {text!r}")
+        prompts.append(text)
+    if not prompts:
+        raise ValueError(f"{path!r} holds no prompts")
+    return prompts
+
+
+def _needs_draft(args) -> List[str]:
+    """The requested methods that need a draft model."""
+    if args.command == "generate":
+        methods = list(METHODS) if args.method == "all" else [args.method]
+    elif args.command == "bench":
+        methods = args.methods
+    elif args.command == "calibrate":
+        methods = ["eagle3"]
+    else:
+        return []
+    return [m for m in methods if m != "autoregressive"]
+
+
+def _validate(parser: argparse.ArgumentParser, args) -> None:
+    """Everything that can be checked without loading a model; parser.error (exit 2) on a problem."""
+    import torch
+
+    from .config import default_config
+
+    if args.target is None and args.draft is not None:
+        parser.error("--draft needs --target (the built-in draft belongs to the built-in target)")
+    need = _needs_draft(args)
+    if args.target is not None and args.draft is None and need:
+        if args.command == "calibrate":
+            parser.error("calibrate fits the bins of a target + draft pair: pass --draft DIR")
+        flag = "--method" if args.command == "generate" else "--methods"
+        parser.error(f"{' and '.join(need)} need{'s' if len(need) == 1 else ''} a draft model: pass --draft DIR "
+                     f"(with --target alone use {flag} autoregressive)")
+    if args.command == "generate" and not args.prompt.strip():
+        parser.error("the prompt is empty")
+
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    changes = {k: v for k, v in (("top_k", args.tree_top_k), ("depth", args.depth),
+                                 ("total_tokens", args.total_tokens), ("alpha", args.alpha)) if v is not None}
+    try:
+        args.tree_config = default_config(torch.device(args.device)).replace(**changes)
+    except ValueError as e:
+        parser.error(f"invalid tree settings (--tree-top-k/--depth/--total-tokens/--alpha): {e}")
+
+    args.prompts = None
+    out_dir = getattr(args, "out", None)
+    if args.command == "calibrate":
+        if args.prompts_file is not None:
+            try:
+                args.prompts = read_prompts_file(args.prompts_file)
+            except ValueError as e:
+                parser.error(f"argument --prompts-file: {e}")
+        if out_dir is None:                       # the bins go next to the draft
+            if args.draft is not None:
+                out_dir = args.draft
+            elif args.target is None:
+                from .defaults import DefaultModelError, default_draft_dir
+                try:
+                    out_dir = str(default_draft_dir())
+                except DefaultModelError:
+                    out_dir = None                # loading the built-in pair reports it
+    if out_dir is not None:
+        err = _out_dir_error(out_dir)
+        if err:
+            parser.error(f"argument --out: {err}" if getattr(args, "out", None) is not None else
+                         f"cannot save the bins next to the draft ({err}); pass --out DIR")
+
+
+# --------------------------------------------------------------------------- commands
 
 def _engine(args):
     import torch
 
-    from .config import default_config
     from .engine import Engine
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = args.device
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.startswith("cuda") else None)
-    cfg = default_config(torch.device(device))
-    changes = {k: v for k, v in (("top_k", args.tree_top_k), ("depth", args.depth),
-                                 ("total_tokens", args.total_tokens), ("alpha", args.alpha)) if v is not None}
-    if changes:
-        cfg = cfg.replace(**changes)
-    if args.target is None and args.draft is not None:
-        raise SystemExit("--draft needs --target (the built-in draft belongs to the built-in target)")
     draft_dtype = getattr(torch, args.draft_dtype) if args.draft_dtype else None
-    return Engine.from_pretrained(args.target, args.draft, device=device, dtype=dtype, config=cfg,
+    return Engine.from_pretrained(args.target, args.draft, device=device, dtype=dtype, config=args.tree_config,
                                   draft_dtype=draft_dtype)
 
 
@@ -80,16 +270,14 @@ def cmd_generate(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
-    engine = _engine(args)
-    if args.prompts_file:
-        with open(args.prompts_file) as f:
-            prompts = [json.loads(l)["text"] if l.lstrip().startswith("{") else l.rstrip("\n") for l in f if l.strip()]
-        source = os.path.abspath(args.prompts_file)
+    if args.prompts is not None:
+        prompts, source = args.prompts[:args.n], os.path.abspath(args.prompts_file)
     else:
         from .train.prompts import calibration_prompts
         prompts, source = calibration_prompts(args.n, seed=args.seed)
-    prompts = prompts[:args.n]
-    out_dir = args.out or engine.draft_dir
+        prompts = prompts[:args.n]
+    engine = _engine(args)
+    out_dir = args.out if args.out is not None else engine.draft_dir
     bins = engine.calibrate(prompts, max_new_tokens=args.max_new_tokens, label=args.label, source=source,
                             save=False)
     if out_dir:
@@ -103,7 +291,11 @@ def cmd_calibrate(args) -> int:
 
 def cmd_bench(args) -> int:
     from .bench import run_e2e
+    from .datasets import load_prompts
 
+    for name in args.sets:                        # missing data is reported before the models load
+        if not load_prompts(name, n=args.n, seed=args.seed):
+            raise ValueError(f"prompt set {name!r} has no prompts")
     engine = _engine(args)
     run_e2e(engine, sets=args.sets, n=args.n, max_new_tokens=args.max_new_tokens, out_dir=args.out,
             methods=args.methods, seed=args.seed)
@@ -124,65 +316,112 @@ def cmd_train_draft(args) -> int:
     return int(train_main(args.rest) or 0)
 
 
+# --------------------------------------------------------------------------- parser
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model pair (default: the built-in SmolLM2-135M-Instruct + shipped EAGLE-3 draft)")
+    g.add_argument("--target", type=_model_dir, help="Hugging Face directory of a Llama-architecture target")
+    g.add_argument("--draft", type=_model_dir, help="EAGLE-3 draft directory (public EAGLE-3 checkpoint format)")
+    g.add_argument("--device", type=_device, default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
+    g.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                   help="weight dtype (default: float32 on CPU, bfloat16 on CUDA)")
+    g.add_argument("--draft-dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                   help="draft weight dtype (default: bfloat16 on CPUs with native bf16 and a float32 "
+                        "target, else the target's; never changes the output, only speed and tau)")
+    t = p.add_argument_group("tree (default: the device's shipped settings)")
+    t.add_argument("--tree-top-k", type=_positive_int, dest="tree_top_k",
+                   help="children per expanded node (tree branching, 1..64)")
+    t.add_argument("--depth", type=_nonneg_int, help="tree-expansion draft forwards per round")
+    t.add_argument("--total-tokens", type=_positive_int, help="verified nodes per round, root included")
+    t.add_argument("--alpha", type=_nonneg_int, help="HeteroSpec extra-depth scale (default ceil(depth/2))")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="heterospec", description=__doc__)
+    p = argparse.ArgumentParser(prog="heterospec", description=__doc__, epilog=EPILOG)
     sub = p.add_subparsers(dest="command", required=True)
 
-    g = sub.add_parser("generate", help="generate text with one method (or compare all)")
+    def add(name, **kw):
+        sp = sub.add_parser(name, epilog=EPILOG, **kw)
+        sp.set_defaults(parser=sp)
+        return sp
+
+    g = add("generate", help="generate text with one method (or compare all)")
     g.add_argument("prompt")
     g.add_argument("--method", default="heterospec", choices=list(METHODS) + ["all"])
-    g.add_argument("--max-new-tokens", type=int, default=128)
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--top-k", type=int, default=0, help="sampling top-k of the target (0 = off)")
-    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--max-new-tokens", type=_positive_int, default=128)
+    g.add_argument("--temperature", type=_nonneg_float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--top-p", type=_probability, default=1.0, help="nucleus mass in (0, 1] (1 = off)")
+    g.add_argument("--top-k", type=_nonneg_int, default=0, help="sampling top-k of the target (0 = off)")
+    g.add_argument("--seed", type=_seed, default=None, help="sampling seed in [0, 2**63-1]")
     g.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     g.add_argument("--stream", action="store_true", help="print tokens as they are accepted")
     _add_model_args(g)
     g.set_defaults(func=cmd_generate)
 
-    c = sub.add_parser("calibrate", help="fit HeteroSpec's entropy bins for a model pair (CART, depth 3)")
+    c = add("calibrate", help="fit HeteroSpec's entropy bins for a model pair (CART, depth 3)")
     c.add_argument("--prompts-file", help="one prompt per line (or JSON lines with a 'text' key)")
-    c.add_argument("--n", type=int, default=64, help="calibration prompts")
-    c.add_argument("--max-new-tokens", type=int, default=128)
+    c.add_argument("--n", type=_positive_int, default=64,
+                   help="calibration prompts (with --prompts-file: its first N)")
+    c.add_argument("--max-new-tokens", type=_positive_int, default=128)
     c.add_argument("--label", default="tcr", choices=["tcr", "pstar_rank"])
-    c.add_argument("--seed", type=int, default=0)
-    c.add_argument("--out", help="directory for entropy_bins.json (default: the draft's directory)")
+    c.add_argument("--seed", type=_seed, default=0)
+    c.add_argument("--out", help="directory for entropy_bins.json, created if missing (default: the draft's "
+                                 "directory)")
     _add_model_args(c)
     c.set_defaults(func=cmd_calibrate)
 
-    b = sub.add_parser("bench", help="autoregressive vs eagle3 vs heterospec on prompt sets")
-    b.add_argument("--sets", nargs="+", default=["mtbench", "humaneval", "gsm", "alpaca", "cnndm"])
+    b = add("bench", help="autoregressive vs eagle3 vs heterospec on prompt sets")
+    b.add_argument("--sets", nargs="+", type=_prompt_set, default=["mtbench", "humaneval", "gsm", "alpaca", "cnndm"],
+                   metavar="SET", help=f"prompt sets, from: {', '.join(PROMPT_SETS)}")
     b.add_argument("--methods", nargs="+", default=list(METHODS[::-1]), choices=list(METHODS))
-    b.add_argument("--n", type=int, default=8, help="prompts per set")
-    b.add_argument("--max-new-tokens", type=int, default=128)
-    b.add_argument("--seed", type=int, default=0)
-    b.add_argument("--out", default="bench/out", help="directory for the JSON, Markdown table and plots")
+    b.add_argument("--n", type=_positive_int, default=8, help="prompts per set")
+    b.add_argument("--max-new-tokens", type=_positive_int, default=128)
+    b.add_argument("--seed", type=_seed, default=0)
+    b.add_argument("--out", default="bench/out",
+                   help="directory for the JSON, Markdown table and plots (created if missing)")
     _add_model_args(b)
     b.set_defaults(func=cmd_bench)
 
-    v = sub.add_parser("verify-curve", help="verification latency vs tree tokens on this device")
-    v.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4, 8, 12, 16, 24, 32, 48, 64])
-    v.add_argument("--context", type=int, default=256)
-    v.add_argument("--repeats", type=int, default=5)
-    v.add_argument("--out", default="bench/out")
+    v = add("verify-curve", help="verification latency vs tree tokens on this device")
+    v.add_argument("--sizes", type=_positive_int, nargs="+", default=[1, 2, 4, 8, 12, 16, 24, 32, 48, 64],
+                   help="tree tokens verified per forward")
+    v.add_argument("--context", type=_positive_int, default=256, help="tokens already in the cache")
+    v.add_argument("--repeats", type=_positive_int, default=5, help="timed forwards per size (median)")
+    v.add_argument("--out", default="bench/out", help="directory for the JSON and plot (created if missing)")
     _add_model_args(v)
     v.set_defaults(func=cmd_verify_curve)
 
+    # Parsed by heterospec.train.cli (main() hands it everything after "train-draft").
     t = sub.add_parser("train-draft", help="self-distil and train an EAGLE-3 draft (see heterospec.train)",
                        add_help=False)
     t.add_argument("rest", nargs=argparse.REMAINDER)
-    t.set_defaults(func=cmd_train_draft)
+    t.set_defaults(func=cmd_train_draft, parser=t)
     return p
 
 
+def _one_line(e: BaseException) -> str:
+    msg = e.args[0] if isinstance(e, KeyError) and len(e.args) == 1 and isinstance(e.args[0], str) else str(e)
+    msg = "; ".join(line.strip() for line in msg.splitlines() if line.strip())
+    return msg or type(e).__name__
+
+
 def main(argv: Optional[List[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = os.environ.get(DEBUG_ENV, "").strip() not in ("", "0")
     try:
-        return args.func(args)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"heterospec: error: {e}", file=sys.stderr)
-        return 2
+        if argv and argv[0] == "train-draft":
+            # its own parser: `heterospec train-draft --help` lists the steps, unknown options are its errors
+            from .train import main as train_main
+            return int(train_main(argv[1:]) or 0)
+        args = build_parser().parse_args(argv)
+        if args.command != "train-draft":
+            _validate(args.parser, args)
+        return int(args.func(args) or 0)
+    except (ValueError, OSError, KeyError, RuntimeError) as e:   # OSError covers FileNotFoundError
+        if debug:
+            raise
+        print(f"heterospec: error: {_one_line(e)}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -9,11 +9,31 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
+import operator
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
 PSTAR_POOLS = ("final_layer", "frontier")
 CALIBRATION_LABELS = ("tcr", "pstar_rank")
+
+
+def _as_int(owner: str, name: str, value, *, optional: bool = False):
+    """An integer setting (numpy integers welcome); bools, floats and strings are errors rather
+    than being truncated or compared later in some unrelated place."""
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise ValueError(f"{owner}: {name} must be an int{' or None' if optional else ''}, "
+                         f"got {type(value).__name__} {value!r}")
+    return operator.index(value)
+
+
+def _as_float(owner: str, name: str, value) -> float:
+    """A real-number setting (ints welcome); bools and strings are errors."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{owner}: {name} must be a number, got {type(value).__name__} {value!r}")
+    return float(value)
 
 
 @dataclass
@@ -49,7 +69,16 @@ class SpecConfig:
     pstar_pool: str = "final_layer"
 
     def __post_init__(self) -> None:
-        self.gamma = tuple(float(g) for g in self.gamma)
+        for name in ("top_k", "depth", "total_tokens", "aggressive_bins"):
+            setattr(self, name, _as_int("SpecConfig", name, getattr(self, name)))
+        for name in ("alpha", "entropy_k"):
+            setattr(self, name, _as_int("SpecConfig", name, getattr(self, name), optional=True))
+        if isinstance(self.gamma, (str, bytes)) or not hasattr(self.gamma, "__iter__"):
+            raise ValueError(f"SpecConfig: gamma must be a sequence of numbers (one per aggressive bin), "
+                             f"got {self.gamma!r}")
+        self.gamma = tuple(_as_float("SpecConfig", "gamma", g) for g in self.gamma)
+        if not all(math.isfinite(g) for g in self.gamma):
+            raise ValueError(f"SpecConfig: gamma factors must be finite, got {self.gamma}")
         if self.top_k < 1 or self.top_k > 64:
             raise ValueError(f"SpecConfig: top_k must be in [1, 64], got {self.top_k}")
         if self.depth < 0:
@@ -129,12 +158,18 @@ class SamplingParams:
     seed: Optional[int] = None
 
     def __post_init__(self) -> None:
+        self.temperature = _as_float("sampling", "temperature", self.temperature)
+        self.top_p = _as_float("sampling", "top_p", self.top_p)
+        self.top_k = _as_int("sampling", "top_k", self.top_k)
+        self.seed = _as_int("sampling", "seed", self.seed, optional=True)
         if not (self.temperature >= 0.0) or math.isinf(self.temperature):
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
 
     @property
     def greedy(self) -> bool:

@@ -17,6 +17,8 @@ Shapes follow ``docs/design.md``.
 
 from __future__ import annotations
 
+import collections.abc
+import os
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -174,6 +176,30 @@ def default_draft_dtype(device, target_dtype: torch.dtype) -> torch.dtype:
 # ---------------------------------------------------------------------------------------------
 # Engine
 # ---------------------------------------------------------------------------------------------
+_DRAFT_METHODS = ("new_cache", "extend", "tree_step")
+_PROMPT_KINDS = "a prompt must be a string, a list or tuple of token ids, or a 1-D integer tensor"
+_DTYPE_NAMES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+                "float64": torch.float64}
+
+
+def _is_int(x) -> bool:
+    """An integer token id or count (numpy integers included), not a bool or a float."""
+    return not isinstance(x, bool) and hasattr(x, "__index__")
+
+
+def _float_dtype(name: str, dtype):
+    """None, a floating torch dtype, or its name ("bfloat16"); anything else is an error."""
+    if dtype is None:
+        return None
+    if isinstance(dtype, str):
+        if dtype.removeprefix("torch.") not in _DTYPE_NAMES:
+            raise ValueError(f"{name} must be one of {', '.join(_DTYPE_NAMES)}, got {dtype!r}")
+        return _DTYPE_NAMES[dtype.removeprefix("torch.")]
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"{name} must be a floating-point dtype ({', '.join(_DTYPE_NAMES)}), got {dtype!r}")
+    return dtype
+
+
 class Engine:
     """Three decoding methods on one target (and one EAGLE-3 draft for the speculative ones).
 
@@ -189,6 +215,24 @@ class Engine:
                  attn_backend: str = "auto", draft_dir: Optional[str] = None):
         from .models.target import TargetModel
 
+        if isinstance(target, (str, os.PathLike)):
+            raise ValueError(f"Engine(target): got the path {os.fspath(target)!r}; load directories with "
+                             "Engine.from_pretrained(target=..., draft=...)")
+        if not isinstance(target, (TargetModel, torch.nn.Module)):
+            raise ValueError(f"Engine(target): expected a heterospec TargetModel or a transformers Llama model, "
+                             f"got {type(target).__name__}")
+        dtype = _float_dtype("dtype", dtype)
+        if device is not None and torch.device(device).type not in ("cpu", "cuda"):
+            raise ValueError(f"Engine: device must be cpu or cuda, got {device!r}")
+        if config is not None and not isinstance(config, SpecConfig):
+            raise ValueError(f"Engine: config must be a heterospec.SpecConfig, got {type(config).__name__}")
+        if bins is not None and not isinstance(bins, EntropyBins):
+            raise ValueError(f"Engine: bins must be heterospec EntropyBins, got {type(bins).__name__}")
+        if draft is not None and not all(callable(getattr(draft, m, None)) for m in _DRAFT_METHODS):
+            raise ValueError(f"Engine(draft): expected an Eagle3Draft (a draft with {', '.join(_DRAFT_METHODS)}), "
+                             f"got {type(draft).__name__}")
+        if max_length is not None and (isinstance(max_length, bool) or not hasattr(max_length, "__index__")):
+            raise ValueError(f"Engine: max_length must be an int, got {type(max_length).__name__} {max_length!r}")
         if not isinstance(target, TargetModel):
             target = TargetModel.from_hf(target, device=device, dtype=dtype, attn_backend=attn_backend)
         self.target = target
@@ -227,6 +271,7 @@ class Engine:
         from .models.draft import Eagle3Draft
         from .models.target import TargetModel
 
+        dtype, draft_dtype = _float_dtype("dtype", dtype), _float_dtype("draft_dtype", draft_dtype)
         if target is None:
             from .defaults import default_draft_dir, default_target_dir
             target = default_target_dir()
@@ -272,6 +317,8 @@ class Engine:
 
     @bins.setter
     def bins(self, value: EntropyBins) -> None:
+        if value is not None and not isinstance(value, EntropyBins):
+            raise ValueError(f"Engine.bins must be heterospec EntropyBins, got {type(value).__name__}")
         self._bins = value
 
     # -- public API -----------------------------------------------------------------------------
@@ -286,6 +333,8 @@ class Engine:
         after every round.
         """
         cb = (lambda b, toks: stream(toks)) if stream is not None else None
+        if not isinstance(prompt, (str, list, tuple, torch.Tensor)):
+            raise ValueError(f"{_PROMPT_KINDS}; got {type(prompt).__name__}")
         return self.generate_batch([prompt], max_new_tokens, method, temperature, top_p, top_k, seed,
                                    chat, cb, config)[0]
 
@@ -299,8 +348,15 @@ class Engine:
             raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
         if method != "autoregressive" and self.draft is None:
             raise ValueError(f"method {method!r} needs a draft model; this engine has none")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        if isinstance(max_new_tokens, bool) or not hasattr(max_new_tokens, "__index__") or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+        max_new_tokens = int(max_new_tokens)
+        if (isinstance(prompts, (str, torch.Tensor)) or not isinstance(prompts, collections.abc.Sequence)
+                or (len(prompts) > 0 and all(_is_int(t) for t in prompts))):
+            raise ValueError("generate_batch takes a list of prompts (strings, token-id lists or 1-D tensors); "
+                             "for a single prompt use generate()")
+        if config is not None and not isinstance(config, SpecConfig):
+            raise ValueError(f"config must be a heterospec.SpecConfig, got {type(config).__name__}")
         params = SamplingParams(temperature, top_p, top_k, seed)
         cfg = config if config is not None else self.config
         if len(prompts) == 0:
@@ -310,10 +366,11 @@ class Engine:
         tree_cap = (policy.max_nodes + 1) if policy is not None else 1
         for i, p in enumerate(ids):
             if len(p) + max_new_tokens > self.max_length:
-                raise ValueError(f"prompt {i} has {len(p)} tokens; with max_new_tokens={max_new_tokens} that is "
+                which = "the prompt" if len(ids) == 1 else f"prompt {i}"
+                raise ValueError(f"{which} has {len(p)} tokens; with max_new_tokens={max_new_tokens} that is "
                                  f"{len(p) + max_new_tokens} > max_length={self.max_length}")
         cache_len = max(len(p) for p in ids) + max_new_tokens + tree_cap + 1
-        gen = make_generator(seed, self.device)
+        gen = make_generator(params.seed, self.device)
 
         with torch.inference_mode():
             t0 = time.perf_counter()
@@ -373,10 +430,12 @@ class Engine:
             if prompt.dtype.is_floating_point or prompt.dtype == torch.bool:
                 raise ValueError(f"a tensor prompt must hold integer token ids, got {prompt.dtype}")
             ids = prompt.tolist()
-        else:
+        elif isinstance(prompt, (list, tuple)):
             ids = list(prompt)
-            if any(isinstance(t, bool) or not isinstance(t, int) for t in ids):
+            if not all(_is_int(t) for t in ids):
                 raise ValueError("a list prompt must hold integer token ids")
+        else:
+            raise ValueError(f"{_PROMPT_KINDS}; got {type(prompt).__name__}")
         ids = [int(t) for t in ids]
         if not ids:
             raise ValueError("empty prompt")
@@ -563,8 +622,14 @@ class Engine:
             T = tree_tokens.shape[1]
             coins = torch.rand((B, T), generator=gen, device=dev)
             final_coins = torch.rand((B,), generator=gen, device=dev)
-            accept_path, accept_len, bonus = ops.verify_sampling(
-                tree_tokens, probs, first_child, next_sibling, num_nodes, coins, final_coins)
+            try:
+                accept_path, accept_len, bonus = ops.verify_sampling(
+                    tree_tokens, probs, first_child, next_sibling, num_nodes, coins, final_coins)
+            except ValueError as e:
+                if "not a valid distribution" not in str(e):
+                    raise
+                raise ValueError("sampling: the target's distribution at a draft-tree node is not valid (NaN, inf "
+                                 f"or no mass): the target model produced non-finite logits ({e})") from e
         st.target_cache.compact(accept_path, accept_len, st.prefix_lens)
         # Next extend: the draft sees root + accepted nodes with their target features, each
         # paired with the token that follows it (the next accepted node, or the bonus).

@@ -20,7 +20,10 @@ def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     """
     if params.greedy:
         raise ValueError("processed_probs: temperature 0 is greedy decoding; use argmax")
-    x = logits.float() / params.temperature
+    # Shift by the row max before scaling: (x - max) / T <= 0 cannot overflow, however small T is
+    # (x / T would reach inf for T ~ 1e-38 and turn the softmax into NaN).
+    x = logits.float()
+    x = (x - x.amax(dim=-1, keepdim=True)) / params.temperature
     vocab = x.shape[-1]
     if 0 < params.top_k < vocab:
         kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]
@@ -47,10 +50,18 @@ def make_generator(seed, device) -> torch.Generator:
 
 
 def sample(probs: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    """One token per row of ``probs [B, V]`` (inverse CDF with a uniform from ``gen``)."""
+    """One token per row of ``probs [B, V]`` (inverse CDF with a uniform from ``gen``).
+
+    A row that is not a distribution (NaN, inf or no mass: the target produced non-finite
+    logits) is an error, never a token."""
     u = torch.rand(probs.shape[:-1] + (1,), generator=gen, device=probs.device, dtype=torch.float64)
     cdf = torch.cumsum(probs.double(), dim=-1)
     total = cdf[..., -1:]
+    bad = ~(torch.isfinite(total) & (total > 0))
+    if bool(bad.any()):
+        row = int(bad.flatten().nonzero()[0, 0])
+        raise ValueError(f"sampling: the target's distribution for request {row} is not valid (NaN, inf or no "
+                         "mass): the target model produced non-finite logits")
     idx = torch.searchsorted(cdf, u * total, right=True)
     # Rounding can push u * total onto the last cumulative value: take the last token with mass.
     last_nonzero = (probs > 0).to(torch.int64).cumsum(-1).argmax(-1, keepdim=True)

@@ -124,6 +124,11 @@ def test_engine_calibration_end_to_end(tmp_path):
     draft.set_prompts(prompts[:1])
     out = engine.generate(prompts[0], max_new_tokens=10, method="heterospec")
     assert all(r.bin == bins.bin_of(r.entropy) for r in out.stats.records)
+    # A prompt too long for the engine is named by its index in the calibration list.
+    long_prompt = [5] * (engine.max_length - 10)
+    draft.set_prompts([prompts[0], long_prompt])
+    with pytest.raises(ValueError, match=r"calibration prompt 1: the prompt has \d+ tokens"):
+        engine.calibrate([prompts[0], long_prompt], max_new_tokens=20, progress=False)
 
 
 def test_non_monotone_ranks_are_detected():

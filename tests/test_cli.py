@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import heterospec
+import heterospec.engine
 from heterospec.cli import main
 from tests.engine_util import tiny_hf_llama
 
@@ -90,11 +91,22 @@ def test_bad_arguments(pair_dirs, capsys):
     t, d = pair_dirs
     with pytest.raises(SystemExit):
         main(["generate", "x", "--method", "medusa"])
-    with pytest.raises(SystemExit, match="--draft needs --target"):
-        main(["generate", "x", "--draft", d])
-    assert main(["generate", "x", "--target", t, "--draft", d, "--temperature", "-1"]) == 2
-    assert "temperature" in capsys.readouterr().err
-    assert main(["generate", "x", "--target", str(t) + "-missing"]) == 2
+    for argv, msg in ((["generate", "x", "--draft", d], "--draft needs --target"),
+                      (["generate", "x", "--target", t, "--draft", d, "--temperature", "-1"], "--temperature"),
+                      (["generate", "x", "--target", str(t) + "-missing"], "no such directory")):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2 and msg in capsys.readouterr().err
+
+
+def test_model_dir_without_weights_is_one_line_error(pair_dirs, capsys, monkeypatch):
+    """A draft directory passed as the target: found only while loading (KeyError), reported in one line."""
+    monkeypatch.delenv("HETEROSPEC_DEBUG", raising=False)
+    t, d = pair_dirs
+    assert main(["generate", "x", "--target", d, "--method", "autoregressive", "--max-new-tokens", "2"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("heterospec: error: ") and "missing weights" in err
+    assert "Traceback" not in err and not err.startswith("heterospec: error: \"")
 
 
 def test_from_pretrained_draft_dtype(pair_dirs):
@@ -117,3 +129,238 @@ def test_markdown_table_without_reference_methods():
     table = markdown_table(s, ["eagle3"])
     assert "nan" not in table and "| - |" in table and "| 1.000x |" in table
     assert s["s"]["eagle3"]["tau"] == 2.0 and s["s"]["eagle3"]["acceptance_rates"] == [1.0, 0.0, 0.0]
+
+
+# --------------------------------------------------------------------------- argument validation
+# Everything below runs without loading any model: `no_load` makes loading a test failure.
+
+@pytest.fixture
+def no_load(monkeypatch):
+    def fail(*a, **k):
+        raise AssertionError("a model was loaded; the argument should have been rejected first")
+    monkeypatch.setattr(heterospec.engine.Engine, "from_pretrained", classmethod(fail))
+    monkeypatch.delenv("HETEROSPEC_DEBUG", raising=False)
+
+
+@pytest.fixture
+def fake_dir(tmp_path):
+    """Passes the --target/--draft check (a directory with config.json); never loaded."""
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "config.json").write_text("{}")
+    return str(d)
+
+
+def _usage_error(argv, capsys, prog):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2, err
+    assert "Traceback" not in err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith(f"heterospec {prog}: error: "), err
+    return line
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["bench", "--sets", "nosuchset"], "argument --sets: unknown prompt set 'nosuchset'; choose from mtbench"),
+    (["bench", "--sets", "mtbench", "--n", "0"], "argument --n: must be an integer >= 1, got 0"),
+    (["bench", "--n", "-1"], "argument --n: must be an integer >= 1, got -1"),
+    (["bench", "--n", "two"], "argument --n: expected an integer >= 1, got 'two'"),
+    (["bench", "--max-new-tokens", "0"], "argument --max-new-tokens: must be an integer >= 1"),
+    (["bench", "--max-new-tokens", "-3"], "argument --max-new-tokens: must be an integer >= 1"),
+    (["bench", "--seed", "-1"], "argument --seed: must be an integer in [0, 2**63-1]"),
+    (["calibrate", "--n", "-1"], "argument --n: must be an integer >= 1, got -1"),
+    (["calibrate", "--n", "0"], "argument --n: must be an integer >= 1"),
+    (["calibrate", "--max-new-tokens", "0"], "argument --max-new-tokens: must be an integer >= 1"),
+    (["generate", "x", "--max-new-tokens", "-1"], "argument --max-new-tokens: must be an integer >= 1"),
+    (["generate", "x", "--temperature", "-1"], "argument --temperature: must be a finite number >= 0"),
+    (["generate", "x", "--temperature", "nan"], "argument --temperature: must be a finite number >= 0"),
+    (["generate", "x", "--temperature", "inf"], "argument --temperature: must be a finite number >= 0"),
+    (["generate", "x", "--top-p", "2"], "argument --top-p: must be in (0, 1], got 2"),
+    (["generate", "x", "--top-p", "0"], "argument --top-p: must be in (0, 1], got 0"),
+    (["generate", "x", "--top-p", "nan"], "argument --top-p: must be in (0, 1]"),
+    (["generate", "x", "--top-k", "-1"], "argument --top-k: must be an integer >= 0"),
+    (["generate", "x", "--seed", "99999999999999999999999"], "argument --seed: must be an integer in [0, 2**63-1]"),
+    (["generate", "x", "--seed", str(2 ** 63)], "argument --seed: must be an integer in [0, 2**63-1]"),
+    (["generate", "x", "--seed", "-5"], "argument --seed: must be an integer in [0, 2**63-1]"),
+    (["generate", "x", "--device", "nosuch"], "argument --device: unknown device 'nosuch'"),
+    (["generate", "x", "--device", "meta"], "argument --device: unsupported device 'meta'"),
+    (["generate", "x", "--tree-top-k", "0"], "argument --tree-top-k: must be an integer >= 1"),
+    (["generate", "x", "--tree-top-k", "100"], "invalid tree settings (--tree-top-k/--depth/--total-tokens/--alpha)"),
+    (["generate", "x", "--depth", "-1"], "argument --depth: must be an integer >= 0"),
+    (["generate", "x", "--total-tokens", "0"], "argument --total-tokens: must be an integer >= 1"),
+    (["generate", "x", "--alpha", "-1"], "argument --alpha: must be an integer >= 0"),
+    (["generate", "   "], "the prompt is empty"),
+    (["generate", "x", "--target", "/nonexistent-heterospec-dir"], "argument --target: no such directory"),
+    (["verify-curve", "--repeats", "0"], "argument --repeats: must be an integer >= 1, got 0"),
+    (["verify-curve", "--sizes", "0"], "argument --sizes: must be an integer >= 1, got 0"),
+    (["verify-curve", "--sizes", "2", "0", "4"], "argument --sizes: must be an integer >= 1, got 0"),
+    (["verify-curve", "--context", "0"], "argument --context: must be an integer >= 1"),
+])
+def test_bad_values_rejected_before_loading(argv, msg, no_load, capsys):
+    assert msg in _usage_error(argv, capsys, argv[0])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_device_without_cuda(no_load, capsys):
+    for dev in ("cuda", "cuda:0"):
+        line = _usage_error(["generate", "x", "--device", dev], capsys, "generate")
+        assert f"argument --device: '{dev}' requested but" in line and "--device cpu" in line
+
+
+def test_pair_arguments_rejected_before_loading(no_load, fake_dir, capsys):
+    line = _usage_error(["generate", "x", "--draft", fake_dir], capsys, "generate")
+    assert line.endswith("--draft needs --target (the built-in draft belongs to the built-in target)")
+    line = _usage_error(["generate", "x", "--target", fake_dir], capsys, "generate")
+    assert "heterospec needs a draft model: pass --draft DIR (with --target alone use --method autoregressive)" in line
+    line = _usage_error(["bench", "--target", fake_dir, "--methods", "eagle3", "heterospec"], capsys, "bench")
+    assert "eagle3 and heterospec need a draft model" in line and "--methods autoregressive" in line
+    line = _usage_error(["calibrate", "--target", fake_dir], capsys, "calibrate")
+    assert "pass --draft DIR" in line
+    empty = os.path.join(os.path.dirname(fake_dir), "empty")
+    os.mkdir(empty)
+    line = _usage_error(["generate", "x", "--target", empty], capsys, "generate")
+    assert "argument --target:" in line and "has no config.json" in line
+    line = _usage_error(["generate", "x", "--target", os.path.join(fake_dir, "config.json")], capsys, "generate")
+    assert "argument --target: not a directory" in line
+
+
+@pytest.mark.parametrize("cmd", ["bench", "verify-curve", "calibrate"])
+def test_unusable_out_dir_rejected_before_loading(cmd, no_load, tmp_path, capsys):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    line = _usage_error([cmd, "--out", str(a_file / "x")], capsys, cmd)
+    assert "argument --out: cannot create directory" in line and "Not a directory" in line
+    line = _usage_error([cmd, "--out", str(a_file)], capsys, cmd)
+    assert "argument --out:" in line and "exists and is not a directory" in line
+
+
+def test_out_dir_is_created_up_front(tmp_path, monkeypatch, capsys):
+    """A usable --out is created before loading (so a bad one cannot fail after a long run)."""
+    monkeypatch.delenv("HETEROSPEC_DEBUG", raising=False)
+
+    def boom(*a, **k):
+        raise RuntimeError("stop after validation")
+    monkeypatch.setattr(heterospec.engine.Engine, "from_pretrained", classmethod(boom))
+    out = tmp_path / "new" / "dir"
+    assert main(["verify-curve", "--out", str(out)]) == 1
+    assert out.is_dir() and os.listdir(out) == []
+    assert capsys.readouterr().err == "heterospec: error: stop after validation\n"
+
+
+@pytest.mark.parametrize("content, msg", [
+    (None, "is a directory, not a prompts file"),
+    ('{"nottext": 1}\n', 'line 1: JSON object has no "text" key'),
+    ('plain prompt\n\n{bad json\n', "line 3: starts with '{' but is not valid JSON"),
+    ('{"text": 5}\n', 'line 1: "text" must be a non-empty string, got 5'),
+    ("\n  \n", "holds no prompts"),
+    (b"\xff\xfe\x00bad", "is not UTF-8 text"),
+])
+def test_bad_prompts_file_rejected_before_loading(content, msg, no_load, tmp_path, capsys):
+    path = tmp_path
+    if content is not None:
+        path = tmp_path / "prompts.txt"
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    line = _usage_error(["calibrate", "--prompts-file", str(path), "--out", str(tmp_path)], capsys, "calibrate")
+    assert "argument --prompts-file:" in line and msg in line
+
+
+def test_missing_prompts_file(no_load, tmp_path, capsys):
+    line = _usage_error(["calibrate", "--prompts-file", str(tmp_path / "nope.txt"), "--out", str(tmp_path)],
+                        capsys, "calibrate")
+    assert "cannot read" in line and "No such file or directory" in line
+
+
+def test_calibrate_reads_prompts_file_and_honours_n(tmp_path, monkeypatch, capsys):
+    from heterospec.entropy import EntropyBins
+
+    seen = {}
+
+    class FakeEngine:
+        draft_dir = None
+
+        def calibrate(self, prompts, **kw):
+            seen.update(prompts=list(prompts), **kw)
+            return EntropyBins([0.5, 1.0])
+    monkeypatch.setattr(heterospec.engine.Engine, "from_pretrained", classmethod(lambda cls, *a, **k: FakeEngine()))
+    pf = tmp_path / "p.jsonl"
+    pf.write_text('first prompt\n\n{"text": "second prompt", "id": 7}\n third\n')
+    assert main(["calibrate", "--prompts-file", str(pf), "--n", "2", "--max-new-tokens", "3",
+                 "--out", str(tmp_path / "o")]) == 0
+    assert seen["prompts"] == ["first prompt", "second prompt"] and seen["max_new_tokens"] == 3
+    assert seen["source"] == str(pf) and (tmp_path / "o" / "entropy_bins.json").exists()
+
+
+@pytest.mark.parametrize("exc", [KeyError("/m: missing weights ['fc.weight']"), RuntimeError("r"), OSError("o"),
+                                 FileNotFoundError("f"), ValueError("two\nlines")])
+def test_errors_while_running_are_one_line(exc, monkeypatch, capsys):
+    def boom(*a, **k):
+        raise exc
+    monkeypatch.setattr(heterospec.engine.Engine, "from_pretrained", classmethod(boom))
+    monkeypatch.delenv("HETEROSPEC_DEBUG", raising=False)
+    assert main(["generate", "x"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("heterospec: error: ") and "Traceback" not in err
+    if isinstance(exc, KeyError):
+        assert err == "heterospec: error: /m: missing weights ['fc.weight']\n"   # no KeyError quotes
+    if isinstance(exc, ValueError):
+        assert err == "heterospec: error: two; lines\n"
+    # HETEROSPEC_DEBUG=1: the exception itself, for a full traceback
+    monkeypatch.setenv("HETEROSPEC_DEBUG", "1")
+    with pytest.raises(type(exc)):
+        main(["generate", "x"])
+
+
+def test_bench_reports_missing_data_before_loading(no_load, tmp_path, monkeypatch, capsys):
+    import heterospec.datasets as ds
+
+    def missing(name, **kw):
+        raise ds.MissingDataError(f"{name}: not installed; run pip install something")
+    monkeypatch.setattr(ds, "load_prompts", missing)
+    assert main(["bench", "--sets", "mtbench", "--out", str(tmp_path)]) == 1
+    assert capsys.readouterr().err == "heterospec: error: mtbench: not installed; run pip install something\n"
+
+
+def test_help_documents_debug_variable(capsys):
+    for argv in (["--help"], ["generate", "--help"], ["bench", "--help"]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 0 and "HETEROSPEC_DEBUG=1" in capsys.readouterr().out
+
+
+def test_train_draft_help_and_unknown_options(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["train-draft", "--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0
+    assert out.startswith("usage: heterospec train-draft")
+    for step in ("distill", "vocab", "train", "simulate", "export"):
+        assert step in out
+    with pytest.raises(SystemExit) as e:
+        main(["train-draft", "distill", "--help"])
+    assert e.value.code == 0 and "--num-prompts" in capsys.readouterr().out
+    for argv, msg in ((["train-draft", "--bogus"], "unrecognized arguments: --bogus"),
+                      (["train-draft", "distill", "--bogus"], "unrecognized arguments: --bogus"),
+                      (["train-draft"], "a step is required"),
+                      (["train-draft", "nosuch"], "invalid choice: 'nosuch'")):
+        assert msg in _usage_error(argv, capsys, "train-draft")
+
+
+def test_bench_api_validates_arguments():
+    import types
+
+    from heterospec.bench import run_e2e, verify_latency_curve
+
+    eng = types.SimpleNamespace(max_length=64)      # never used: every call fails its checks first
+    for kw, msg in (({"n": 0}, "n must be an integer >= 1"), ({"n": -1}, "n must be an integer >= 1"),
+                    ({"max_new_tokens": 0}, "max_new_tokens must be an integer >= 1"),
+                    ({"methods": ["nosuch"]}, "unknown methods"), ({"sets": []}, "at least one")):
+        args = {"sets": ["mtbench"], "n": 1, "max_new_tokens": 1, **kw}
+        with pytest.raises(ValueError, match=msg):
+            run_e2e(eng, out_dir=None, progress=False, **args)
+    for kw, msg in (({"sizes": [2, 0]}, "sizes must be integers >= 1"), ({"sizes": []}, "sizes must be"),
+                    ({"repeats": 0}, "repeats must be an integer >= 1"), ({"context": 0}, "context must be"),
+                    ({"context": 60, "sizes": [8]}, "exceeds the target's max length 64")):
+        with pytest.raises(ValueError, match=msg):
+            verify_latency_curve(eng, out_dir=None, **{"sizes": [1], "context": 8, "repeats": 1, **kw})

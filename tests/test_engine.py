@@ -156,6 +156,77 @@ def test_bad_input_errors():
         Engine(engine.target, None).generate([5, 6], method="eagle3")
 
 
+@pytest.mark.parametrize("kw,msg", [
+    (dict(top_k=2.5), "top_k must be an int"), (dict(depth=True), "depth must be an int"),
+    (dict(total_tokens="8"), "total_tokens must be an int"), (dict(alpha=1.5), "alpha must be an int or None"),
+    (dict(gamma=0.5), "gamma must be a sequence"), (dict(gamma=(math.nan, 0.6, 1.0)), "finite"),
+    (dict(gamma=(math.inf, 0.6, 1.0)), "finite"), (dict(gamma=("a", 1.0, 1.0)), "gamma must be a number"),
+    (dict(aggressive_bins=1.5), "aggressive_bins must be an int"), (dict(depth=None), "depth must be an int"),
+])
+def test_spec_config_rejects_wrong_types(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        SpecConfig(**kw)
+
+
+def test_wrong_types_get_clear_errors():
+    """Arguments of the wrong kind are named up front, not met deep inside torch."""
+    engine, draft = _pair("noisy", seed=10)
+    hf = tiny_hf_llama(seed=10)
+    cases = [
+        (lambda: Engine("/some/dir"), "from_pretrained"),
+        (lambda: Engine(None), "expected a heterospec TargetModel"),
+        (lambda: Engine(hf, hf), "expected an Eagle3Draft"),
+        (lambda: Engine(hf, config={"top_k": 3}), "config must be a heterospec.SpecConfig"),
+        (lambda: Engine(hf, bins=[0.5, 1.0]), "bins must be heterospec EntropyBins"),
+        (lambda: Engine(hf, dtype=torch.int64), "dtype must be a floating-point dtype"),
+        (lambda: Engine(hf, dtype="float8"), "dtype must be one of"),
+        (lambda: Engine(hf, device="meta"), "device must be cpu or cuda"),
+        (lambda: Engine(hf, max_length=2.7), "max_length must be an int"),
+        (lambda: setattr(engine, "bins", [0.5]), "bins must be heterospec EntropyBins"),
+        (lambda: engine.generate(None), "a prompt must be"),
+        (lambda: engine.generate(7), "a prompt must be"),
+        (lambda: engine.generate({7, 5, 6}), "a prompt must be"),
+        (lambda: engine.generate(b"hi"), "a prompt must be"),
+        (lambda: engine.generate_batch([5, 6, 7]), "list of prompts"),
+        (lambda: engine.generate_batch(torch.tensor([5, 6, 7])), "list of prompts"),
+        (lambda: engine.generate([5, 6], temperature="0.5"), "temperature must be a number"),
+        (lambda: engine.generate([5, 6], temperature=True), "temperature must be a number"),
+        (lambda: engine.generate([5, 6], temperature=1.0, top_k=2.5), "top_k must be an int"),
+        (lambda: engine.generate([5, 6], temperature=1.0, top_p=None), "top_p must be a number"),
+        (lambda: engine.generate([5, 6], temperature=1.0, seed=1.7), "seed must be an int"),
+        (lambda: engine.generate([5, 6], temperature=1.0, seed=2**70), r"seed must be in \[0, 2\*\*63\)"),
+        (lambda: engine.generate([5, 6], config={"depth": 2}), "config must be a heterospec.SpecConfig"),
+    ]
+    for call, msg in cases:
+        with pytest.raises(ValueError, match=msg):
+            call()
+    # Friendly spellings that are not errors: dtype names and numpy integers.
+    import numpy as np
+
+    assert Engine(hf, dtype="float64").target.dtype == torch.float64
+    out = engine.generate([np.int64(5), 6], max_new_tokens=np.int64(2), method="autoregressive")
+    assert len(out.token_ids) == 2
+
+
+def test_tiny_temperature_is_near_greedy_not_garbage():
+    """T -> 0 approaches greedy: logits / T used to overflow to inf and sample token 0."""
+    engine, draft = _pair("eagle3-random", seed=11)
+    prompt = [5, 6, 7]
+    greedy = engine.generate(prompt, max_new_tokens=12, method="autoregressive").token_ids
+    for method in ("autoregressive", "eagle3"):
+        out = engine.generate(prompt, max_new_tokens=12, method=method, temperature=1e-40, seed=0).token_ids
+        assert out == greedy, method
+
+
+def test_non_finite_target_logits_are_an_error_when_sampling():
+    engine, draft = _pair("eagle3-random", seed=12)
+    with torch.no_grad():
+        engine.target.lm_head.weight[7].fill_(math.nan)
+    for method in ("autoregressive", "eagle3"):
+        with pytest.raises(ValueError, match="non-finite logits"):
+            engine.generate([5, 6, 7], max_new_tokens=4, method=method, temperature=0.8, seed=0)
+
+
 def test_draft_from_another_model_is_rejected():
     target = heterospec.TargetModel.from_hf(tiny_hf_llama(hidden=32, vocab=96))
     other_hidden = heterospec.TargetModel.from_hf(tiny_hf_llama(hidden=48, heads=4, vocab=96))

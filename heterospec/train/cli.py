@@ -24,8 +24,10 @@ def _default_run() -> str:
 def build_parser(prog: str = "heterospec train-draft") -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=prog, description=(
         "Train the EAGLE-3 draft of the built-in target by self-distillation. Steps: distill, "
-        "vocab, train, simulate, export (each resumable)."))
-    sub = ap.add_subparsers(dest="cmd", required=True)
+        "vocab, train, simulate, export (each resumable)."),
+        epilog=f"`{prog} STEP --help` lists the options of one step.")
+    # not required=True: main() names the missing step itself, after unknown options are reported
+    sub = ap.add_subparsers(dest="cmd", metavar="STEP", title="steps")
 
     def common(p):
         p.add_argument("--threads", type=int, default=1,
@@ -95,7 +97,12 @@ def build_parser(prog: str = "heterospec train-draft") -> argparse.ArgumentParse
 
 def main(argv=None) -> int:
     """Entry point; ``argv`` excludes the program name."""
-    args = build_parser().parse_args(argv)
+    ap = build_parser()
+    args, unknown = ap.parse_known_args(argv)
+    if unknown:
+        ap.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if args.cmd is None:
+        ap.error("a step is required: distill, vocab, train, simulate or export")
     if args.cmd == "distill":
         from .distill import DistillConfig, run_distill
 
