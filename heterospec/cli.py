@@ -4,73 +4,27 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import tempfile
 from typing import List, Optional
 
+from .argtypes import nonneg_float as _nonneg_float
+from .argtypes import nonneg_int as _nonneg_int
+from .argtypes import positive_int as _positive_int
+from .argtypes import probability as _probability
+from .argtypes import seed as _seed
 from .datasets import PROMPT_SETS
 from .engine import METHODS
 
 DEBUG_ENV = "HETEROSPEC_DEBUG"
-SEED_MAX = 2 ** 63 - 1
 EPILOG = (f"Bad arguments are reported before any model loads (exit status 2). Errors found while running "
           f"(e.g. a model directory that lacks weights) print one line 'heterospec: error: ...' (exit "
           f"status 1); set {DEBUG_ENV}=1 to get the full Python traceback instead.")
 
 
 # --------------------------------------------------------------------------- argument types
-# Each raises argparse.ArgumentTypeError, which argparse reports as
-# "heterospec CMD: error: argument --FLAG: MESSAGE" with exit status 2.
-
-def _int_at_least(lo: int):
-    def parse(s: str) -> int:
-        try:
-            v = int(s)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {lo}, got {s!r}") from None
-        if v < lo:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {lo}, got {v}")
-        return v
-    parse.__name__ = f"int>={lo}"
-    return parse
-
-
-_positive_int = _int_at_least(1)
-_nonneg_int = _int_at_least(0)
-
-
-def _float(s: str) -> float:
-    try:
-        return float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {s!r}") from None
-
-
-def _nonneg_float(s: str) -> float:
-    v = _float(s)
-    if not (math.isfinite(v) and v >= 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {s}")
-    return v
-
-
-def _probability(s: str) -> float:
-    v = _float(s)
-    if not 0.0 < v <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {s}")
-    return v
-
-
-def _seed(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer seed, got {s!r}") from None
-    if not 0 <= v <= SEED_MAX:
-        raise argparse.ArgumentTypeError(f"must be an integer in [0, 2**63-1], got {s}")
-    return v
-
+# Numbers come from heterospec.argtypes; these three need the project's own modules.
 
 def _prompt_set(s: str) -> str:
     key = s.lower()

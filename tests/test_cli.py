@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import re
 import shutil
 
 import pytest
@@ -175,11 +176,11 @@ def _usage_error(argv, capsys, prog):
     (["calibrate", "--max-new-tokens", "0"], "argument --max-new-tokens: must be an integer >= 1"),
     (["generate", "x", "--max-new-tokens", "-1"], "argument --max-new-tokens: must be an integer >= 1"),
     (["generate", "x", "--temperature", "-1"], "argument --temperature: must be a finite number >= 0"),
-    (["generate", "x", "--temperature", "nan"], "argument --temperature: must be a finite number >= 0"),
-    (["generate", "x", "--temperature", "inf"], "argument --temperature: must be a finite number >= 0"),
+    (["generate", "x", "--temperature", "nan"], "argument --temperature: must be a finite number, got nan"),
+    (["generate", "x", "--temperature", "inf"], "argument --temperature: must be a finite number, got inf"),
     (["generate", "x", "--top-p", "2"], "argument --top-p: must be in (0, 1], got 2"),
     (["generate", "x", "--top-p", "0"], "argument --top-p: must be in (0, 1], got 0"),
-    (["generate", "x", "--top-p", "nan"], "argument --top-p: must be in (0, 1]"),
+    (["generate", "x", "--top-p", "nan"], "argument --top-p: must be a finite number, got nan"),
     (["generate", "x", "--top-k", "-1"], "argument --top-k: must be an integer >= 0"),
     (["generate", "x", "--seed", "99999999999999999999999"], "argument --seed: must be an integer in [0, 2**63-1]"),
     (["generate", "x", "--seed", str(2 ** 63)], "argument --seed: must be an integer in [0, 2**63-1]"),
@@ -364,3 +365,22 @@ def test_bench_api_validates_arguments():
                     ({"context": 60, "sizes": [8]}, "exceeds the target's max length 64")):
         with pytest.raises(ValueError, match=msg):
             verify_latency_curve(eng, out_dir=None, **{"sizes": [1], "context": 8, "repeats": 1, **kw})
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["distill", "--num-prompts", "-1"], "argument --num-prompts: must be an integer >= 1"),
+    (["distill", "--sampled-fraction", "1.5"], r"argument --sampled-fraction: must be in \[0, 1\]"),
+    (["distill", "--temperature", "0"], "argument --temperature: must be a finite number > 0"),
+    (["train", "--steps", "0"], "argument --steps: must be an integer >= 1"),
+    (["train", "--lr", "nan"], "argument --lr: must be a finite number"),
+    (["train", "--warmup", "-3"], "argument --warmup: must be an integer >= 0"),
+    (["simulate", "--nodes", "0"], "argument --nodes: must be an integer >= 1"),
+    (["vocab", "--size", "x"], "argument --size: expected an integer"),
+])
+def test_train_draft_numbers_are_checked_when_parsed(argv, msg, capsys):
+    from heterospec.train.cli import main as train_main
+
+    with pytest.raises(SystemExit) as e:
+        train_main(argv)
+    assert e.value.code == 2
+    assert re.search(msg, capsys.readouterr().err)

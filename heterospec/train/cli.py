@@ -8,6 +8,8 @@ import json
 import sys
 from pathlib import Path
 
+from ..argtypes import fraction, nonneg_int, positive_float, positive_int, seed
+
 
 def _default_data() -> str:
     from .distill import default_distill_dir
@@ -30,7 +32,7 @@ def build_parser(prog: str = "heterospec train-draft") -> argparse.ArgumentParse
     sub = ap.add_subparsers(dest="cmd", metavar="STEP", title="steps")
 
     def common(p):
-        p.add_argument("--threads", type=int, default=1,
+        p.add_argument("--threads", type=positive_int, default=1,
                        help="torch threads (default 1 so the box stays usable; raise when free)")
         p.add_argument("--target", default=None,
                        help="target HF dir (default: the built-in SmolLM2, converted on first use)")
@@ -38,52 +40,52 @@ def build_parser(prog: str = "heterospec train-draft") -> argparse.ArgumentParse
     p = sub.add_parser("distill", help="generate self-distillation shards")
     common(p)
     p.add_argument("--out", default=None, help="data dir (default ~/.cache/heterospec/distill)")
-    p.add_argument("--num-prompts", type=int, default=4800)
-    p.add_argument("--shard-size", type=int, default=64)
-    p.add_argument("--max-new-tokens", type=int, default=320)
-    p.add_argument("--max-prompt-tokens", type=int, default=448)
-    p.add_argument("--sampled-fraction", type=float, default=0.25)
-    p.add_argument("--temperature", type=float, default=0.7)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-shards", type=int, default=None)
-    p.add_argument("--time-budget", type=float, default=None, help="seconds; stop starting shards after")
+    p.add_argument("--num-prompts", type=positive_int, default=4800)
+    p.add_argument("--shard-size", type=positive_int, default=64)
+    p.add_argument("--max-new-tokens", type=positive_int, default=320)
+    p.add_argument("--max-prompt-tokens", type=positive_int, default=448)
+    p.add_argument("--sampled-fraction", type=fraction, default=0.25)
+    p.add_argument("--temperature", type=positive_float, default=0.7)
+    p.add_argument("--seed", type=seed, default=0)
+    p.add_argument("--max-shards", type=positive_int, default=None)
+    p.add_argument("--time-budget", type=positive_float, default=None, help="seconds; stop starting shards after")
 
     p = sub.add_parser("vocab", help="choose the draft vocabulary from the distilled responses")
     p.add_argument("--data", default=None)
-    p.add_argument("--size", type=int, default=8192)
+    p.add_argument("--size", type=positive_int, default=8192)
     p.add_argument("--out", default=None, help="default DATA/vocab_SIZE.safetensors")
 
     p = sub.add_parser("train", help="train (or resume) the draft")
     common(p)
     p.add_argument("--data", default=None)
     p.add_argument("--run", default=None, help="run dir (checkpoints, logs)")
-    p.add_argument("--vocab-size", type=int, default=8192)
-    p.add_argument("--steps", type=int, default=3000)
-    p.add_argument("--batch-tokens", type=int, default=2048)
-    p.add_argument("--max-len", type=int, default=768)
-    p.add_argument("--ttt-steps", type=int, default=3)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--warmup", type=int, default=30)
-    p.add_argument("--val-seqs", type=int, default=32)
-    p.add_argument("--eval-every", type=int, default=150)
-    p.add_argument("--ckpt-every", type=int, default=25)
-    p.add_argument("--time-budget", type=float, default=None,
+    p.add_argument("--vocab-size", type=positive_int, default=8192)
+    p.add_argument("--steps", type=positive_int, default=3000)
+    p.add_argument("--batch-tokens", type=positive_int, default=2048)
+    p.add_argument("--max-len", type=positive_int, default=768)
+    p.add_argument("--ttt-steps", type=positive_int, default=3)
+    p.add_argument("--lr", type=positive_float, default=2e-3)
+    p.add_argument("--warmup", type=nonneg_int, default=30)
+    p.add_argument("--val-seqs", type=positive_int, default=32)
+    p.add_argument("--eval-every", type=positive_int, default=150)
+    p.add_argument("--ckpt-every", type=positive_int, default=25)
+    p.add_argument("--time-budget", type=positive_float, default=None,
                    help="seconds of train-step time (evals excluded); the LR schedule follows it")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed, default=0)
 
     p = sub.add_parser("simulate", help="offline chain/tree acceptance estimate on held-out data")
     common(p)
     p.add_argument("--data", default=None)
     p.add_argument("--run", default=None)
     p.add_argument("--checkpoint", default=None, help="a checkpoint file or exported draft dir")
-    p.add_argument("--seqs", type=int, default=24)
-    p.add_argument("--top-k", type=int, default=6)
-    p.add_argument("--depth", type=int, default=6)
-    p.add_argument("--nodes", type=int, default=24, help="verified draft nodes (root excluded)")
+    p.add_argument("--seqs", type=positive_int, default=24)
+    p.add_argument("--top-k", type=positive_int, default=6)
+    p.add_argument("--depth", type=nonneg_int, default=6)
+    p.add_argument("--nodes", type=positive_int, default=24, help="verified draft nodes (root excluded)")
     p.add_argument("--prompts", default=None,
                    help="evaluate on a benchmark set from heterospec.datasets instead (e.g. mtbench): "
                         "the target answers greedily in memory (nothing is saved or trained on)")
-    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--max-new-tokens", type=positive_int, default=256)
 
     p = sub.add_parser("export", help="save the trained draft (fp16, public EAGLE-3 format)")
     common(p)
