@@ -132,6 +132,31 @@ def test_markdown_table_without_reference_methods():
     assert s["s"]["eagle3"]["tau"] == 2.0 and s["s"]["eagle3"]["acceptance_rates"] == [1.0, 0.0, 0.0]
 
 
+def test_greedy_mismatches_are_classified():
+    """bench says whether each divergence from autoregressive is a rounding tie of the dtype:
+    the top-2 gap at the divergence point, in ulps of the top logit."""
+    from heterospec import Engine
+    from heterospec.bench import TIE_ULPS, first_divergence, mismatch_summary
+
+    hf = tiny_hf_llama(vocab=64, hidden=32, layers=2, heads=4, kv_heads=2, dtype=torch.float32, seed=3)
+    engine = Engine(hf)
+    prompt = [5, 6, 7]
+    ref = engine.generate(prompt, max_new_tokens=6, method="autoregressive").token_ids
+    out = ref[:3] + [(ref[3] + 1) % 64] + ref[4:]
+    d = first_divergence(engine, prompt, ref, out)
+    with torch.no_grad():
+        top = hf(torch.tensor([prompt + ref[:3]])).logits[0, -1].float().topk(2).values
+    assert d["diverge_at"] == 3 and d["top2_margin"] == pytest.approx(float(top[0] - top[1]), abs=1e-4)
+    ulp = torch.finfo(torch.float32).eps * 2.0 ** math.floor(math.log2(abs(float(top[0]))))
+    assert d["margin_ulps"] == pytest.approx(d["top2_margin"] / ulp, rel=1e-3)
+    tie = {"margin_ulps": TIE_ULPS / 2}
+    far = {"margin_ulps": 40 * TIE_ULPS}
+    assert mismatch_summary([], "torch.bfloat16") == "0"
+    assert "every one at a rounding tie" in mismatch_summary([tie, tie], "torch.bfloat16")
+    assert "1 NOT at a rounding tie" in mismatch_summary([tie, far], "torch.bfloat16")
+    assert "NOT at a rounding tie" in mismatch_summary([tie], "torch.float32")   # float32 never excuses
+
+
 # --------------------------------------------------------------------------- argument validation
 # Everything below runs without loading any model: `no_load` makes loading a test failure.
 

@@ -16,6 +16,12 @@ Positions (docs/design.md): the draft entry at position p pairs the target featu
 token at p + 1. The draft cache length equals the target's committed length L; a tree node at
 depth d (target position L + d) is fed at draft position L + d - 1.
 
+Attention: scaled_dot_product_attention with exact bool masks on every device (the target's SDPA
+backend). A decision, not an omission: the draft is one layer whose tree steps put top_k queries
+against the committed prefix plus a few dozen tree keys kept outside the cache, so FlashInfer's
+paged-KV planning would cost more than it saves; the target, where attention is 30+ layers over the
+whole tree, is what uses FlashInfer on CUDA. To revisit with a GPU profile (docs/gpu.md).
+
 Checkpoint format: the public EAGLE-3 layout: config.json (LlamaConfig keys + draft_vocab_size,
 optional target_hidden_size, eagle_config.eagle_aux_hidden_state_layer_ids, no rope_theta means
 10000) and model.safetensors or pytorch_model.bin with keys fc.weight, midlayer.*, norm.weight,
