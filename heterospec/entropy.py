@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -36,6 +37,17 @@ class EntropyBins:
     bin_counts: Optional[List[int]] = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.edges, (str, bytes, dict)) or not hasattr(self.edges, "__iter__"):
+            raise ValueError(f"EntropyBins: edges must be a list of numbers, got {type(self.edges).__name__} "
+                             f"{self.edges!r}")
+        self.edges = list(self.edges)
+        if any(isinstance(e, bool) or not isinstance(e, numbers.Real) for e in self.edges):
+            raise ValueError(f"EntropyBins: edges must be numbers, got {self.edges!r}")
+        if not isinstance(self.provenance, dict):
+            raise ValueError(f"EntropyBins: provenance must be a dict, got {type(self.provenance).__name__}")
+        tree = self.provenance.get("tree")
+        if tree is not None and not isinstance(tree, dict):
+            raise ValueError(f"EntropyBins: provenance['tree'] must be a dict, got {type(tree).__name__}")
         self.edges = [float(e) for e in self.edges]
         if any(not math.isfinite(e) for e in self.edges):
             raise ValueError(f"EntropyBins: edges must be finite, got {self.edges}")
@@ -90,8 +102,11 @@ class EntropyBins:
             raise ValueError(f"entropy bins file {path} is not valid JSON: {e}") from None
         if not isinstance(data, dict) or "edges" not in data:
             raise ValueError(f"entropy bins file {path} has no 'edges' list")
-        return cls(data["edges"], provenance=data.get("provenance") or {},
-                   bin_mean_rank=data.get("bin_mean_rank"), bin_counts=data.get("bin_counts"))
+        try:
+            return cls(data["edges"], provenance=data.get("provenance") or {},
+                       bin_mean_rank=data.get("bin_mean_rank"), bin_counts=data.get("bin_counts"))
+        except ValueError as e:
+            raise ValueError(f"entropy bins file {path}: {e}") from None
 
     @classmethod
     def find(cls, draft_dir: Optional[str], config: SpecConfig, quiet: bool = False) -> "EntropyBins":

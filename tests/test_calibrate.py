@@ -83,6 +83,20 @@ def test_bins_file_round_trip_and_errors(tmp_path):
         EntropyBins.load(str(tmp_path / "noedges.json"))
     with pytest.raises(ValueError, match="ascending"):
         EntropyBins([2.0, 1.0])
+    for edges in ("12", None, 3.0, {"a": 1}):
+        with pytest.raises(ValueError, match="edges must be a list of numbers"):
+            EntropyBins(edges)
+    for edges in (["a"], [[1.0]], [True]):
+        with pytest.raises(ValueError, match="edges must be numbers"):
+            EntropyBins(edges)
+    assert EntropyBins(np.array([0.5, 1.5])).edges == [0.5, 1.5]
+    for name, data, msg in [("nulledges", {"edges": None}, "edges must be a list"),
+                            ("stredges", {"edges": ["a", "b"]}, "edges must be numbers"),
+                            ("badprov", {"edges": [1.0], "provenance": [1, 2]}, "provenance must be a dict"),
+                            ("badtree", {"edges": [1.0], "provenance": {"tree": "x"}}, r"provenance\['tree'\]")]:
+        (tmp_path / f"{name}.json").write_text(json.dumps(data))
+        with pytest.raises(ValueError, match=f"{name}.json: .*{msg}"):
+            EntropyBins.load(str(tmp_path / f"{name}.json"))
     with pytest.raises(FileNotFoundError):
         EntropyBins.load(str(tmp_path / "missing.json"))
     # a provenance value JSON cannot hold fails the save and leaves no temporary file behind
