@@ -4,6 +4,7 @@ every benchmark set, so tuning never sees the benchmark).
 
     python bench/tune_tree.py                       # the CPU grid behind config.CPU_DEFAULT
     python bench/tune_tree.py --grid 4,3,8 6,5,16 --n 8 --max-new-tokens 96 --reps 1
+    python bench/tune_tree.py --dtype bfloat16 --grid 4,3,8 4,4,12 6,4,16 --reps 1   # a bf16 target
 
 Prints one line per setting (tokens/s, ratio to autoregressive, tokens per target call, draft and verify time) and
 writes the same as JSON with ``--out``. Timings are only comparable within one run.
@@ -26,6 +27,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                    help="target weights (default: the engine's default for the device)")
     ap.add_argument("--out", default=None, help="JSON file for the results")
     args = ap.parse_args(argv)
 
@@ -39,7 +42,7 @@ def main(argv=None) -> int:
     if any(len(g) != 3 for g in grid):
         raise SystemExit(f"--grid wants top_k,depth,total_tokens triples, got {args.grid}")
     warnings.filterwarnings("ignore", message="no entropy_bins.json")
-    engine = heterospec.Engine.from_pretrained(device=args.device)
+    engine = heterospec.Engine.from_pretrained(device=args.device, dtype=args.dtype)
     prompts = calibration_prompts(args.n, seed=args.seed)[0]
     settings = [("autoregressive", "autoregressive", None)]
     settings += [(g, "eagle3", SpecConfig(top_k=g[0], depth=g[1], total_tokens=g[2])) for g in grid]
