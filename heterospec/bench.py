@@ -156,13 +156,25 @@ def plot(summary, runs, out_dir: str) -> List[str]:
     return paths
 
 
+def load_prompt_sets(sets: Sequence[str], n: int, seed: int = 0) -> Dict[str, list]:
+    """The first ``n`` prompts of each named set; a set without prompts is an error."""
+    from .datasets import load_prompts
+
+    prompt_sets = {name: load_prompts(name, n=n, seed=seed) for name in sets}
+    empty = [name for name, p in prompt_sets.items() if not p]
+    if empty:
+        raise ValueError(f"run_e2e: no prompts in set(s) {empty}")
+    return prompt_sets
+
+
 def run_e2e(engine, sets: Sequence[str], n: int = 8, max_new_tokens: int = 128, out_dir: str = "bench/out",
             methods: Sequence[str] = ("autoregressive", "eagle3", "heterospec"), seed: int = 0,
             progress: bool = True) -> dict:
-    """Run every method on every prompt, interleaved; write JSON, Markdown and plots to ``out_dir``."""
-    from tqdm.auto import tqdm
+    """Run every method on every prompt, interleaved; write JSON, Markdown and plots to ``out_dir``.
 
-    from .datasets import load_prompts
+    ``sets``: prompt-set names, or the dict :func:`load_prompt_sets` returned for them (the CLI
+    loads them before the models, so that missing data is reported first)."""
+    from tqdm.auto import tqdm
 
     for name, v in (("n", n), ("max_new_tokens", max_new_tokens)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -174,10 +186,7 @@ def run_e2e(engine, sets: Sequence[str], n: int = 8, max_new_tokens: int = 128, 
     if not methods or not sets:
         raise ValueError(f"run_e2e: need at least one method and one prompt set, "
                          f"got {list(methods)} and {list(sets)}")
-    prompt_sets = {name: load_prompts(name, n=n, seed=seed) for name in sets}
-    empty = [name for name, p in prompt_sets.items() if not p]
-    if empty:
-        raise ValueError(f"run_e2e: no prompts in set(s) {empty}")
+    prompt_sets = dict(sets) if isinstance(sets, dict) else load_prompt_sets(sets, n, seed)
     os.makedirs(out_dir, exist_ok=True)
     # Warm up every code path once so that first-call costs are not charged to one method.
     warm = next(iter(prompt_sets.values()))[0].text

@@ -181,15 +181,11 @@ def _validate(parser: argparse.ArgumentParser, args) -> None:
 # --------------------------------------------------------------------------- commands
 
 def _engine(args):
-    import torch
-
     from .engine import Engine
 
-    device = args.device
-    dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.startswith("cuda") else None)
-    draft_dtype = getattr(torch, args.draft_dtype) if args.draft_dtype else None
-    return Engine.from_pretrained(args.target, args.draft, device=device, dtype=dtype, config=args.tree_config,
-                                  draft_dtype=draft_dtype)
+    dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else None)   # from_pretrained maps names
+    return Engine.from_pretrained(args.target, args.draft, device=args.device, dtype=dtype, config=args.tree_config,
+                                  draft_dtype=args.draft_dtype)
 
 
 def cmd_generate(args) -> int:
@@ -244,14 +240,11 @@ def cmd_calibrate(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from .bench import run_e2e
-    from .datasets import load_prompts
+    from .bench import load_prompt_sets, run_e2e
 
-    for name in args.sets:                        # missing data is reported before the models load
-        if not load_prompts(name, n=args.n, seed=args.seed):
-            raise ValueError(f"prompt set {name!r} has no prompts")
+    prompt_sets = load_prompt_sets(args.sets, args.n, args.seed)   # missing data: reported before loading
     engine = _engine(args)
-    run_e2e(engine, sets=args.sets, n=args.n, max_new_tokens=args.max_new_tokens, out_dir=args.out,
+    run_e2e(engine, sets=prompt_sets, n=args.n, max_new_tokens=args.max_new_tokens, out_dir=args.out,
             methods=args.methods, seed=args.seed)
     return 0
 

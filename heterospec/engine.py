@@ -27,7 +27,7 @@ from typing import Callable, List, Optional, Sequence, Union
 import torch
 
 from . import ops
-from .config import SamplingParams, SpecConfig, default_config
+from .config import SamplingParams, SpecConfig, _as_int, default_config
 from .entropy import BinPolicy, EntropyBins
 from .sampling import make_generator, processed_probs, sample
 
@@ -231,8 +231,7 @@ class Engine:
         if draft is not None and not all(callable(getattr(draft, m, None)) for m in _DRAFT_METHODS):
             raise ValueError(f"Engine(draft): expected an Eagle3Draft (a draft with {', '.join(_DRAFT_METHODS)}), "
                              f"got {type(draft).__name__}")
-        if max_length is not None and (isinstance(max_length, bool) or not hasattr(max_length, "__index__")):
-            raise ValueError(f"Engine: max_length must be an int, got {type(max_length).__name__} {max_length!r}")
+        max_length = _as_int("Engine", "max_length", max_length, optional=True)
         if not isinstance(target, TargetModel):
             target = TargetModel.from_hf(target, device=device, dtype=dtype, attn_backend=attn_backend)
         self.target = target
@@ -348,9 +347,9 @@ class Engine:
             raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
         if method != "autoregressive" and self.draft is None:
             raise ValueError(f"method {method!r} needs a draft model; this engine has none")
-        if isinstance(max_new_tokens, bool) or not hasattr(max_new_tokens, "__index__") or max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
-        max_new_tokens = int(max_new_tokens)
+        max_new_tokens = _as_int("generate", "max_new_tokens", max_new_tokens)
+        if max_new_tokens < 0:
+            raise ValueError(f"generate: max_new_tokens must be >= 0, got {max_new_tokens}")
         if (isinstance(prompts, (str, torch.Tensor)) or not isinstance(prompts, collections.abc.Sequence)
                 or (len(prompts) > 0 and all(_is_int(t) for t in prompts))):
             raise ValueError("generate_batch takes a list of prompts (strings, token-id lists or 1-D tensors); "
@@ -626,7 +625,8 @@ class Engine:
                 accept_path, accept_len, bonus = ops.verify_sampling(
                     tree_tokens, probs, first_child, next_sibling, num_nodes, coins, final_coins)
             except ValueError as e:
-                if "not a valid distribution" not in str(e):
+                # Only on the error path (no sync otherwise): name the target as the cause when it is.
+                if bool(torch.isfinite(logits).all()):
                     raise
                 raise ValueError("sampling: the target's distribution at a draft-tree node is not valid (NaN, inf "
                                  f"or no mass): the target model produced non-finite logits ({e})") from e
