@@ -1,8 +1,12 @@
 """Build glue for heterospec's C++/CUDA extension (heterospec._C).
 
-The extension is compiled against the torch that is already installed, so always build without
-build isolation:
+Two ways to install, both compiling the ops against the torch that runs them:
 
+    pip install .                                  # plain: pip's isolated build cannot see torch, so this
+                                                   # builds a pure-Python package (with the C++ sources in
+                                                   # heterospec/_csrc); the ops compile on first import
+                                                   # (once per torch version, cached; heterospec/_ext.py)
+    pip install --no-build-isolation .             # ahead of time, against the installed torch
     pip install --no-build-isolation -e .          # development
     python setup.py build_ext --inplace            # fast incremental rebuild after that
 
@@ -13,121 +17,133 @@ Switches (environment variables):
     MAX_JOBS                 parallel compile jobs (ninja)
 """
 
-import glob
+import importlib.util
 import os
-import re
 import shutil
-import subprocess
 import sys
+import time
 
 from setuptools import setup
+from setuptools.command.build_py import build_py
 
+ROOT = os.path.dirname(os.path.abspath(__file__))
+CSRC = os.path.join(ROOT, "csrc")
 BUILD_CMD = "pip install --no-build-isolation ."
 
 
-def _pin_cuda_home() -> None:
-    """Set CUDA_HOME to the toolkit the `nvcc` on PATH really runs from, when torch would guess wrong.
+def _load_ext_module():
+    """heterospec/_ext.py (sources, flags, progress), loaded by path: importing the package would
+    import torch and try to load the ops."""
+    spec = importlib.util.spec_from_file_location("_heterospec_ext_build", os.path.join(ROOT, "heterospec", "_ext.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
-    With neither CUDA_HOME nor CUDA_PATH set, torch.utils.cpp_extension (at import) takes the parent
-    of the nvcc on PATH. If that nvcc is a wrapper script or symlink outside the toolkit (e.g.
-    /usr/local/bin/nvcc running /usr/local/cuda-13.0/bin/nvcc), the guess (/usr/local) has no CUDA
-    headers or libcudart: the .cu files still compile, but the link fails with `cannot find -lcudart`.
-    """
-    if os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH"):
-        return
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        return  # torch falls back to /usr/local/cuda by itself
 
-    def is_toolkit(home: str) -> bool:
-        return os.path.isfile(os.path.join(home, "include", "cuda_runtime.h"))
+EXT = _load_ext_module()
 
-    if is_toolkit(os.path.dirname(os.path.dirname(nvcc))):
-        return  # torch's guess is right
-    candidates = [os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))]
-    try:  # nvcc reports its own install dir ("#$ TOP=/usr/local/cuda-13.0/bin/..") in a dry run
-        out = subprocess.run(
-            [nvcc, "-dryrun", "-c", "-x", "cu", os.devnull, "-o", os.devnull],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        tops = re.findall(r"^#\$ TOP=(.+)$", out.stdout + out.stderr, re.MULTILINE)
-        candidates += [os.path.realpath(top) for top in tops]
-    except (OSError, subprocess.SubprocessError):
-        pass
-    for home in candidates:
-        if is_toolkit(home):
-            print(f"heterospec: CUDA_HOME={home} (the toolkit behind {nvcc})")
-            os.environ["CUDA_HOME"] = home
+
+def _say(line: str) -> None:
+    """Progress for the user: stderr, and the terminal when pip captures the build's output (pip shows
+    the backend's output only with -v)."""
+    print(line, file=sys.stderr, flush=True)
+    try:
+        if os.isatty(sys.stderr.fileno()):
             return
+    except (OSError, ValueError, AttributeError):
+        pass
+    try:
+        with open("/dev/tty", "w") as tty:
+            tty.write(line + "\n")
+    except OSError:
+        pass
+
+
+class BuildPyWithSources(build_py):
+    """Ships the C++/CUDA sources as heterospec/_csrc, so an installed copy can compile its ops on first
+    import (the pure-Python install) or again after torch changed (any install)."""
+
+    def run(self):
+        super().run()
+        dest_root = os.path.join(self.build_lib, "heterospec", "_csrc")
+        for src in EXT.source_files(CSRC):
+            dest = os.path.join(dest_root, os.path.relpath(src, CSRC))
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            shutil.copy2(src, dest)
 
 
 try:
     import torch
-
-    if torch.version.cuda is not None and os.environ.get("HETEROSPEC_FORCE_CPU", "0") != "1":
-        _pin_cuda_home()  # before importing cpp_extension, which fixes CUDA_HOME at import time
-    from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
-except ImportError as exc:  # an isolated build env, or torch not installed yet
-    sys.exit(
-        "heterospec builds against the installed torch, which could not be imported "
-        f"({exc}).\nInstall torch first, then build with:\n    {BUILD_CMD}\n"
-        "(or `pip install --no-build-isolation -e .` for development)."
+except ImportError as _exc:  # pip's isolated build (torch is deliberately no build requirement), or no torch
+    torch = None
+    _say(
+        f"heterospec: torch is not importable in this build environment ({_exc}; pip's default isolated build "
+        f"hides the installed torch). Building the pure-Python package: the C++ ops are compiled against the "
+        f"installed torch on first import (1-3 minutes once, then cached). To compile them now instead: "
+        f"{BUILD_CMD}"
     )
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
 
-
-def _sources(pattern: str) -> list[str]:
+def _rel(paths) -> list:
     # setuptools wants paths relative to the project root.
-    return sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern)))
+    return [os.path.relpath(p, ROOT) for p in paths]
 
 
-def _with_cuda() -> bool:
+def _with_cuda(CUDA_HOME) -> bool:
     if os.environ.get("HETEROSPEC_FORCE_CPU", "0") == "1":
         return False
     return torch.version.cuda is not None and CUDA_HOME is not None
 
 
-def _openmp_flags() -> list[str]:
-    # at::parallel_for is inline: with torch's OpenMP backend it is a `#pragma omp parallel` in our
-    # own code, so without -fopenmp every CPU kernel silently runs on one thread. The library
-    # resolves (by soname) to the libgomp that torch already loaded: one OpenMP runtime.
-    if sys.platform == "darwin" or not torch.backends.openmp.is_available():
-        return []
-    return ["-fopenmp"]
+def _ahead_of_time() -> dict:
+    """setup() arguments that compile heterospec._C against the importable torch."""
+    if torch.version.cuda is not None and os.environ.get("HETEROSPEC_FORCE_CPU", "0") != "1":
+        EXT.pin_cuda_home()  # before importing cpp_extension, which fixes CUDA_HOME at import time
+    from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
 
-
-def _extension():
-    sources = _sources("csrc/*.cpp") + _sources("csrc/cpu/*.cpp")
+    with_cuda = _with_cuda(CUDA_HOME)
+    sources = _rel(EXT.cpu_sources(CSRC))
     # No -std=...: torch's BuildExtension picks the standard its headers need.
-    # -fno-trapping-math: we never read FP exception flags, and it lets GCC turn the selects of
-    # the portable topk_entropy loop into vector blends (4x on that path; results unchanged).
-    extra = {"cxx": ["-O3", "-g0", "-fno-trapping-math"] + _openmp_flags()}
-    link = _openmp_flags()
-    include_dirs = [os.path.join(ROOT, "csrc")]
-    if not _with_cuda():
-        return CppExtension(
-            "heterospec._C", sources, include_dirs=include_dirs, extra_compile_args=extra, extra_link_args=link
+    openmp = EXT.openmp_flags(torch)
+    extra = {"cxx": EXT.cxx_flags(bool(openmp))}
+    include_dirs = [CSRC]
+    if not with_cuda:
+        ext = CppExtension(
+            "heterospec._C", sources, include_dirs=include_dirs, extra_compile_args=extra, extra_link_args=openmp
         )
-    if not os.environ.get("TORCH_CUDA_ARCH_LIST") and torch.cuda.device_count() == 0:
-        # Without a visible GPU torch cannot infer the arch (IndexError in _get_cuda_arch_flags).
-        os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0"
-    sources += _sources("csrc/cuda/*.cu")
-    extra["nvcc"] = ["-O3", "-lineinfo", "--expt-relaxed-constexpr"]
-    return CUDAExtension(
-        "heterospec._C",
-        sources,
-        include_dirs=include_dirs,
-        extra_compile_args=extra,
-        extra_link_args=link,
-        define_macros=[("HETEROSPEC_WITH_CUDA", "1")],
-    )
+    else:
+        if not os.environ.get("TORCH_CUDA_ARCH_LIST") and torch.cuda.device_count() == 0:
+            # Without a visible GPU torch cannot infer the arch (IndexError in _get_cuda_arch_flags).
+            os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0"
+        sources += _rel(EXT.cuda_sources(CSRC))
+        extra["nvcc"] = EXT.nvcc_flags()
+        ext = CUDAExtension(
+            "heterospec._C",
+            sources,
+            include_dirs=include_dirs,
+            extra_compile_args=extra,
+            extra_link_args=openmp,
+            define_macros=[("HETEROSPEC_WITH_CUDA", "1")],
+        )
+
+    class BuildExtensionWithProgress(BuildExtension.with_options(use_ninja=True)):
+        """torch's BuildExtension (ninja), plus progress lines while the sources compile."""
+
+        def build_extension(self, ext):
+            n = len(ext.sources)
+            jobs = os.environ.get("MAX_JOBS")
+            _say(f"heterospec: compiling the C++{' and CUDA' if with_cuda else ''} ops against torch "
+                 f"{torch.__version__} ({n} sources{f', MAX_JOBS={jobs}' if jobs else ''}; about "
+                 f"{'5-15' if with_cuda else '1-3'} minutes) ...")
+            t0 = time.time()
+            with EXT.CompileProgress(self.build_temp, n, [_say]):
+                super().build_extension(ext)
+            _say(f"heterospec: C++ ops built in {time.time() - t0:.0f} s")
+
+    return {"ext_modules": [ext], "cmdclass": {"build_ext": BuildExtensionWithProgress, "build_py": BuildPyWithSources}}
 
 
-setup(
-    ext_modules=[_extension()],
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
-)
+if torch is None:
+    setup(cmdclass={"build_py": BuildPyWithSources})
+else:
+    setup(**_ahead_of_time())

@@ -6,7 +6,9 @@
 Two figures per op:
   * GPU time per call (``gpu_us``, printed and stored in the benchmark's ``extra_info``): many
     calls captured in one CUDA graph and replayed, timed with CUDA events, so launch overhead and
-    host-side Python do not count (falls back to an event-timed eager loop if capture fails);
+    host-side Python do not count. A failed capture fails the benchmark (an eager loop would
+    silently add launch gaps to the figure); ``HETEROSPEC_BENCH_ALLOW_EAGER=1`` times an eager loop
+    instead and labels the figure ``timing=eager`` in the output and ``extra_info``;
   * pytest-benchmark's wall-clock time of one eager call plus ``torch.cuda.synchronize()``
     (what a Python caller sees, including dispatch and launch latency).
 topk_entropy also reports achieved bandwidth: logits bytes read / GPU time, against H100 SXM HBM3
@@ -17,6 +19,7 @@ prefix 1024, Llama-3-8B-like KV cache (32 layers, 8 KV heads x 128, bf16).
 """
 
 import math
+import os
 
 import pytest
 import torch
@@ -40,8 +43,14 @@ def _has_cuda_kernels() -> bool:
 pytestmark = pytest.mark.skipif(not _has_cuda_kernels(), reason="needs a GPU and heterospec built with CUDA")
 
 
+_TIMING = {"mode": "graph"}   # "eager" once any gpu_us call since the last _report timed an eager loop
+
+
 def gpu_us(fn, iters: int = 20, reps: int = 10) -> float:
-    """GPU microseconds per call of `fn` (CUDA-graph replay of `iters` calls, `reps` replays)."""
+    """GPU microseconds per call of `fn` (CUDA-graph replay of `iters` calls, `reps` replays).
+
+    A capture failure fails the benchmark unless HETEROSPEC_BENCH_ALLOW_EAGER=1 (then an eager
+    loop is timed and the result is labelled ``timing=eager``)."""
     fn()
     torch.cuda.synchronize()
     try:
@@ -55,8 +64,14 @@ def gpu_us(fn, iters: int = 20, reps: int = 10) -> float:
             for _ in range(iters):
                 fn()
         run = graph.replay
-    except Exception as exc:  # capture not possible: eager loop (includes launch gaps)
-        print(f"[bench_ops_cuda] CUDA graph capture failed ({exc}); timing an eager loop")
+    except Exception as exc:
+        if os.environ.get("HETEROSPEC_BENCH_ALLOW_EAGER") != "1":
+            pytest.fail(f"CUDA graph capture failed ({type(exc).__name__}: {exc}); the GPU time would include "
+                        "launch gaps. Fix the capture, or set HETEROSPEC_BENCH_ALLOW_EAGER=1 to time an eager "
+                        "loop (labelled timing=eager)")
+        print(f"\n[bench_ops_cuda] WARNING: CUDA graph capture failed ({exc}); timing an EAGER loop "
+              "(launch gaps included)")
+        _TIMING["mode"] = "eager"
 
         def run():
             for _ in range(iters):
@@ -83,6 +98,8 @@ def _wall(benchmark, fn):
 
 
 def _report(benchmark, name, us, **extra):
+    extra = {"timing": _TIMING["mode"], **extra}
+    _TIMING["mode"] = "graph"
     benchmark.extra_info.update({"gpu_us": round(us, 2), "device": torch.cuda.get_device_name(), **extra})
     more = "  ".join(f"{k}={v}" for k, v in extra.items())
     print(f"\n[bench_ops_cuda] {name}: {us:.2f} us/call (GPU)  {more}")

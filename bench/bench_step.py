@@ -1,7 +1,9 @@
 """pytest-benchmark: per-step latency of the decoding loop (one draft-verify round, one AR step).
 
 Runs on a small random model pair so that it is cheap everywhere (CI runs it once as a test with
-``--benchmark-disable``); the real pair is measured end to end by ``bench/e2e.py``.
+``--benchmark-disable``); the real pair is measured end to end by ``bench/e2e.py``. Before timing,
+each speculative method's greedy tokens are checked once against autoregressive decoding: a fast
+round that emits wrong tokens is not a result.
 
     python -m pytest bench/bench_step.py --benchmark-only
 """
@@ -26,11 +28,24 @@ def engine():
     return Engine(target, draft, config=CFG, bins=EntropyBins([0.5, 1.0, 2.0, 3.0]))
 
 
+PROMPT = list(range(5, 69))
+
+
+def _check_against_autoregressive(engine, method, n=48):
+    ref = engine.generate(PROMPT, max_new_tokens=n, method="autoregressive", chat=False)
+    out = engine.generate(PROMPT, max_new_tokens=n, method=method, chat=False, policy="paper")
+    assert out.token_ids == ref.token_ids, f"{method}: greedy tokens differ from autoregressive; not timing it"
+    assert out.stats.rounds < len(ref.token_ids), f"{method}: no draft was ever accepted"   # else a trivial loop
+
+
 def _state(engine, method):
     from heterospec.config import SamplingParams
 
-    prompt = list(range(5, 69))
-    policy = engine._policy(method, CFG)
+    prompt = PROMPT
+    # The paper's per-bin actions: a round that always speculates (the fitted policy may choose a
+    # plain step on this device, which test_autoregressive_step times).
+    pol = engine._policy(method, CFG, "paper")
+    policy = pol.plan(1) if pol is not None else None
     gen = make_generator(0, engine.device)
     st = engine._prefill([prompt], method, SamplingParams(), gen, 64 + 4096, 4096, None)
     return st, policy, gen
@@ -40,6 +55,7 @@ def _state(engine, method):
 def test_speculative_round(benchmark, engine, method):
     from heterospec.config import SamplingParams
 
+    _check_against_autoregressive(engine, method)
     st, policy, gen = _state(engine, method)
 
     def one_round():

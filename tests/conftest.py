@@ -1,9 +1,14 @@
 """Shared pytest fixtures. Keep minimal; append new fixtures at the end."""
 
+import os
 import random
 
 import pytest
 import torch
+
+# No network in tests: a data / model package that is neither installed nor in the heterospec cache
+# is reported (tests that need it skip) instead of being downloaded (heterospec.fetch).
+os.environ.setdefault("HETEROSPEC_NO_FETCH", "1")
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 

@@ -127,3 +127,22 @@ class OracleDraft(torch.nn.Module):
 
     def to_target_ids(self, draft_ids):
         return draft_ids
+
+
+def stop_position(result) -> Tuple[int, int, int]:
+    """Where ``result`` stopped: ``(round, i, accept_len)``, the last kept token being the ``i``-th
+    (1-based) token that round emitted (its accepted drafts, then the bonus). ``round`` is -1 when
+    the prefill's token was the last. The stop is inside an accepted path when
+    ``1 <= i <= accept_len``; ``i == accept_len + 1`` is the bonus."""
+    recs = result.stats.records
+    if not recs:
+        return -1, 1, 0
+    before = 1 + sum(r.accept_len + 1 for r in recs[:-1])     # the prefill's token + earlier rounds
+    i = len(result.token_ids) - before
+    assert 1 <= i <= recs[-1].accept_len + 1, (i, recs[-1].accept_len)
+    return len(recs) - 1, i, recs[-1].accept_len
+
+
+def stops_inside_accepted_path(result) -> bool:
+    rnd, i, accepted = stop_position(result)
+    return rnd >= 0 and i <= accepted

@@ -10,7 +10,8 @@ import pytest
 from heterospec.calibrate import fit_bins, rank_rises_with_entropy, traces_from_records
 from heterospec.config import SpecConfig
 from heterospec.engine import Engine, RoundRecord
-from heterospec.entropy import BINS_FILENAME, BinPolicy, EntropyBins
+from heterospec.entropy import BINS_FILENAME, EntropyBins
+from heterospec.policy import PaperPolicy
 from tests.engine_util import OracleDraft, tiny_hf_llama
 
 TRUE_EDGES = [1.0, 2.0, 3.5, 4.0, 5.5, 7.0, 8.0]
@@ -111,11 +112,11 @@ def test_bin_actions_follow_the_paper_formulas():
     extra, nodes = cfg.bin_actions(8)
     assert extra == [4, 3, 2, 0, 0, 0, 0, 0]
     assert nodes == [22, 39, 62, 60, 60, 60, 60, 60]           # round(gamma_i * 60 + 4 - i)
-    policy = BinPolicy(EntropyBins([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]), cfg, "cpu")
+    plan = PaperPolicy(EntropyBins([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]), cfg).plan(1)
     import torch
-    b, e, n = policy.decide(torch.tensor([0.5, 1.0, 1.5, 2.5, 9.0]))
+    b, d, n = plan.decide(torch.tensor([0.5, 1.0, 1.5, 2.5, 9.0]))
     assert b.tolist() == [0, 0, 1, 2, 7]
-    assert e.tolist() == [4, 4, 3, 2, 0] and n.tolist() == [21, 21, 38, 61, 59]
+    assert d.tolist() == [11, 11, 10, 9, 7] and n.tolist() == [21, 21, 38, 61, 59]
 
 
 def test_engine_calibration_end_to_end(tmp_path):

@@ -17,10 +17,10 @@ from tests.engine_util import tiny_hf_llama
 
 @pytest.fixture(scope="module")
 def pair_dirs(tmp_path_factory):
-    from heterospec.defaults import default_target_dir
+    from heterospec.defaults import ModelPackageMissing, default_target_dir
     try:
         smol = default_target_dir()
-    except Exception as e:
+    except ModelPackageMissing as e:     # only a missing package skips; a broken conversion fails
         pytest.skip(f"needs the SmolLM2 tokenizer of the built-in target: {e}")
     root = tmp_path_factory.mktemp("pair")
     tdir, ddir = root / "target", root / "draft"
@@ -306,16 +306,25 @@ def test_calibrate_reads_prompts_file_and_honours_n(tmp_path, monkeypatch, capsy
     class FakeEngine:
         draft_dir = None
 
-        def calibrate(self, prompts, **kw):
-            seen.update(prompts=list(prompts), **kw)
-            return EntropyBins([0.5, 1.0])
+    def fake_calibrate_policy(engine, prompts, out_dir=None, **kw):
+        from heterospec.policy import AcceptanceTables, BinningOption
+        seen.update(prompts=list(prompts), out_dir=out_dir, **kw)
+        tables = AcceptanceTables(2, [0], [1], [BinningOption(0, 2, "accept", [], [1], [[[0.0]]])],
+                                  {"options": [{"decide_depth": 0}]})
+        bins = EntropyBins([0.5, 1.0])
+        tables.save(str(tmp_path / "o" / "acceptance_tables.json"))
+        bins.save(str(tmp_path / "o" / "entropy_bins.json"))
+        return tables, bins
     monkeypatch.setattr(heterospec.engine.Engine, "from_pretrained", classmethod(lambda cls, *a, **k: FakeEngine()))
+    monkeypatch.setattr(heterospec.calibrate, "calibrate_policy", fake_calibrate_policy)
     pf = tmp_path / "p.jsonl"
     pf.write_text('first prompt\n\n{"text": "second prompt", "id": 7}\n third\n')
+    (tmp_path / "o").mkdir()
     assert main(["calibrate", "--prompts-file", str(pf), "--n", "2", "--max-new-tokens", "3",
                  "--out", str(tmp_path / "o")]) == 0
     assert seen["prompts"] == ["first prompt", "second prompt"] and seen["max_new_tokens"] == 3
-    assert seen["source"] == str(pf) and (tmp_path / "o" / "entropy_bins.json").exists()
+    assert seen["source"] == str(pf) and seen["out_dir"] == str(tmp_path / "o")
+    assert "acceptance_tables.json" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("exc", [KeyError("/m: missing weights ['fc.weight']"), RuntimeError("r"), OSError("o"),

@@ -10,7 +10,8 @@ On CUDA:
     the one-token forward round differently); a real bug (mask, KV compaction) diverges where the
     margin is large and fails;
   * sampling: 6000 requests of 3 tokens follow the target's law (chi-square), the law computed by
-    enumeration with the same CUDA model in the same dtype.
+    enumeration with the same CUDA model in the same dtype, processed (temperature / top-k /
+    top-p) by transformers' logits warpers, not by heterospec's processed_probs.
 Models have head_dim 64 (FlashInfer needs 64 / 128 / 256).
 """
 
@@ -23,8 +24,8 @@ from heterospec import Eagle3Draft, Engine, SpecConfig, TargetModel
 from heterospec.config import SamplingParams
 from heterospec.entropy import EntropyBins
 from heterospec.models.attention import flashinfer_available
-from heterospec.sampling import processed_probs
 from tests.engine_util import tiny_hf_llama
+from tests.sampling_ref import reference_probs
 from tests.test_sampling_lossless import NEW, REQUESTS, VOCAB, assert_samples_follow_law
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -125,7 +126,8 @@ PROMPT = [3, 5, 1, 7]
 
 
 def _law(engine, params):
-    """P(x1, x2, x3 | PROMPT) by enumeration with the engine's own target (same device and dtype)."""
+    """P(x1, x2, x3 | PROMPT) by enumeration with the engine's own target (same device and dtype),
+    its logits processed by transformers' warpers (tests/sampling_ref.py)."""
     t, dev = engine.target, engine.device
     ctxs = [()] + [(a,) for a in range(VOCAB)] + [(a, b) for a in range(VOCAB) for b in range(VOCAB)]
     n = len(PROMPT) + 2
@@ -138,7 +140,7 @@ def _law(engine, params):
         logits, _ = t(ids.to(dev), torch.arange(n, device=dev).expand(len(ctxs), n), cache,
                       torch.zeros(len(ctxs), dtype=torch.long, device=dev), return_features=False,
                       logits_index=last.to(dev))
-    probs = processed_probs(logits[:, 0], params).double().cpu()
+    probs = reference_probs(logits[:, 0], params.temperature, params.top_k, params.top_p)
     p = {c: probs[r] for r, c in enumerate(ctxs)}
     return {(a, b, c): float(p[()][a] * p[(a,)][b] * p[(a, b)][c])
             for a in range(VOCAB) for b in range(VOCAB) for c in range(VOCAB)}

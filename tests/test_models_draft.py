@@ -246,8 +246,11 @@ def test_extend_padding_and_batches(target, draft):
     assert bool((cache.k[0, 1, 5:] == 0).all())  # padding rows were never written
 
 
-def test_tree_step_exact_ancestor_masking(target, draft):
-    """Every tree node's hidden equals running its root-to-node path through extend alone."""
+@pytest.mark.parametrize("static,capacity", [(False, None), (True, None), (True, 4), (False, 5)])
+def test_tree_step_exact_ancestor_masking(target, draft, static, capacity):
+    """Every tree node's hidden equals running its root-to-node path through extend alone, in
+    both tree layouts (compact: CPU default; static: the CUDA layout with float masks and expanded
+    KV heads), including buffers that grow mid-round (capacity 4 or 5 for 12 nodes)."""
     B = 2
     ids, feats = _features(target, B, 10, seed=9)
     Ls = [10, 6]
@@ -256,7 +259,7 @@ def test_tree_step_exact_ancestor_masking(target, draft):
     prefix = torch.tensor(Ls)
     h_root = h[torch.arange(B), prefix - 1]  # [B, H]
     gen = torch.Generator().manual_seed(3)
-    state = draft.new_tree(B)
+    state = draft.new_tree(B, static=static, capacity=capacity)
     nodes = [[] for _ in range(B)]  # per request: (token, parent_slot, depth, hidden)
     k = 3
     for depth in range(1, 5):
@@ -275,7 +278,9 @@ def test_tree_step_exact_ancestor_masking(target, draft):
         for b in range(B):
             for j in range(k):
                 nodes[b].append((int(toks[b, j]), int(par[b, j]), depth, out[b, j]))
-    assert state.num_nodes == 12 and state.anc.shape == (B, 12, 12)
+    assert state.num_nodes == 12 and state.anc.shape == (B, 12, 12) and state.static == static
+    heads = draft.config.num_attention_heads if static else draft.config.num_key_value_heads
+    assert state.k.shape == (B, 12, heads, draft.config.head_dim)
     for b in range(B):
         for i, (tok, _, depth, hidden) in enumerate(nodes[b]):
             path, j = [], i
@@ -290,6 +295,61 @@ def test_tree_step_exact_ancestor_masking(target, draft):
             for d, j in enumerate(path):  # one entry at a time, feeding back its own output
                 x = draft.extend(_i64(nodes[b][j][0])[None], x, c1, _i64(Ls[b] + d), _i64(1))
             _close(hidden, x[0, 0])
+
+
+def test_kernel_friendly_attention_matches_on_cpu(target, draft):
+    """The CUDA formulation (expanded KV heads, additive float masks, static tree buffers) gives
+    the CPU results; the default CPU path is unchanged (bool masks, enable_gqa)."""
+    from heterospec.models.layers import sdpa, sdpa_kernel_friendly
+
+    g = torch.Generator().manual_seed(5)
+    q, k, v = torch.randn(3, 4, 6, 8, generator=g), torch.randn(3, 9, 2, 8, generator=g), torch.randn(3, 9, 2, 8, generator=g)
+    mask = torch.rand(3, 4, 9, generator=g) < 0.6
+    mask[..., 0] = True
+    _close(sdpa_kernel_friendly(q, k, v, mask, 0.3), sdpa(q, k, v, mask, 0.3))
+
+    B, k = 2, 3
+    ids, feats = _features(target, B, 10, seed=13)
+    prefix = _i64(10, 7)
+    outs = []
+    for kf in (None, True):
+        draft.kernel_friendly_attention = kf
+        try:
+            cache = draft.new_cache(B, 20)
+            h = draft.extend(ids, feats, cache, _i64(0, 0), prefix)
+            state = draft.new_tree(B)
+            x = h[torch.arange(B), prefix - 1][:, None].expand(B, k, -1)
+            steps = [h]
+            for depth in range(1, 4):
+                par = torch.full((B, k), -1) if depth == 1 else torch.tensor([[0, 1, 2], [2, 2, 0]]) + (depth - 2) * k
+                x = draft.tree_step(ids[:, depth:depth + k], x, par, (prefix[:, None] + depth - 1).expand(B, k),
+                                    cache, prefix, state)
+                steps.append(x)
+            assert state.static == bool(kf)
+            outs.append(steps)
+        finally:
+            draft.kernel_friendly_attention = None
+    for a, b in zip(*outs):
+        _close(b, a)
+
+
+def test_static_tree_buffers_are_static_and_recycled(target, draft):
+    """Static layout: the same key count every step, 16-aligned, and the same storage next round."""
+    B, k, S = 2, 3, 21
+    ids, feats = _features(target, B, 8, seed=14)
+    cache = draft.new_cache(B, S)
+    h = draft.extend(ids, feats, cache, _i64(0, 0), _i64(8, 5))
+    ptrs = []
+    for _ in range(2):  # two rounds
+        state = draft.new_tree(B, static=True, capacity=10)
+        x = h[:, :k]
+        for depth in range(1, 4):
+            par = torch.full((B, k), -1) if depth == 1 else torch.arange(k).expand(B, k) + (depth - 2) * k
+            x = draft.tree_step(ids[:, :k], x, par, torch.full((B, k), 7 + depth), cache, _i64(8, 5), state)
+            assert state.kbuf.shape[1] == S + state.capacity and (S + state.capacity) % 16 == 0
+        assert state.capacity == 11 and state.num_nodes == 9
+        ptrs.append(state.kbuf.data_ptr())
+    assert ptrs[0] == ptrs[1]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ import pytest
 import torch
 
 import heterospec  # noqa: F401  (loads the extension: CPU kernels and, in a CUDA build, CUDA ones)
+from heterospec import ops
 from cuda_host.emu_backend import load_emu_ops
 from reference.samples import random_candidates, random_tree
 
@@ -132,18 +133,43 @@ def test_topk_entropy_ties_masks_and_views(dev, dtype):
     _topk_parity(dev, ramp, 64)  # per-thread candidates all above the next thread's
 
 
-def test_topk_entropy_flags_invalid_rows(dev):
-    x = torch.randn(5, 9000)
-    x[1, 4321] = math.nan
-    x[2, 8999] = math.inf
+@pytest.mark.parametrize("V", [9000, 100])  # several chunks (merge kernel) / one chunk
+def test_topk_entropy_flags_invalid_rows(dev, V):
+    x = torch.randn(5, V)
+    x[1, 43] = math.nan
+    x[2, V - 1] = math.inf
     x[3] = -math.inf
     lp, ids, h = dev.ops.topk_entropy(dev.put(x), 8)
-    for r in (1, 2, 3):
-        assert math.isnan(h[r].item()) and (ids[r] == -1).all() and torch.isnan(lp[r]).all()
+    for r in (1, 2, 3):  # the documented flag: -inf scores, valid ids 0..k-1, NaN entropy
+        assert math.isnan(h[r].item()) and (lp[r] == -math.inf).all()
+        _eq(ids[r], torch.arange(8), f"ids of invalid row {r}")
     ok = [0, 4]
     c = hs.topk_entropy(x[ok], 8)
     _eq(ids[ok], c[1], "valid rows next to invalid ones")
     torch.testing.assert_close(h[ok].cpu(), c[2], rtol=1e-5, atol=1e-5)
+    _eq(ops.topk_entropy_invalid(lp), torch.tensor([False, True, True, True, False]), "topk_entropy_invalid")
+
+
+@pytest.mark.parametrize("row,problem", [(1, "contains NaN"), (2, "contains +inf"),
+                                         (3, "is all -inf (no token has positive probability)")])
+def test_topk_entropy_error_helpers_raise_the_cpu_message(dev, row, problem):
+    x = torch.randn(5, 300)
+    x[1, 7] = math.nan
+    x[2, 9] = math.inf
+    x[3] = -math.inf
+    x = x[[0, row, 4]]
+    with pytest.raises(ValueError) as cpu:
+        hs.topk_entropy(x, 4)
+    assert f"row 1 of logits {problem};" in str(cpu.value)
+    d = dev.put(x)
+    lp, _, _ = dev.ops.topk_entropy(d, 4)
+    flags = ops.topk_entropy_invalid(lp)  # device-side, no sync
+    with pytest.raises(ValueError) as err:
+        ops.raise_topk_entropy_errors(flags, d)
+    assert str(err.value) == str(cpu.value)
+    with pytest.raises(ValueError, match="row 1 of logits contains NaN or \\+inf, or is all -inf"):
+        ops.raise_topk_entropy_errors(flags.tolist())  # host values, no logits
+    ops.raise_topk_entropy_errors(ops.topk_entropy_invalid(dev.ops.topk_entropy(dev.put(x[[0, 2]]), 4)[0]))
 
 
 def test_topk_entropy_empty(dev):
@@ -294,6 +320,45 @@ def test_verify_sampling_flags_invalid_rows(dev):
     out = dev.ops.verify_sampling(*map(dev.put, (tokens, probs, fc, ns, n, torch.rand(3, 8, generator=g),
                                                    torch.rand(3, generator=g))))
     assert out[2][1:].tolist() == [-1, -1] and out[1][1:].tolist() == [0, 0]
+    assert ops.verify_sampling_invalid(*out)[1:].tolist() == [0, 0]
+
+
+def test_verify_sampling_error_helpers_raise_the_cpu_message(dev):
+    """An invalid row below the root: the walk stops at that node (the last entry of accept_path),
+    the flag names it, and the helpers raise exactly the CPU op's message."""
+    B, T, V = 3, 6, 20
+    parents = torch.tensor([[-1, 0, 1, 2, 0, 4]] * B)  # chain 0-1-2-3 plus a branch 0-4-5
+    n = torch.full((B,), T)
+    _, _, fc, ns = hs.build_tree(parents, n, torch.zeros(B, dtype=torch.int64))
+    tokens = torch.tensor([[0, 3, 5, 7, 9, 11]] * B)
+    probs = torch.full((B, T, V), 1e-3)
+    for i, t in ((0, 3), (1, 5), (2, 7)):  # the walk of every request goes 0 -> 1 -> 2 -> 3
+        probs[:, i, t] = 1.0
+    probs[1, 2, 4] = math.nan  # request 1 stops at node 2 (accepted; its row is invalid)
+    coins, final = torch.full((B, T), 0.5), torch.full((B,), 0.5)
+    with pytest.raises(ValueError) as cpu:
+        hs.verify_sampling(tokens, probs, fc, ns, n, coins, final)
+    assert str(cpu.value) == ("verify_sampling: target_probs[1, 2] is not a valid distribution "
+                              "(a negative, NaN or inf entry, or all zeros)")
+    path, alen, bonus = dev.ops.verify_sampling(*map(dev.put, (tokens, probs, fc, ns, n, coins, final)))
+    assert bonus[1].item() == -1 and alen[1].item() == 2 and path[1, :4].tolist() == [0, 1, 2, -1]
+    flags = ops.verify_sampling_invalid(path, alen, bonus)
+    assert flags.tolist() == [-1, 2, -1]
+    for arg in (flags, flags.tolist()):
+        with pytest.raises(ValueError) as err:
+            ops.raise_verify_sampling_errors(arg)
+        assert str(err.value) == str(cpu.value)
+    ok = [0, 2]
+    c = hs.verify_sampling(tokens[ok], probs[ok], fc[ok], ns[ok], n[ok], coins[ok], final[ok])
+    ops.raise_verify_sampling_errors(ops.verify_sampling_invalid(*c))  # valid: no error
+    for a, b, name in zip((path[ok], alen[ok], bonus[ok]), c, ("accept_path", "accept_len", "bonus")):
+        _eq(a, b, name + " (valid requests)")
+    if dev.name == "cuda":  # the wrapper's opt-in check: one host read, the same error
+        with pytest.raises(ValueError) as err:
+            ops.verify_sampling(*map(dev.put, (tokens, probs, fc, ns, n, coins, final)), check_valid=True)
+        assert str(err.value) == str(cpu.value)
+        with pytest.raises(ValueError, match="row 0 of logits contains NaN;"):
+            ops.topk_entropy(torch.full((1, 10), math.nan, device="cuda"), 2, check_finite=True)
 
 
 # ---------------------------------------------------------------------------------------------

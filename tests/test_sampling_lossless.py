@@ -4,7 +4,14 @@ On a target with an 8-token vocabulary the exact law of the first three generate
 enumerated (512 sequences). Thousands of requests are decoded in one batch (each with its own
 tree) and a chi-square goodness-of-fit test compares the sample with the exact law. Positions 2
 and 3 are produced by tree verification, so the test covers acceptance, rejection of siblings,
-residual sampling and bonus tokens. A negative control shows the test rejects a biased verifier.
+residual sampling and bonus tokens.
+
+Power: a second design (two tokens, 64 cells, 16,000 requests, a noisy oracle draft so that
+both acceptance and the residual matter) detects a 5 % bias in the acceptance coins or in the
+residual's inverse-CDF coin; its negative controls apply exactly those biases and must fail.
+With EOS enabled the law is over continuations cut at the first EOS.
+The expected law never goes through heterospec's code: transformers computes the logits and
+its logits warpers the processed distribution (tests/sampling_ref.py).
 """
 
 
@@ -16,26 +23,30 @@ from heterospec import Engine, SpecConfig
 from heterospec import ops as hops
 from heterospec.config import SamplingParams
 from heterospec.entropy import EntropyBins
-from heterospec.sampling import processed_probs
-from tests.engine_util import OracleDraft, tiny_hf_llama
+from tests.engine_util import OracleDraft, stops_inside_accepted_path, tiny_hf_llama
+from tests.sampling_ref import reference_probs
 
 VOCAB, NEW, REQUESTS, ALPHA = 8, 3, 6000, 1e-3
 PROMPT = [3, 5, 1, 7]
 
 
-def exact_law(hf, params):
-    """P(x1, x2, x3 | prompt) by enumeration, with the same processing the engine applies."""
+def exact_law(hf, params, new=NEW, eos=()):
+    """P(x1 .. x_new | prompt) by enumeration: transformers' model and logits warpers
+    (tests/sampling_ref.py), no engine code. A sequence ends early at a token of ``eos``."""
     law = {}
-    with torch.no_grad():
-        def dist(ctx):
-            return processed_probs(hf(torch.tensor([PROMPT + list(ctx)])).logits[0, -1], params).double()
-        p1 = dist(())
-        for x1 in range(VOCAB):
-            p2 = dist((x1,))
-            for x2 in range(VOCAB):
-                p3 = dist((x1, x2))
-                for x3 in range(VOCAB):
-                    law[(x1, x2, x3)] = float(p1[x1] * p2[x2] * p3[x3])
+
+    def walk(ctx, p):
+        if len(ctx) == new or (ctx and ctx[-1] in eos):
+            law[ctx] = p
+            return
+        with torch.no_grad():
+            logits = hf(torch.tensor([PROMPT + list(ctx)])).logits[0, -1]
+        probs = reference_probs(logits, params.temperature, params.top_k, params.top_p)
+        for x in range(VOCAB):
+            if probs[x] > 0:
+                walk(ctx + (x,), p * float(probs[x]))
+
+    walk((), 1.0)
     return law
 
 
@@ -63,12 +74,12 @@ def chi_square_pvalue(samples, law):
     return float(chi2.sf(stat, dof)), impossible
 
 
-def _engine(draft_kind):
+def _engine(draft_kind, requests=REQUESTS):
     hf = tiny_hf_llama(vocab=VOCAB, hidden=32, layers=2, heads=4, kv_heads=2, seed=11, init_range=0.15)
     cfg = SpecConfig(top_k=3, depth=2, total_tokens=8)
     if draft_kind == "oracle":
         draft = OracleDraft(hf, noise=1.0, seed=1)
-        draft.set_prompts([PROMPT] * REQUESTS)
+        draft.set_prompts([PROMPT] * requests)
         engine = Engine(hf, draft, config=cfg, bins=EntropyBins([0.8, 1.6]))
     else:
         target = heterospec.TargetModel.from_hf(hf)
@@ -96,10 +107,11 @@ def test_speculative_sampling_matches_target_law(method, draft_kind, params):
 
 
 def assert_samples_follow_law(results, law, trees_used: bool = True):
-    """``results`` (one per request, NEW tokens each) pass the chi-square test against ``law``;
-    with ``trees_used``, some rounds accepted drafts and some rejected them."""
+    """``results`` pass the chi-square test against ``law`` (over sequences of NEW tokens, or
+    shorter ones ending at EOS); with ``trees_used``, some rounds accepted drafts and some
+    rejected them."""
     samples = [tuple(r.token_ids) for r in results]
-    assert all(len(s) == NEW for s in samples)
+    assert all(s in law for s in samples), "a sample is not a sequence the law is over (wrong length?)"
     pvalue, impossible = chi_square_pvalue(samples, law)
     assert impossible == 0, "sampled a sequence the processed target law gives zero probability"
     assert pvalue > ALPHA, f"chi-square rejects the target law: p = {pvalue:.2e}"
@@ -108,20 +120,64 @@ def assert_samples_follow_law(results, law, trees_used: bool = True):
         assert 0 < sum(a > 0 for a in accepts) < len(accepts)
 
 
-def test_negative_control_biased_verifier_is_detected(monkeypatch):
-    """Accepting drafts too eagerly (halved coins) must fail the same test."""
+POWER_NEW, POWER_REQUESTS = 2, 16000
+
+
+def _biased_verifier(kind):
+    """verify_sampling with a 5 % bias: acceptance coins scaled (accept too eagerly / too
+    rarely), or the residual's coin scaled (inverse CDF pushed towards low token ids)."""
     real = hops.verify_sampling
 
     def biased(tree_tokens, target_probs, first_child, next_sibling, num_nodes, coins, final_coins):
-        return real(tree_tokens, target_probs, first_child, next_sibling, num_nodes, coins * 0.5, final_coins)
+        if kind == "coins*0.95":
+            coins = coins * 0.95
+        elif kind == "coins*1.05":
+            coins = (coins * 1.05).clamp(max=1.0 - 2.0 ** -24)
+        elif kind == "residual*0.95":
+            final_coins = final_coins * 0.95
+        else:
+            raise ValueError(kind)
+        return real(tree_tokens, target_probs, first_child, next_sibling, num_nodes, coins, final_coins)
+    return biased
 
-    monkeypatch.setattr(hops, "verify_sampling", biased)
+
+def _power_run():
     params = SamplingParams(temperature=1.0)
-    engine, hf = _engine("eagle3")
-    res = engine.generate_batch([PROMPT] * REQUESTS, max_new_tokens=NEW, method="eagle3", temperature=1.0,
-                                seed=2024, chat=False)
-    pvalue, _ = chi_square_pvalue([tuple(r.token_ids) for r in res], exact_law(hf, params))
-    assert pvalue < ALPHA
+    engine, hf = _engine("oracle", requests=POWER_REQUESTS)
+    res = engine.generate_batch([PROMPT] * POWER_REQUESTS, max_new_tokens=POWER_NEW, method="heterospec",
+                                temperature=1.0, seed=2024, chat=False)
+    return res, exact_law(hf, params, new=POWER_NEW)
+
+
+def test_sampling_law_with_power_for_a_five_percent_bias():
+    res, law = _power_run()
+    assert_samples_follow_law(res, law)
+
+
+# Measured (seeds 2024, 1, 2; 20,000 requests): coins*0.95 p <= 3e-12, coins*1.05 p <= 6e-10,
+# residual*0.95 p <= 1e-17; unbiased p = 0.46-0.81. coins*1.05 is left to the mutation log (time).
+@pytest.mark.parametrize("kind", ["coins*0.95", "residual*0.95"])
+def test_negative_control_five_percent_bias_is_detected(monkeypatch, kind):
+    monkeypatch.setattr(hops, "verify_sampling", _biased_verifier(kind))
+    res, law = _power_run()
+    pvalue, _ = chi_square_pvalue([tuple(r.token_ids) for r in res], law)
+    assert pvalue < ALPHA, f"{kind}: a 5 % bias passes the chi-square test (p = {pvalue:.2e})"
+
+
+@pytest.mark.parametrize("method", ["eagle3", "heterospec"])
+def test_sampling_law_with_eos(method):
+    """EOS enabled at temperature > 0: the law is over continuations cut at the first EOS, and
+    some requests stop at an EOS that is an accepted draft (inside the path)."""
+    engine, hf = _engine("oracle")
+    eos = (4,)
+    engine.target.config.eos_token_ids = list(eos)
+    res = engine.generate_batch([PROMPT] * REQUESTS, max_new_tokens=NEW, method=method, temperature=1.0,
+                                seed=7, chat=False)
+    law = exact_law(hf, SamplingParams(temperature=1.0), eos=eos)
+    assert_samples_follow_law(res, law)
+    stopped = [r for r in res if r.finish_reason == "eos"]
+    assert all(r.token_ids[-1] in eos and len(r.token_ids) <= NEW for r in stopped)
+    assert sum(stops_inside_accepted_path(r) for r in stopped) >= 50
 
 
 def test_law_enumeration_is_normalised():

@@ -172,15 +172,20 @@ def test_stream_covers_epoch_and_growth(tmp_path, target):
         seen_ids.update(map(tuple, b.input_ids.tolist()))
         if s.state["epoch"] == 0 and len(s.state["seen"]) == 2 and s.state["batch"] >= len(s._batches):
             break
+    assert s.state["epoch"] == 0 and s.state["batch"] >= len(s._batches)   # epoch 0 used up, not over
     n_train = sum(1 for p in D.list_shards(data) for q in D.read_shard(p) if not T.is_val(q.prompt_id))
     assert len(seen_ids) >= n_train - 1  # identical padded rows could collide, nothing else
     # a shard appearing later joins the current epoch
     (tmp_path / "more").mkdir()
     make_data(tmp_path / "more", target, n_shards=1, per_shard=4, seed=5)
     (tmp_path / "more" / "distill" / "shard_00000.safetensors").rename(data / "shard_00009.safetensors")
-    for _ in range(20):
-        s.next_batch()
-    assert "shard_00009.safetensors" in s.state["seen"] or s.state["epoch"] > 0
+    late = {tuple(q.tokens.tolist()) for q in D.read_shard(data / "shard_00009.safetensors")
+            if not T.is_val(q.prompt_id)}
+    b = s.next_batch()     # epoch 0's two shards are used up: the next group is the new shard, same epoch
+    assert s.state["epoch"] == 0 and s.state["group"] == ["shard_00009.safetensors"]
+    assert s.state["seen"] == sorted(p.name for p in D.list_shards(data))
+    rows = {tuple(r[:n].tolist()) for r, n in zip(b.input_ids, b.lengths.tolist())}
+    assert rows and rows <= late, "the first batch after the new shard appeared is not from it"
 
 
 def test_simulate_and_export(tmp_path, target):
@@ -203,6 +208,10 @@ def test_simulate_and_export(tmp_path, target):
             "midlayer.self_attn.q_proj.weight"} <= keys
     cfg = json.loads((dest / "config.json").read_text())
     assert cfg["draft_vocab_size"] == 32 and cfg["vocab_size"] == VOCAB
+    info = json.loads((dest / "training_info.json").read_text())
+    assert info["ttt_steps"] == 2 and info["ttt_history"] == [[0, 2]]
+    assert info["data"]["response_tokens"] > 0 and info["data"]["shards"] == 2
+    assert all(v["licence"] for v in info["data"]["sources"].values())
     # re-export over a larger vocabulary (frozen lm_head = the target's rows)
     T.build_vocab(data, 48, out=tmp_path / "v48.json")
     dest2 = T.export_draft(ck, tmp_path / "export48", target=target, vocab_file=tmp_path / "v48.json")

@@ -318,9 +318,9 @@ void topk_entropy_impl(const at::Tensor& logits, int64_t k, const float* parent,
         int64_t cur = bad_row.load();
         while (r < cur && !bad_row.compare_exchange_weak(cur, r)) {
         }
-        for (int64_t i = 0; i < k; ++i) {
-          out_lp[r * k + i] = std::numeric_limits<float>::quiet_NaN();
-          out_ids[r * k + i] = -1;
+        for (int64_t i = 0; i < k; ++i) {  // the CUDA op's outputs for an invalid row (raised below)
+          out_lp[r * k + i] = kNegInf;
+          out_ids[r * k + i] = i;
         }
         out_h[r] = std::numeric_limits<float>::quiet_NaN();
         continue;

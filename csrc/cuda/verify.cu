@@ -4,7 +4,8 @@
 // Metadata checks are shared with the CPU ops (op_checks.h); link / token / coin / distribution /
 // path values are validated only on the CPU (a device sync otherwise): the kernels follow tree
 // links only forward below num_nodes, flag a target row that is not a distribution with
-// bonus = -1, and leave a request whose accepted path the CPU op would reject untouched in
+// bonus = -1 and the row's node at accept_path[b, accept_len[b]] (heterospec/ops.py:
+// verify_sampling_invalid, raise_verify_sampling_errors), and leave a request whose accepted path the CPU op would reject untouched in
 // compact_kv_.
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include <ATen/core/Tensor.h>

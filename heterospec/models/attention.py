@@ -10,6 +10,8 @@ Each target forward calls `backend.plan(...)` once (mask construction, FlashInfe
   length L_b + T); the bool custom mask comes from `torch.ops.heterospec.tree_attention_mask`.
   Every request contributes all T query rows (padding rows of a tree see only themselves).
 - "auto": flashinfer on CUDA when importable and the dtype is fp16/bf16, else sdpa.
+- GraphFlashInfer: the flashinfer backend with fixed buffers for CUDA-graph capture / replay
+  (not picked by make_backend; build it with the batch size and maximum tree / KV lengths).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import ops
+from .._checks import host_reads_allowed
 from .kv_cache import KVCache
 from .layers import sdpa
 
@@ -44,7 +47,8 @@ class SdpaAttention:
         T = tree_mask.shape[1]
         S = cache.max_length
         # On CPU attend only up to the longest request; on CUDA use S_max (no host sync).
-        width = S if prefix_lens.is_cuda else min(S, int(prefix_lens.max()) + T)
+        width = S if prefix_lens.is_cuda or not host_reads_allowed(prefix_lens) else \
+            min(S, int(prefix_lens.max()) + T)
         self.scale = scale
         return SdpaPlan(ops.dense_tree_attention_mask(tree_mask.contiguous(), prefix_lens, width), width)
 
@@ -101,6 +105,51 @@ class FlashInferAttention:
         B, T = plan
         o = self._wrapper.run(q.reshape(B * T, q.shape[2], q.shape[3]), (k_cache, v_cache))
         return o.view(B, T, q.shape[2], q.shape[3])
+
+
+class GraphFlashInfer(FlashInferAttention):
+    """FlashInfer in CUDA-graph mode (docs/gpu.md section 3): the wrapper owns fixed index and
+    mask buffers (``use_cuda_graph=True``), so a graph captured around ``run`` stays valid when
+    ``plan`` writes new lengths and mask bits into the same buffers.
+
+    Use: call ``plan(...)`` on the host (outside any capture) before every capture and every
+    replay, for the tree shape ``[B, T]`` the graph was captured with; inside a capture ``plan``
+    only returns the plan of the last host-side call (FlashInfer's ``plan`` syncs and cannot be
+    captured). ``T <= max_tokens`` query rows and ``L_b + T <= max_kv`` keys per request.
+
+    Import-safe without flashinfer: it is imported only when an instance is built (CUDA hosts).
+    """
+
+    name = "flashinfer-graph"
+
+    def __init__(self, device, batch_size: int, max_tokens: int, max_kv: int):
+        import flashinfer  # lazy: only on CUDA hosts
+
+        i32 = dict(dtype=torch.int32, device=device)
+        B = batch_size
+        self.batch_size, self.max_tokens, self.max_kv = B, max_tokens, max_kv
+        self._workspace = torch.empty(_FLASHINFER_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        self._wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            self._workspace, kv_layout="NHD", use_cuda_graph=True, backend="fa2",
+            qo_indptr_buf=torch.zeros(B + 1, **i32), paged_kv_indptr_buf=torch.zeros(B + 1, **i32),
+            paged_kv_indices_buf=torch.zeros(B, **i32), paged_kv_last_page_len_buf=torch.zeros(B, **i32),
+            custom_mask_buf=torch.zeros(B * (-(-max_tokens * max_kv // 8) + 1), dtype=torch.uint8, device=device),
+            mask_indptr_buf=torch.zeros(B + 1, **i32))
+        self._planned = None
+
+    def plan(self, tree_mask: torch.Tensor, prefix_lens: torch.Tensor, cache: KVCache, n_heads: int,
+             scale: float):
+        if tree_mask.is_cuda and torch.cuda.is_current_stream_capturing():
+            if self._planned != tuple(tree_mask.shape[:2]):
+                raise RuntimeError(f"GraphFlashInfer: plan the tree shape {tuple(tree_mask.shape[:2])} on the host "
+                                   f"before capturing (last plan: {self._planned})")
+            return self._planned
+        B, T = tree_mask.shape[:2]
+        if B != self.batch_size or T > self.max_tokens:
+            raise ValueError(f"GraphFlashInfer was built for batch {self.batch_size} and <= {self.max_tokens} "
+                             f"tree tokens, got a [{B}, {T}] tree")
+        self._planned = super().plan(tree_mask, prefix_lens, cache, n_heads, scale)
+        return self._planned
 
 
 def flashinfer_available() -> bool:

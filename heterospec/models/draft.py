@@ -16,8 +16,13 @@ Positions (docs/design.md): the draft entry at position p pairs the target featu
 token at p + 1. The draft cache length equals the target's committed length L; a tree node at
 depth d (target position L + d) is fed at draft position L + d - 1.
 
-Attention: scaled_dot_product_attention with exact bool masks on every device (the target's SDPA
-backend). A decision, not an omission: the draft is one layer whose tree steps put top_k queries
+Attention: scaled_dot_product_attention with exact masks on every device. On CPU: bool masks and
+``enable_gqa`` (the target's SDPA backend). On CUDA (``kernel_friendly_attention``): KV heads
+expanded to the query heads and additive float masks (layers.sdpa_kernel_friendly), since a bool
+mask with ``enable_gqa`` sends CUDA to the math kernel. Tree steps write their K/V into
+preallocated per-round buffers (DraftTreeState); on CUDA the buffer also holds the committed
+prefix (copied once per round), so every step attends over the same static [S + capacity] keys
+with no concatenation (capture-friendly). A decision, not an omission: the draft is one layer whose tree steps put top_k queries
 against the committed prefix plus a few dozen tree keys kept outside the cache, so FlashInfer's
 paged-KV planning would cost more than it saves; the target, where attention is 30+ layers over the
 whole tree, is what uses FlashInfer on CUDA. To revisit with a GPU profile (docs/gpu.md).
@@ -39,9 +44,10 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from .kv_cache import KVCache, _host_checks_enabled
-from .layers import (MLP, QKVO, RMSNorm, Rotary, assign_weights, load_weight_file, rope_exact_length, rope_inv_freq,
-                     sdpa)
+from .._checks import host_reads_allowed
+from .kv_cache import KVCache
+from .layers import (MLP, QKVO, RMSNorm, Rotary, additive_mask, assign_weights, expand_kv_heads, load_weight_file,
+                     rope_exact_length, rope_inv_freq, sdpa, sdpa_kernel_friendly)
 
 _ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters")
 _KNOWN_KEYS = {
@@ -166,15 +172,48 @@ class DraftConfig:
 
 @dataclass
 class DraftTreeState:
-    """Tree-step K/V and ancestor rows of the nodes fed so far in this round (never cached)."""
+    """Tree-step K/V and ancestor rows of the nodes fed so far in this round (never cached).
 
-    k: torch.Tensor | None = None  # [B, N, Hkv, D]
-    v: torch.Tensor | None = None  # [B, N, Hkv, D]
-    anc: torch.Tensor | None = None  # [B, N, N] bool: anc[b, i, j] = node j is i or an ancestor of i
+    Storage is preallocated for `capacity` nodes and written in place (no per-step concatenation);
+    it grows (a copy) only if a round feeds more nodes. Two layouts, picked at the first step:
+
+    * compact (CPU default): ``kbuf``, ``vbuf`` ``[B, capacity, Hkv, D]``; a step attends over the
+      committed prefix (cut to the longest one) concatenated with the nodes so far (the numerics
+      of a plain concatenation);
+    * static (CUDA default, ``static=True``): ``kbuf``, ``vbuf`` ``[B, S + capacity, Hq, D]``,
+      KV heads expanded; the committed prefix is copied from the draft cache at the round's first
+      step, node ``i`` sits at column ``S + i``, and every step attends over all ``S + capacity``
+      columns with an additive float mask: the same shapes every step, no host read, eligible
+      for the memory-efficient SDPA kernel. The buffers are recycled by the draft across rounds
+      of the same shape (one live tree per draft and shape at a time).
+
+    ``anc`` ``[B, capacity, capacity]`` bool: ``anc[b, i, j]`` = node ``j`` is ``i`` or an
+    ancestor of ``i``. The properties ``k``, ``v``, ``anc`` view the nodes fed so far.
+    """
+
+    capacity: int | None = None  # nodes; None: chosen at the first step (16 steps of its k)
+    static: bool | None = None  # None: the draft's kernel_friendly_attention (True on CUDA)
+    n: int = 0
+    offset: int = 0  # column of node 0 in kbuf / vbuf (S in the static layout)
+    kbuf: torch.Tensor | None = None
+    vbuf: torch.Tensor | None = None
+    ancbuf: torch.Tensor | None = None
 
     @property
     def num_nodes(self) -> int:
-        return 0 if self.k is None else self.k.shape[1]
+        return self.n
+
+    @property
+    def k(self) -> torch.Tensor | None:  # [B, N, H, D] (H = Hq in the static layout)
+        return None if self.kbuf is None else self.kbuf[:, self.offset:self.offset + self.n]
+
+    @property
+    def v(self) -> torch.Tensor | None:
+        return None if self.vbuf is None else self.vbuf[:, self.offset:self.offset + self.n]
+
+    @property
+    def anc(self) -> torch.Tensor | None:  # [B, N, N] bool
+        return None if self.ancbuf is None else self.ancbuf[:, :self.n, :self.n]
 
 
 class TrainOutput(NamedTuple):
@@ -232,8 +271,14 @@ def _target_spec(target) -> dict:
 class Eagle3Draft(nn.Module):
     """The EAGLE-3 draft. Build with `from_pretrained`, `for_target` or `Eagle3Draft(config)`."""
 
+    #: Attention in the form CUDA's fused SDPA kernels accept (expanded KV heads, additive float
+    #: masks) and the static tree-buffer layout; None = on CUDA only (CPU keeps the bool-mask,
+    #: enable_gqa numerics). Set True on CPU to exercise the CUDA formulation.
+    kernel_friendly_attention: bool | None = None
+
     def __init__(self, config: DraftConfig, own_embedding: bool = False):
         super().__init__()
+        self._tree_pool: dict = {}  # static tree buffers, recycled across rounds of the same shape
         c = self.config = config
         H = c.hidden_size
         self.fc = nn.Linear(3 * c.target_hidden_size, H, bias=False) if c.use_aux_hidden_state else None
@@ -479,13 +524,60 @@ class Eagle3Draft(nn.Module):
         cos, sin = self.rotary(positions, self.dtype)
         q, k, v = attn.qkv(x, cos, sin)
         cache.write(0, k, v, prefix_lens, num_new)
-        W = S if prefix_lens.is_cuda else min(S, int(prefix_lens.max()) + n)  # no host sync on CUDA
+        # No host read on CUDA or in a sync-free round: attend over the whole cache.
+        W = (S if prefix_lens.is_cuda or not host_reads_allowed(prefix_lens)
+             else min(S, int(prefix_lens.max()) + n))
         mask = torch.arange(W, device=x.device)[None, None, :] <= positions[:, :, None]  # [B, n, W]
-        o = sdpa(q, cache.k[0, :, :W], cache.v[0, :, :W], mask, attn.scale)
+        attend = sdpa_kernel_friendly if self._kernel_friendly(x) else sdpa
+        o = attend(q, cache.k[0, :, :W], cache.v[0, :, :W], mask, attn.scale)
         return self._layer_out(residual, o)
 
-    def new_tree(self, batch_size: int) -> DraftTreeState:
-        return DraftTreeState()
+    def _kernel_friendly(self, x: torch.Tensor) -> bool:
+        kf = self.kernel_friendly_attention
+        return x.is_cuda if kf is None else bool(kf)
+
+    def new_tree(self, batch_size: int, *, capacity: int | None = None,
+                 static: bool | None = None) -> DraftTreeState:
+        """A round's empty tree. capacity: nodes to preallocate (default: 16 steps of the first
+        step's k; grows if exceeded); static: the layout (default: kernel_friendly_attention, i.e.
+        static on CUDA). See DraftTreeState."""
+        if capacity is not None and int(capacity) < 1:
+            raise ValueError(f"new_tree: capacity must be >= 1, got {capacity}")
+        return DraftTreeState(capacity=None if capacity is None else int(capacity), static=static)
+
+    def _tree_storage(self, state: DraftTreeState, cache: KVCache, B: int, k: int, x: torch.Tensor) -> None:
+        """Allocate (first step) or grow the state's buffers so that k more nodes fit."""
+        N = state.n
+        if state.static is None:
+            state.static = self._kernel_friendly(x)
+        if state.kbuf is not None and state.kbuf.shape[0] != B:
+            raise ValueError(f"tree_step: this tree holds {state.kbuf.shape[0]} requests, got a batch of {B}")
+        have = state.capacity if state.kbuf is not None else 0
+        if N + k <= have:
+            return
+        attn = self.midlayer.self_attn
+        S = cache.max_length
+        cap = max(state.capacity or 16 * k, N + k, 2 * have if have else 0)
+        if state.static:
+            cap += (-(S + cap)) % 16  # 16-aligned key count: no mask padding copy in the fused kernel
+            shape, off = (B, S + cap, attn.n_heads, attn.head_dim), S
+        else:
+            shape, off = (B, cap, attn.n_kv_heads, attn.head_dim), 0
+        dev, dt = x.device, self.dtype
+        key = (state.static, shape, dt, dev)
+        pooled = self._tree_pool.get(key) if state.static and N == 0 else None
+        if pooled is None:
+            # zeros, not empty: masked keys must be finite under an additive mask
+            pooled = (torch.zeros(shape, dtype=dt, device=dev), torch.zeros(shape, dtype=dt, device=dev),
+                      torch.zeros((B, cap, cap), dtype=torch.bool, device=dev))
+            if state.static:
+                self._tree_pool = {key: pooled}  # keep one shape: the latest round's
+        kb, vb, ab = pooled
+        if state.kbuf is not None:  # grow: keep what this round wrote
+            used = off + N
+            kb[:, :used], vb[:, :used] = state.kbuf[:, :used], state.vbuf[:, :used]
+            ab[:, :N, :N] = state.ancbuf[:, :N, :N]
+        state.kbuf, state.vbuf, state.ancbuf, state.capacity, state.offset = kb, vb, ab, cap, off
 
     def tree_step(self, input_ids: torch.Tensor, hidden: torch.Tensor, parent_slots: torch.Tensor,
                   positions: torch.Tensor, cache: KVCache, prefix_lens: torch.Tensor,
@@ -505,36 +597,47 @@ class Eagle3Draft(nn.Module):
             raise ValueError(f"parent_slots and positions must be [{B}, {k}], got "
                              f"{list(parent_slots.shape)}, {list(positions.shape)}")
         cache.check_prefix_lens(prefix_lens)
-        if _host_checks_enabled(parent_slots) and bool(((parent_slots < -1) | (parent_slots >= N)).any()):
+        # Host check on CPU only (a sync on CUDA); on CUDA a bad slot reads a clamped, wrong row.
+        if (not parent_slots.is_cuda and host_reads_allowed(parent_slots)
+                and bool(((parent_slots < -1) | (parent_slots >= N)).any())):
             raise ValueError(f"parent_slots must lie in [-1, {N}) (nodes already in the tree state)")
         residual, x = self._layer_in(input_ids, hidden)
         attn = self.midlayer.self_attn
         cos, sin = self.rotary(positions, self.dtype)
         q, kk, vv = attn.qkv(x, cos, sin)
         dev = x.device
-        # ancestor rows of the new nodes: [B, k, N + k]
+        self._tree_storage(state, cache, B, k, x)
+        cap, S = state.capacity, cache.max_length
+        # ancestor rows of the new nodes, capacity wide: [B, k, cap] (columns >= N + k are False)
         if N:
-            rows = state.anc.gather(1, parent_slots.clamp(min=0)[..., None].expand(B, k, N))
+            slots = parent_slots.clamp(0, N - 1)
+            rows = state.ancbuf.gather(1, slots[..., None].expand(B, k, cap))
             rows = rows & (parent_slots >= 0)[..., None]
         else:
-            rows = torch.zeros(B, k, 0, dtype=torch.bool, device=dev)
-        rows = torch.cat((rows, torch.eye(k, dtype=torch.bool, device=dev).expand(B, k, k)), dim=-1)
-        S = cache.max_length
-        W = S if prefix_lens.is_cuda else min(S, int(prefix_lens.max()))
-        prefix = torch.arange(W, device=dev)[None, None, :] < prefix_lens[:, None, None]  # [B, 1, W]
-        mask = torch.cat((prefix.expand(B, k, W), rows), dim=-1)
-        keys, values = [cache.k[0, :, :W]], [cache.v[0, :, :W]]
-        if N:
-            keys.append(state.k)
-            values.append(state.v)
-        o = sdpa(q, torch.cat(keys + [kk], 1), torch.cat(values + [vv], 1), mask, attn.scale)
-        # grow the state
-        if N:
-            old = torch.cat((state.anc, torch.zeros(B, N, k, dtype=torch.bool, device=dev)), dim=-1)
-            state.anc = torch.cat((old, rows), dim=1)
-            state.k, state.v = torch.cat((state.k, kk), 1), torch.cat((state.v, vv), 1)
+            rows = torch.zeros(B, k, cap, dtype=torch.bool, device=dev)
+        rows[:, :, N:N + k] |= torch.eye(k, dtype=torch.bool, device=dev)
+        state.ancbuf[:, N:N + k] = rows
+        if state.static:
+            Hq = attn.n_heads
+            if N == 0:  # the committed prefix, once per round
+                state.kbuf[:, :S] = expand_kv_heads(cache.k[0], Hq)
+                state.vbuf[:, :S] = expand_kv_heads(cache.v[0], Hq)
+            state.kbuf[:, S + N:S + N + k] = expand_kv_heads(kk, Hq)
+            state.vbuf[:, S + N:S + N + k] = expand_kv_heads(vv, Hq)
+            prefix = torch.arange(S, device=dev)[None, None, :] < prefix_lens[:, None, None]  # [B, 1, S]
+            mask = additive_mask(torch.cat((prefix.expand(B, k, S), rows), dim=-1), q.dtype)  # [B, k, S + cap]
+            o = sdpa_kernel_friendly(q, state.kbuf, state.vbuf, mask, attn.scale)
         else:
-            state.anc, state.k, state.v = rows, kk, vv
+            state.kbuf[:, N:N + k], state.vbuf[:, N:N + k] = kk, vv
+            # No host read on CUDA or in a sync-free round: attend over the whole cache.
+            W = S if prefix_lens.is_cuda or not host_reads_allowed(prefix_lens) else min(S, int(prefix_lens.max()))
+            prefix = torch.arange(W, device=dev)[None, None, :] < prefix_lens[:, None, None]  # [B, 1, W]
+            mask = torch.cat((prefix.expand(B, k, W), rows[:, :, :N + k]), dim=-1)
+            keys = torch.cat((cache.k[0, :, :W], state.kbuf[:, :N + k]), 1)
+            values = torch.cat((cache.v[0, :, :W], state.vbuf[:, :N + k]), 1)
+            attend = sdpa_kernel_friendly if self._kernel_friendly(x) else sdpa
+            o = attend(q, keys, values, mask, attn.scale)
+        state.n = N + k
         return self._layer_out(residual, o)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -12,8 +12,10 @@ from .. import ops
 
 
 def _host_checks_enabled(t: torch.Tensor) -> bool:
-    # Host-side validation reads tensors (a sync on CUDA); skip it while capturing a CUDA graph.
-    return not (t.is_cuda and torch.cuda.is_current_stream_capturing())
+    # Host-side validation reads tensors (a sync on CUDA); skip it while capturing a CUDA graph
+    # and inside a sync-free round (heterospec._checks.sync_free).
+    from .._checks import host_reads_allowed
+    return host_reads_allowed(t)
 
 
 class KVCache:

@@ -190,6 +190,39 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, 
     return o.transpose(1, 2)
 
 
+def expand_kv_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """[B, T, Hkv, D] -> [B, T, n_heads, D], query head h reading KV head h // (n_heads / Hkv)
+    (the grouping of ``enable_gqa``). Returns ``x`` itself when Hkv == n_heads, else a copy."""
+    B, T, Hkv, D = x.shape
+    if Hkv == n_heads:
+        return x
+    return x[:, :, :, None].expand(B, T, Hkv, n_heads // Hkv, D).reshape(B, T, n_heads, D)
+
+
+def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """bool mask (True = attend) -> the same mask as an additive float tensor (0 / -inf) of `dtype`."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+
+
+def sdpa_kernel_friendly(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                         scale: float) -> torch.Tensor:
+    """`sdpa` in the form CUDA's fused kernels accept: KV heads expanded to the query heads (no
+    ``enable_gqa``, which the memory-efficient kernel rejects) and an additive float mask in the
+    query dtype. With ``enable_gqa`` and a bool mask PyTorch falls back to the math kernel on
+    CUDA; this form keeps the memory-efficient kernel eligible (flash takes no mask at all).
+
+    q: [B, Tq, Hq, D]; k, v: [B, Tk, Hkv or Hq, D]; mask: [B, Tq, Tk] bool (True = attend) or an
+    additive float mask of q's dtype. Same result as `sdpa` up to rounding; masked keys must hold
+    finite values (an additive -inf does not hide a NaN key the way a bool mask does).
+    """
+    Hq = q.shape[2]
+    k, v = expand_kv_heads(k, Hq), expand_kv_heads(v, Hq)
+    m = additive_mask(mask, q.dtype) if mask.dtype == torch.bool else mask
+    o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                       attn_mask=m[:, None], scale=scale)
+    return o.transpose(1, 2)
+
+
 # ---------------------------------------------------------------------------------------------
 # Loading
 

@@ -95,14 +95,32 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.mlp = MLP(c.hidden_size, c.intermediate_size, c.mlp_bias)
 
-    def forward(self, x, cos, sin, cache: KVCache, layer: int, prefix_lens, backend, plan):
-        # x: [B, T, H]
+    def forward(self, x, cos, sin, cache: KVCache, layer: int, prefix_lens, backend, plan, ragged=None):
+        # x: [B, T, H]; ragged (B, T, rows): x is [1, N, H], the N real rows of the [B * T] grid;
+        # only attention sees the padded grid, every linear layer runs on the real rows.
         attn = self.self_attn
         q, k, v = attn.qkv(self.input_layernorm(x), cos, sin)
+        if ragged is not None:
+            q, k, v = (_unpack(t, ragged) for t in (q, k, v))
         cache.write(layer, k, v, prefix_lens)  # the tree's K/V must be in the cache before attention
         o = backend.run(plan, q, cache.k[layer], cache.v[layer])
+        if ragged is not None:
+            o = _pack(o, ragged)
         x = x + attn.out(o)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def _pack(t: torch.Tensor, ragged) -> torch.Tensor:
+    """[B, T, ...] -> [1, N, ...]: the real rows."""
+    B, T, rows = ragged
+    return t.reshape(B * T, *t.shape[2:]).index_select(0, rows)[None]
+
+
+def _unpack(t: torch.Tensor, ragged) -> torch.Tensor:
+    """[1, N, ...] -> [B, T, ...], zeros in the padding."""
+    B, T, rows = ragged
+    out = t.new_zeros(B * T, *t.shape[2:])
+    return out.index_copy_(0, rows, t[0]).view(B, T, *t.shape[2:])
 
 
 class TargetModel(nn.Module):
@@ -226,7 +244,7 @@ class TargetModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, prefix_lens: torch.Tensor,
                 tree_mask: torch.Tensor | None = None, num_nodes: torch.Tensor | None = None,
                 return_features: bool = True, logits_index: torch.Tensor | None = None,
-                taps: tuple[int, ...] | None = None):
+                taps: tuple[int, ...] | None = None, ragged: bool = False):
         """input_ids, positions [B, T]; prefix_lens [B]; tree_mask [B, T, T] bool or None (causal);
         num_nodes [B] or None (all T real; padding rows only matter through tree_mask).
         logits_index [B, k] (optional, not in the design contract): compute logits only at these
@@ -234,6 +252,10 @@ class TargetModel(nn.Module):
         taps: the layers whose input hidden states form the features (default
         ``config.aux_layers``). The engine passes its draft's taps here, so one target can serve
         drafts that tap different layers without any state to keep in sync.
+        ragged: with ``num_nodes``, run every linear layer (QKV, output, MLP, lm_head) on the
+        ``sum(num_nodes)`` real tokens only; attention still sees the padded ``[B, T]`` grid. The
+        padding rows of the returned logits and features are zeros. (Reads ``num_nodes`` on the
+        host: a CPU path; on CUDA FlashInfer's ragged ``qo_indptr`` is the way.)
 
         Returns (logits [B, T, V] float32, features [B, T, len(aux_layers) * H] or None).
         """
@@ -255,6 +277,14 @@ class TargetModel(nn.Module):
         plan = backend.plan(tree_mask, prefix_lens, cache, c.num_heads, c.head_dim**-0.5)
         x = self.embed_tokens(input_ids)  # [B, T, H]
         cos, sin = self.rotary(positions, x.dtype)
+        pack = None
+        if ragged and num_nodes is not None and B > 1:
+            real = torch.arange(T, device=input_ids.device)[None, :] < num_nodes[:, None]
+            pack = (B, T, real.reshape(-1).nonzero()[:, 0])
+            if pack[2].numel() == B * T:
+                pack = None                 # nothing to save
+            else:
+                x, cos, sin = _pack(x, pack), _pack(cos, pack), _pack(sin, pack)
         if taps is not None and any(not 0 <= int(i) <= c.num_layers for i in taps):
             raise ValueError(f"feature taps {list(taps)} out of range for a target of {c.num_layers} layers")
         aux = (c.aux_layers if taps is None else tuple(int(i) for i in taps)) if return_features else ()
@@ -262,13 +292,18 @@ class TargetModel(nn.Module):
         for i, layer in enumerate(self.layers):
             if i in aux:
                 taps[i] = x
-            x = layer(x, cos, sin, cache, i, prefix_lens, backend, plan)
+            x = layer(x, cos, sin, cache, i, prefix_lens, backend, plan, pack)
         if c.num_layers in aux:
             taps[c.num_layers] = x
         features = torch.cat([taps[i] for i in aux], dim=-1) if return_features else None
         if logits_index is not None:
+            if pack is not None:
+                raise ValueError("target forward: logits_index and ragged cannot be combined")
             x = x.gather(1, logits_index[..., None].expand(-1, -1, x.shape[-1]))
         logits = self.lm_head(self.norm(x)).float()
+        if pack is not None:
+            logits = _unpack(logits, pack)
+            features = _unpack(features, pack) if features is not None else None
         return logits, features
 
 

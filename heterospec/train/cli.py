@@ -9,6 +9,24 @@ import sys
 from pathlib import Path
 
 from ..argtypes import fraction, nonneg_int, positive_float, positive_int, seed
+from . import default_ttt_steps
+
+DISTILL_NUM_PROMPTS = 16000   # = prompts.DISTILL_NUM_PROMPTS (not imported: keeps --help light)
+
+
+def _mix(text: str) -> dict:
+    """``instruct=0.4,chat=0.15,...`` -> {source: weight}."""
+    out = {}
+    for part in text.split(","):
+        name, sep, w = part.partition("=")
+        try:
+            val = float(w)
+        except ValueError:
+            val = -1.0
+        if not sep or not name.strip() or not val > 0:
+            raise argparse.ArgumentTypeError(f"expected SOURCE=WEIGHT,... with weights > 0, got {text!r}")
+        out[name.strip()] = val
+    return out
 
 
 def _default_data() -> str:
@@ -40,7 +58,19 @@ def build_parser(prog: str = "heterospec train-draft") -> argparse.ArgumentParse
     p = sub.add_parser("distill", help="generate self-distillation shards")
     common(p)
     p.add_argument("--out", default=None, help="data dir (default ~/.cache/heterospec/distill)")
-    p.add_argument("--num-prompts", type=positive_int, default=4800)
+    p.add_argument("--num-prompts", type=positive_int, default=DISTILL_NUM_PROMPTS,
+                   help="prompts before the disjointness check (default %(default)s: >= 2.5M "
+                        "response tokens)")
+    p.add_argument("--mix", type=_mix, default=None,
+                   help="prompt sources and weights, e.g. instruct=0.4,code=0.17,docs=0.15,"
+                        "math=0.13,chat=0.15 (default: prompts.DISTILL_MIX)")
+    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="target precision; auto = bfloat16 on CUDA or a CPU with native bf16, "
+                        "else float32")
+    p.add_argument("--allow-missing-references", action="store_true",
+                   help="run the disjointness check with the benchmark sets that are available "
+                        "(a missing one is reported, not checked); default: refuse")
     p.add_argument("--shard-size", type=positive_int, default=64)
     p.add_argument("--max-new-tokens", type=positive_int, default=320)
     p.add_argument("--max-prompt-tokens", type=positive_int, default=448)
@@ -49,6 +79,17 @@ def build_parser(prog: str = "heterospec train-draft") -> argparse.ArgumentParse
     p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--max-shards", type=positive_int, default=None)
     p.add_argument("--time-budget", type=positive_float, default=None, help="seconds; stop starting shards after")
+
+    p = sub.add_parser("bench-distill", help="measure distillation speed (response tokens/s); "
+                                             "writes nothing")
+    common(p)
+    p.add_argument("--num-prompts", type=positive_int, default=64)
+    p.add_argument("--batch", type=positive_int, default=32, help="prompts per target forward")
+    p.add_argument("--max-new-tokens", type=positive_int, default=128)
+    p.add_argument("--time-budget", type=positive_float, default=60.0,
+                   help="seconds; no new batch starts after (default %(default)s)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
 
     p = sub.add_parser("vocab", help="choose the draft vocabulary from the distilled responses")
     p.add_argument("--data", default=None)
@@ -63,7 +104,9 @@ def build_parser(prog: str = "heterospec train-draft") -> argparse.ArgumentParse
     p.add_argument("--steps", type=positive_int, default=3000)
     p.add_argument("--batch-tokens", type=positive_int, default=2048)
     p.add_argument("--max-len", type=positive_int, default=768)
-    p.add_argument("--ttt-steps", type=positive_int, default=3)
+    p.add_argument("--ttt-steps", type=positive_int, default=default_ttt_steps(),
+                   help="training-time-test unrolled steps (default %(default)s: every candidate "
+                        "layer of the deepest draft tree the engine builds); may change on resume")
     p.add_argument("--lr", type=positive_float, default=2e-3)
     p.add_argument("--warmup", type=nonneg_int, default=30)
     p.add_argument("--val-seqs", type=positive_int, default=32)
@@ -104,7 +147,15 @@ def main(argv=None) -> int:
     if unknown:
         ap.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.cmd is None:
-        ap.error("a step is required: distill, vocab, train, simulate or export")
+        ap.error("a step is required: distill, bench-distill, vocab, train, simulate or export")
+    if args.cmd == "bench-distill":
+        from .distill import bench_generation
+
+        res = bench_generation(args.num_prompts, args.batch, args.max_new_tokens, args.time_budget,
+                               device=args.device, dtype=args.dtype, threads=args.threads,
+                               target_dir=args.target)
+        print(json.dumps(res, indent=1), flush=True)
+        return 0
     if args.cmd == "distill":
         from .distill import DistillConfig, run_distill
 
@@ -113,7 +164,9 @@ def main(argv=None) -> int:
                             max_prompt_tokens=args.max_prompt_tokens,
                             sampled_fraction=args.sampled_fraction, temperature=args.temperature,
                             seed=args.seed, max_shards=args.max_shards,
-                            time_budget_s=args.time_budget, threads=args.threads)
+                            time_budget_s=args.time_budget, threads=args.threads, mix=args.mix,
+                            device=args.device, dtype=args.dtype,
+                            allow_missing_references=args.allow_missing_references)
         print(json.dumps(run_distill(cfg, target_dir=args.target), indent=1), flush=True)
         return 0
     from . import trainer

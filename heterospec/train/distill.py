@@ -54,15 +54,40 @@ __all__ = [
     "run_distill",
     "default_distill_dir",
     "chat_ids",
+    "resolve_device_dtype",
+    "bench_generation",
 ]
 
 FP16_MAX = 65504.0
 
 
 def default_distill_dir() -> Path:
+    """``<cache>/distill-v2``: the issue-11 data (chat mix, disjointness check, 16K prompts);
+    the shipped draft's data was generated into ``<cache>/distill`` (pass ``--data`` for it)."""
     from ..defaults import cache_root
 
-    return cache_root() / "distill"
+    return cache_root() / "distill-v2"
+
+
+def resolve_device_dtype(device: str = "auto", dtype: str = "auto") -> tuple[torch.device, torch.dtype]:
+    """``auto`` device: CUDA when available, else CPU. ``auto`` dtype: bfloat16 on CUDA and on a
+    CPU with native bf16 (``heterospec.engine.cpu_has_native_bf16``: AVX512-BF16 / AMX), else
+    float32 (emulated bf16 is slower than fp32). The teacher's text only needs to be the target's
+    at the precision the draft will serve, so bf16 generation is fine where bf16 is served."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    if dtype == "auto":
+        if dev.type == "cuda":
+            dt = torch.bfloat16
+        else:
+            from ..engine import cpu_has_native_bf16
+
+            dt = torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+    else:
+        dt = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+              "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}[dtype]
+    return dev, dt
 
 
 def aux_layer_ids(num_layers: int) -> tuple[int, int, int]:
@@ -73,7 +98,7 @@ def aux_layer_ids(num_layers: int) -> tuple[int, int, int]:
 @dataclass
 class DistillConfig:
     out_dir: str
-    num_prompts: int = 4800
+    num_prompts: int = 16000          # prompts.DISTILL_NUM_PROMPTS (>= 2.5M response tokens)
     shard_size: int = 64              # prompts per shard = generation batch
     max_new_tokens: int = 320
     max_prompt_tokens: int = 448
@@ -84,6 +109,15 @@ class DistillConfig:
     max_shards: int | None = None     # stop after this many shards in this run (None = all)
     time_budget_s: float | None = None  # stop starting new shards after this much wall time
     threads: int = 1
+    mix: dict | None = None           # prompt sources -> weight (None: prompts.DISTILL_MIX)
+    disjoint: bool = True             # drop prompts overlapping a benchmark / calibration prompt
+    allow_missing_references: bool = False  # skip (with a warning) reference sets not available
+    device: str = "auto"              # auto: cuda if available, else cpu
+    dtype: str = "auto"               # auto: bf16 on cuda / native-bf16 CPUs, else float32
+
+# settings that do not change the data (or only its precision) and may differ on resume
+_RUN_ONLY = ("out_dir", "max_shards", "time_budget_s", "threads", "allow_missing_references",
+             "device", "dtype")
 
 
 @dataclass
@@ -150,6 +184,7 @@ def generate_with_taps(model, prompts: list[list[int]], max_new_tokens: int,
     from transformers import DynamicCache
 
     num_layers = model.config.num_hidden_layers
+    dev = next(model.parameters()).device
     taps = _Taps(model, aux_layer_ids(num_layers))
     try:
         B = len(prompts)
@@ -163,31 +198,36 @@ def generate_with_taps(model, prompts: list[list[int]], max_new_tokens: int,
             ids[b, P - len(p):] = torch.tensor(p, dtype=torch.long)
             mask[b, P - len(p):] = 1
         pos = (mask.cumsum(-1) - 1).clamp_(min=0)
+        ids, mask, pos, eos = ids.to(dev), mask.to(dev), pos.to(dev), eos.to(dev)
         cache = DynamicCache(config=model.config)
         out = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
                     use_cache=True, logits_to_keep=1)
         feats, final = taps.take()
-        res_feats = [[_to_fp16(feats[b, P - len(p):])] for b, p in enumerate(prompts)]
-        res_final = [[_to_fp16(final[b, P - len(p):])] for b, p in enumerate(prompts)]
+        feats, final = _to_fp16(feats).cpu(), _to_fp16(final).cpu()
+        res_feats = [[feats[b, P - len(p):]] for b, p in enumerate(prompts)]
+        res_final = [[final[b, P - len(p):]] for b, p in enumerate(prompts)]
         gen = [[] for _ in range(B)]
         amax = [[] for _ in range(B)]  # target argmax at rows >= P-1 (free: logits exist there)
         finished = [False] * B
-        active = torch.arange(B)
-        samp = torch.tensor(sampled, dtype=torch.bool)
-        next_pos = plen.clone()
+        active = torch.arange(B, device=dev)
+        samp = torch.tensor(sampled, dtype=torch.bool, device=dev)
+        next_pos = plen.clone().to(dev)
         logits = out.logits[:, -1].float()
         for step in range(max_new_tokens):
             tok = logits.argmax(-1)
-            for j, b in enumerate(active.tolist()):
-                amax[b].append(int(tok[j]))
+            act = active.tolist()
+            for b, t in zip(act, tok.tolist()):
+                amax[b].append(t)
             if samp[active].any():
                 probs = torch.softmax(logits / temperature, dim=-1)
-                drawn = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+                if generator is not None and generator.device != probs.device:
+                    probs = probs.to(generator.device)
+                drawn = torch.multinomial(probs, 1, generator=generator).squeeze(-1).to(dev)
                 tok = torch.where(samp[active], drawn, tok)
             done_now = torch.isin(tok, eos)
-            for j, b in enumerate(active.tolist()):
-                gen[b].append(int(tok[j]))
-                if done_now[j]:
+            for b, t, d in zip(act, tok.tolist(), done_now.tolist()):
+                gen[b].append(t)
+                if d:
                     finished[b] = True
             if step == max_new_tokens - 1:
                 break
@@ -199,13 +239,13 @@ def generate_with_taps(model, prompts: list[list[int]], max_new_tokens: int,
                 mask = mask[keep]
                 tok = tok[keep]
                 active = active[keep]
-            mask = torch.cat([mask, torch.ones((mask.shape[0], 1), dtype=mask.dtype)], dim=-1)
+            mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=-1)
             pos_now = next_pos[active].unsqueeze(-1)
             out = model(input_ids=tok.unsqueeze(-1), attention_mask=mask, position_ids=pos_now,
                         past_key_values=cache, use_cache=True)
             next_pos[active] += 1
             feats, final = taps.take()
-            f16, h16 = _to_fp16(feats[:, 0]), _to_fp16(final[:, 0])
+            f16, h16 = _to_fp16(feats[:, 0]).cpu(), _to_fp16(final[:, 0]).cpu()
             for j, b in enumerate(active.tolist()):
                 res_feats[b].append(f16[j:j + 1])
                 res_final[b].append(h16[j:j + 1])
@@ -228,7 +268,7 @@ def generate_with_taps(model, prompts: list[list[int]], max_new_tokens: int,
 # ----------------------------------------------------------------------------- shard I/O
 
 
-def write_shard(path: str | os.PathLike, seqs: list[Sequence_]) -> None:
+def write_shard(path: str | os.PathLike, seqs: list[Sequence_], extra_meta: dict | None = None) -> None:
     """Write sequences to one safetensors shard, atomically (temp file + rename)."""
     path = Path(path)
     lens = torch.tensor([s.tokens.numel() for s in seqs], dtype=torch.int64)
@@ -253,6 +293,7 @@ def write_shard(path: str | os.PathLike, seqs: list[Sequence_]) -> None:
         ]).to(torch.int32),
     }
     meta = {"prompt_ids": json.dumps([s.prompt_id for s in seqs]), "format": "heterospec-distill-v1"}
+    meta.update({k: str(v) for k, v in (extra_meta or {}).items()})
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     save_file(tensors, str(tmp), metadata=meta)
     os.replace(tmp, path)
@@ -356,8 +397,12 @@ def run_distill(cfg: DistillConfig, model=None, tokenizer=None, prompts=None,
                 target_dir: str | None = None, log=print) -> dict:
     """Generate (or resume) the distillation shards described by ``cfg``.
 
-    ``model``/``tokenizer`` default to the built-in target (``heterospec.defaults``), ``prompts``
-    to ``build_training_prompts(cfg.num_prompts, cfg.seed)``. Returns a summary dict.
+    ``model``/``tokenizer`` default to the built-in target (``heterospec.defaults``), loaded
+    on ``cfg.device`` in ``cfg.dtype`` (see ``resolve_device_dtype``); ``prompts`` to
+    ``build_training_prompts(cfg.num_prompts, cfg.seed, cfg.mix or DISTILL_MIX)``. With
+    ``cfg.disjoint`` (default) the prompts first pass ``heterospec.train.disjoint`` against the
+    five benchmark sets and the calibration split; the report goes to ``DATA/disjointness.json``
+    and the manifest. Returns a summary dict.
     """
     from tqdm import tqdm
 
@@ -371,27 +416,61 @@ def run_distill(cfg: DistillConfig, model=None, tokenizer=None, prompts=None,
             from ..defaults import default_target_dir
 
             target_dir = str(default_target_dir())
-        log(f"loading target from {target_dir}")
+        dev, dt = resolve_device_dtype(cfg.device, cfg.dtype)
+        log(f"loading target from {target_dir} on {dev} in {dt}")
         tokenizer = AutoTokenizer.from_pretrained(target_dir)
-        model = LlamaForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
+        model = LlamaForCausalLM.from_pretrained(target_dir, dtype=dt).to(dev)
     model.eval()
+    gen_dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    prompt_info = None
     if prompts is None:
-        from .prompts import build_training_prompts
+        from .prompts import DISTILL_MIX, build_training_prompts, source_info
 
-        prompts = build_training_prompts(cfg.num_prompts, cfg.seed)
+        mix = dict(cfg.mix or DISTILL_MIX)
+        # template fills that differ from a calibration prompt only in names / numbers are
+        # dropped as near duplicates (~13% of a templated list against 64 calibration prompts):
+        # draw extra candidates and keep the first num_prompts that pass
+        n_cand = int(cfg.num_prompts * 1.5) if cfg.disjoint else cfg.num_prompts
+        prompts = build_training_prompts(n_cand, cfg.seed, mix=mix)
+        prompt_info = {"sources": source_info(mix), "mix": mix}
+    if cfg.disjoint:
+        from .disjoint import filter_prompts, reference_sets
+
+        index = reference_sets(allow_missing=cfg.allow_missing_references, log=log)
+        prompts, report = filter_prompts(prompts, index)
+        prompts = prompts[:cfg.num_prompts]
+        report["used"] = len(prompts)
+        log(f"disjointness: {report['dropped']} of {report['candidates']} prompts dropped "
+            f"(per set: {report['dropped_per_set']})")
+        out.mkdir(parents=True, exist_ok=True)
+        tmp = out / "disjointness.json.tmp"
+        tmp.write_text(json.dumps(report, indent=1))
+        os.replace(tmp, out / "disjointness.json")
+        prompt_info = dict(prompt_info or {}, disjointness=report)
+    counts: dict = {}
+    for p in prompts:
+        src = getattr(p, "source", "?").split(":")[0]
+        counts[src] = counts.get(src, 0) + 1
+    prompt_info = dict(prompt_info or {}, counts=counts)
+    import hashlib
+
+    list_sha = hashlib.sha256("\n".join(f"{p.id}\t{p.text}" for p in prompts).encode()).hexdigest()
     L = model.config.num_hidden_layers
     manifest = {
         "format": "heterospec-distill-v1",
         "target": str(target_dir) if target_dir else getattr(model.config, "_name_or_path", ""),
         "num_layers": L, "hidden_size": model.config.hidden_size,
         "vocab_size": model.config.vocab_size, "aux_layers": list(aux_layer_ids(L)),
-        "config": {k: v for k, v in asdict(cfg).items()
-                   if k not in ("out_dir", "max_shards", "time_budget_s", "threads")},
+        "config": {k: v for k, v in asdict(cfg).items() if k not in _RUN_ONLY},
+        "prompt_list_sha256": list_sha, "prompts": prompt_info, "generation_dtype": gen_dtype,
     }
     mpath = out / "manifest.json"
     if mpath.exists():
         old = json.loads(mpath.read_text())
-        for k in ("num_layers", "hidden_size", "vocab_size", "aux_layers", "config"):
+        keys = ["num_layers", "hidden_size", "vocab_size", "aux_layers", "config"]
+        if "prompt_list_sha256" in old:  # the prompt list (after the disjointness check) is fixed
+            keys.append("prompt_list_sha256")
+        for k in keys:
             if old.get(k) != manifest[k]:
                 raise ValueError(f"{mpath} was written with a different {k} ({old.get(k)!r} vs "
                                  f"{manifest[k]!r}); use another --out or the same settings")
@@ -427,7 +506,7 @@ def run_distill(cfg: DistillConfig, model=None, tokenizer=None, prompts=None,
                           features=r["features"], final_hidden=r["final_hidden"], sampled=s,
                           finished=r["finished"], target_argmax=r["target_argmax"])
                 for (p, _), r, s in zip(items, res, sampled)]
-        write_shard(out / f"shard_{i:05d}.safetensors", seqs)
+        write_shard(out / f"shard_{i:05d}.safetensors", seqs, extra_meta={"dtype": gen_dtype})
         dt = time.time() - ts
         tok = sum(int(s.tokens.numel()) for s in seqs)
         resp = sum(int(s.tokens.numel()) - s.prompt_len for s in seqs)
@@ -443,3 +522,50 @@ def run_distill(cfg: DistillConfig, model=None, tokenizer=None, prompts=None,
     done = list_shards(out)
     return {"shards": len(done), "planned": len(plan), "tokens_this_run": n_tok,
             "response_tokens_this_run": n_resp, "seconds": time.time() - t0}
+
+
+def bench_generation(num_prompts: int = 64, batch: int = 32, max_new_tokens: int = 128,
+                     time_budget_s: float = 60.0, device: str = "auto", dtype: str = "auto",
+                     threads: int = 1, target_dir: str | None = None, seed: int = 0,
+                     log=print) -> dict:
+    """Distillation speed: the target answers training prompts in batches of ``batch`` (greedy,
+    taps recorded exactly as ``run_distill`` does, nothing written) until ``num_prompts`` are
+    done or ``time_budget_s`` has passed (checked between batches; the first batch always
+    runs). Model loading and prompt building are not timed. Returns response tokens/s and
+    the setting."""
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    from .prompts import DEFAULT_MIX, build_training_prompts
+
+    torch.set_num_threads(max(1, threads))
+    if target_dir is None:
+        from ..defaults import default_target_dir
+
+        target_dir = str(default_target_dir())
+    dev, dt = resolve_device_dtype(device, dtype)
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    model = LlamaForCausalLM.from_pretrained(target_dir, dtype=dt).to(dev).eval()
+    # sources that need no download (instruct / math), in the distillation order
+    prompts = build_training_prompts(num_prompts, seed=seed, mix={"instruct": 0.7, "math": 0.3})
+    enc = [chat_ids(tok, p.text) for p in prompts]
+    eos = _eos_ids(tok, model)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else eos[0]
+    n_resp = n_tok = n_prompts = 0
+    t0 = time.time()
+    for i in range(0, len(enc), batch):
+        if i and time.time() - t0 > time_budget_s:
+            break
+        chunk = sorted(enc[i:i + batch], key=len)
+        res = generate_with_taps(model, chunk, max_new_tokens, eos, pad_id=pad)
+        n_prompts += len(res)
+        n_resp += sum(int(r["tokens"].numel()) - r["prompt_len"] for r in res)
+        n_tok += sum(int(r["tokens"].numel()) for r in res)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        el = time.time() - t0
+        log(f"{n_prompts} prompts, {n_resp} response tokens in {el:.1f}s = {n_resp / el:.1f} resp tok/s")
+    el = time.time() - t0
+    return {"response_tokens_per_s": n_resp / el, "tokens_per_s": n_tok / el,
+            "response_tokens": n_resp, "prompts": n_prompts, "seconds": el, "batch": batch,
+            "max_new_tokens": max_new_tokens, "device": str(dev),
+            "dtype": str(dt).removeprefix("torch."), "threads": torch.get_num_threads()}

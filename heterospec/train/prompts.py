@@ -15,7 +15,19 @@ docs        explain / summarize / question tasks over python3.11-doc       PSF (
             passages from the *train* split only (``datasets.doc_split``)   python3.11-doc)
 math        arithmetic word problems from our own templates (not           ours
             reasoning-gym's gsm_symbolic, which feeds the gsm benchmark)
+chat        user turns of the English ChatterBot dialog corpus (chit-chat,  BSD-3-Clause
+            tech support, coding, trivia, science, history, literature,     (PyPI
+            psychology, money, ...), read from the PyPI wheel               chatterbot-corpus
+            ``chatterbot-corpus`` (fetched into the heterospec cache by     1.3.3)
+            ``heterospec.fetch``, never installed)
 ==========  =============================================================  ====================
+
+``SOURCE_INFO`` holds the same facts (what, licence, origin) for ``training_info.json``.
+``DISTILL_MIX`` / ``DISTILL_NUM_PROMPTS`` are the settings of the large self-distillation run
+(issue 11: >= 2.5M response tokens); ``DEFAULT_MIX`` stays the mix of the shipped draft's data,
+because ``calibration_prompts`` is drawn from it (changing it would change the calibration
+split). Before distillation the prompts pass ``heterospec.train.disjoint`` (exact and word
+8-gram near-duplicate removal against the five benchmark sets and the calibration split).
 
 Disjointness with the benchmarks: MT-bench questions, HumanEval, FastChat's dummy
 conversations and GSM-Symbolic are never read here; the python docs are split per file by a
@@ -36,9 +48,44 @@ from pathlib import Path
 
 from ..datasets import MissingDataError, Prompt, doc_files, doc_passages, doc_sources_root, doc_split
 
-__all__ = ["build_training_prompts", "calibration_prompts", "DEFAULT_MIX", "SOURCES"]
+__all__ = ["build_training_prompts", "calibration_prompts", "DEFAULT_MIX", "DISTILL_MIX",
+           "DISTILL_NUM_PROMPTS", "SOURCES", "SOURCE_INFO", "source_info", "chat_corpus_dir"]
 
 DEFAULT_MIX = {"instruct": 0.45, "code": 0.2, "docs": 0.15, "math": 0.2}
+
+#: Mix of the large distillation run (the chat source runs out after its ~1-2K distinct user
+#: turns; its remaining share then goes to the others).
+DISTILL_MIX = {"instruct": 0.4, "code": 0.17, "docs": 0.15, "math": 0.13, "chat": 0.15}
+#: Prompts of the large run: the shipped draft's data averaged ~150-200 response tokens per
+#: prompt at max_new_tokens 320, so 16,000 prompts give ~2.5-3M response tokens.
+DISTILL_NUM_PROMPTS = 16000
+
+SOURCE_INFO = {
+    "instruct": {"what": "instruction templates (writing, roleplay, reasoning, math, coding, "
+                         "extraction, STEM, humanities, advice) filled from topic lists",
+                 "licence": "this repository's licence (our own text)",
+                 "origin": "heterospec/train/prompts.py"},
+    "code": {"what": "code tasks from docstrings of public Python standard-library functions",
+             "licence": "PSF-2.0 (CPython standard library source)",
+             "origin": "the Python stdlib on the generating machine (parsed with ast)"},
+    "docs": {"what": "explain / summarise / question tasks over Python documentation passages "
+                     "(train split of files only)",
+             "licence": "PSF-2.0 (Python documentation)",
+             "origin": "Debian package python3.11-doc"},
+    "math": {"what": "arithmetic word problems from our own templates",
+             "licence": "this repository's licence (our own text)",
+             "origin": "heterospec/train/prompts.py"},
+    "chat": {"what": "user turns of the English ChatterBot dialog corpus",
+             "licence": "BSD-3-Clause (PyPI classifier 'License :: OSI Approved :: BSD License'; "
+                        "upstream gunthercox/chatterbot-corpus LICENSE)",
+             "origin": "PyPI wheel chatterbot-corpus==1.3.3, chatterbot_corpus/data/english/*.yml"},
+}
+
+
+def source_info(names) -> dict:
+    """``SOURCE_INFO`` of the named sources (for manifests and ``training_info.json``)."""
+    return {n: SOURCE_INFO.get(n, {"what": n, "licence": "unknown", "origin": "unknown"})
+            for n in sorted(set(names))}
 
 # ----------------------------------------------------------------------------- instruct
 
@@ -397,8 +444,57 @@ def _docs_prompts(n: int, rng: random.Random) -> list[Prompt]:
     return out
 
 
+# ----------------------------------------------------------------------------- chat (ChatterBot)
+
+CHAT_PACKAGE = "chatterbot_corpus"
+
+
+def chat_corpus_dir() -> Path:
+    """``chatterbot_corpus/data/english`` of the installed or cached wheel (fetched on first use
+    unless ``HETEROSPEC_NO_FETCH=1``); ``MissingDataError`` naming the fetch command otherwise."""
+    from ..fetch import package_dirs
+
+    for d in package_dirs(CHAT_PACKAGE, error=MissingDataError):
+        eng = Path(d) / "data" / "english"
+        if eng.is_dir():
+            return eng
+    raise MissingDataError(f"{CHAT_PACKAGE}: no data/english directory; run: heterospec fetch train")
+
+
+def chat_user_turns(root: Path | None = None) -> list[tuple[str, int, str]]:
+    """(file stem, index, text) of the distinct user turns (even positions of each conversation)
+    of the English ChatterBot corpus, in file order; turns of fewer than 3 words are skipped."""
+    try:
+        import yaml
+    except ImportError as exc:  # pragma: no cover - PyYAML comes with transformers
+        raise MissingDataError("reading the ChatterBot corpus needs PyYAML: pip install pyyaml") from exc
+    root = chat_corpus_dir() if root is None else Path(root)
+    out, seen = [], set()
+    for path in sorted(root.glob("*.yml")):
+        doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        for conv in doc.get("conversations") or []:
+            if not isinstance(conv, list):
+                continue
+            for t, turn in enumerate(conv):
+                if t % 2 or not isinstance(turn, str):
+                    continue
+                text = " ".join(turn.split())
+                if len(text.split()) < 3 or text.lower() in seen:
+                    continue
+                seen.add(text.lower())
+                out.append((path.stem, len(out), text))
+    return out
+
+
+def _chat_prompts(n: int, rng: random.Random) -> list[Prompt]:
+    turns = chat_user_turns()
+    rng.shuffle(turns)
+    return [Prompt(id=f"chat/{stem}/{j}", text=text, source="chat:chatterbot")
+            for stem, j, text in turns[:n]]
+
+
 SOURCES = {"instruct": _instruct_prompts, "code": _code_prompts, "docs": _docs_prompts,
-           "math": _math_prompts}
+           "math": _math_prompts, "chat": _chat_prompts}
 
 
 def build_training_prompts(n: int = 6000, seed: int = 0,

@@ -39,6 +39,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from . import default_ttt_steps
 from .distill import DistillShard, Sequence_, list_shards
 
 __all__ = [
@@ -403,7 +404,10 @@ class TrainConfig:
     steps: int = 3000
     batch_tokens: int = 2048
     max_len: int = 768
-    ttt_steps: int = 3
+    # training-time-test unroll: default = the deepest draft the engine runs (12 candidate
+    # layers: OFFICIAL depth 7 + DED alpha 4 + 1; heterospec.train.deepest_draft_layers). It can
+    # change between resumes (the weights do not depend on it), e.g. a 3-step run continued at 12.
+    ttt_steps: int = field(default_factory=default_ttt_steps)
     lr: float = 1e-3
     min_lr_ratio: float = 0.1
     warmup: int = 100
@@ -479,11 +483,14 @@ class Trainer:
         self.tokens_seen = 0
         self.train_seconds = 0.0          # cumulative over resumes (drives the time schedule)
         self.history: list[dict] = []
+        self.ttt_history: list[list[int]] = []   # [first step, ttt_steps] per change
         self.val_refs = None
         ck = self.run / "ckpt_latest.pt"
         if ck.exists():
             self.load_checkpoint(ck)
             log(f"resumed from {ck} at step {self.step}")
+        if not self.ttt_history or self.ttt_history[-1][1] != cfg.ttt_steps:
+            self.ttt_history.append([self.step, cfg.ttt_steps])
         if self.val_refs is None:
             self.val_refs = validation_sequences(cfg.data_dir, cfg.val_seqs)
         (self.run / "train_config.json").write_text(json.dumps(asdict(cfg), indent=1))
@@ -494,6 +501,7 @@ class Trainer:
         return {"draft": self.draft.state_dict(), "opt": self.opt.state_dict(), "step": self.step,
                 "tokens_seen": self.tokens_seen, "train_seconds": self.train_seconds, "stream": self.stream.state_dict(),
                 "history": self.history, "val_refs": self.val_refs, "config": asdict(self.cfg),
+                "ttt_history": self.ttt_history,
                 "rng": torch.get_rng_state()}
 
     def save_checkpoint(self, name: str = "ckpt_latest.pt") -> Path:
@@ -505,6 +513,12 @@ class Trainer:
         st = torch.load(path, map_location="cpu", weights_only=False)
         self.draft.load_state_dict(st["draft"])
         self.opt.load_state_dict(st["opt"])
+        old_ttt = (st.get("config") or {}).get("ttt_steps")
+        if old_ttt is not None and old_ttt != self.cfg.ttt_steps:
+            self.log(f"{path}: trained with ttt_steps={old_ttt} until step {st['step']}; "
+                     f"continuing with ttt_steps={self.cfg.ttt_steps}")
+        self.ttt_history = list(st.get("ttt_history") or
+                                ([[0, old_ttt]] if old_ttt is not None else []))
         self.step = st["step"]
         self.tokens_seen = st.get("tokens_seen", 0)
         self.train_seconds = st.get("train_seconds", 0.0)
@@ -838,6 +852,9 @@ def export_draft(checkpoint, dest, target=None, vocab_file=None) -> Path:
     tmp.rmdir()
     hist = st.get("history") or []
     info = {"step": st["step"], "tokens_seen": st.get("tokens_seen"),
+            "ttt_steps": cfg.get("ttt_steps"), "ttt_history": st.get("ttt_history"),
+            "train_seconds": st.get("train_seconds"),
+            "data": training_data_info(cfg.get("data_dir")),
             "trained_draft_vocab": trained_vocab, "draft_vocab": int(draft.config.draft_vocab_size),
             "vocab_file": str(vocab_file) if vocab_file else None,
             "last_eval": hist[-1] if hist else None,
@@ -845,6 +862,38 @@ def export_draft(checkpoint, dest, target=None, vocab_file=None) -> Path:
             "method": "EAGLE-3 self-distillation on heterospec.train.prompts (see docs)"}
     (dest / "training_info.json").write_text(json.dumps(info, indent=1))
     return dest
+
+
+def training_data_info(data_dir) -> dict | None:
+    """What ``training_info.json`` says about the data: prompt sources with their licences,
+    prompts per source, the disjointness report, generation dtype, response tokens (from the
+    distillation manifest and shards). None when ``data_dir`` is unknown or gone."""
+    if not data_dir:
+        return None
+    d = Path(data_dir)
+    mpath = d / "manifest.json"
+    if not mpath.exists():
+        return None
+    man = json.loads(mpath.read_text())
+    prompts = man.get("prompts") or {}
+    shards = list_shards(d)
+    resp = total = seqs = 0
+    for p in shards:
+        sh = DistillShard(p)
+        resp += sh.num_response_tokens
+        total += int(sh.tokens.numel())
+        seqs += len(sh)
+    info = {"dir_name": d.name, "shards": len(shards), "sequences": seqs,
+            "response_tokens": resp, "tokens": total,
+            "generation_dtype": man.get("generation_dtype"),
+            "distill_config": man.get("config"),
+            "sources": prompts.get("sources"), "prompts_per_source": prompts.get("counts"),
+            "disjointness": prompts.get("disjointness")}
+    if info["sources"] is None:  # data from before source bookkeeping (the shipped draft's)
+        from .prompts import source_info
+
+        info["sources"] = source_info(["instruct", "code", "docs", "math"])
+    return info
 
 
 # ----------------------------------------------------------------------------- CLI glue

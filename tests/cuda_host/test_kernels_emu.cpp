@@ -82,9 +82,9 @@ TopkRef ref_topk(const std::vector<float>& x, int M, int V, int64_t stride, int 
       if (row[v] > mx) mx = row[v];
     }
     if (nan || !std::isfinite(mx)) {
-      for (int i = 0; i < k; ++i) {
-        r.lp[m * k + i] = kNaN;
-        r.ids[m * k + i] = -1;
+      for (int i = 0; i < k; ++i) {  // invalid row: -inf scores, ids 0..k-1, entropy NaN
+        r.lp[m * k + i] = -kInf;
+        r.ids[m * k + i] = i;
       }
       r.h[m] = kNaN;
       continue;

@@ -33,7 +33,10 @@
 //   Rows that are not 16-byte aligned (e.g. V = 50257 with 16-bit logits) use 1-element loads
 //   (same chunking, coalesced, more instructions).
 // Ordering: (value desc, id asc) everywhere, exactly as the CPU op. Rows with NaN or +inf, or
-// whose logits are all -inf: path_entropy = NaN, topk_ids = -1, topk_logprobs = NaN.
+// whose logits are all -inf (the CPU op raises on them): topk_logprobs = -inf, topk_ids = 0..k-1
+// (valid, distinct ids: safe to gather or embed), path_entropy = NaN. A valid row's
+// topk_logprobs[0] is always finite, so `topk_logprobs[:, 0] == -inf` is the per-row error flag
+// (heterospec.ops.topk_entropy_invalid); -inf scores are never selected as draft nodes.
 #pragma once
 
 #include "../common.cuh"
@@ -149,8 +152,8 @@ HS_DEV void topk_finalize(const TopkParams& p, int row, const float* ov, const i
   const bool ok = !bad && m > neg_inf() && m < pos_inf() && s > 0.0 && s < 1e300;
   if (!ok) {
     for (int i = lane; i < k; i += kWarpSize) {
-      p.out_logprobs[o + i] = nanf("");
-      p.out_ids[o + i] = -1;
+      p.out_logprobs[o + i] = neg_inf();
+      p.out_ids[o + i] = i;
     }
     if (lane == 0) p.out_entropy[row] = nanf("");
     return;

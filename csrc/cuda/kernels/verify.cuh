@@ -13,8 +13,10 @@
 // Links are followed only while they point to a larger position below num_nodes (the CPU op
 // validates exactly that and raises otherwise), so every walk terminates on any input.
 // Data-dependent errors the CPU op raises on: a target row that is not a distribution (negative,
-// NaN or inf entries, or all zeros) stops the walk there with bonus = -1; an out-of-range draft
-// token has probability 0.
+// NaN or inf entries, or all zeros) stops the walk there with bonus = -1 and that node at
+// accept_path[b, accept_len[b]] (the op's error contract: heterospec.ops.verify_sampling_invalid
+// reads it on the device, raise_verify_sampling_errors raises the CPU message from one host
+// read); an out-of-range draft token has probability 0.
 #pragma once
 
 #include "../common.cuh"

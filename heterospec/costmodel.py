@@ -1,0 +1,359 @@
+"""What a round costs on this device: the cost model behind the fitted HeteroSpec policy.
+
+Measured by running the engine's own round phases (so every overhead is in), in milliseconds,
+for one model pair on one device:
+
+    target_ms(T, context)        one target forward over T tokens (tree tokens of the whole batch,
+                                 features on) after ``context`` cached tokens: the shape of the
+                                 verify cost in tokens and context
+    plain_ms(B, context)         one plain decoding step of B requests (the engine's _decode_one)
+    draft_ms(B, d, n)            the engine's _draft_tree for B requests: extend over n new tokens
+                                 per request, then d tree forwards (linear in d and n, per B)
+    verify_ms(B, N, context)     the rest of a round (_verify + _commit: node selection, tree
+                                 build, the target forward over N nodes per request, acceptance,
+                                 KV compaction, bookkeeping), per B and N
+
+A model is saved with the *fingerprint* of where it was measured (CPU model and ISA flags or GPU
+name, threads, the MKL / oneDNN ISA caps, torch version, dtypes, model shapes). The engine looks
+for the file of its own fingerprint in the user cache (``~/.cache/heterospec/costs``); a file
+measured elsewhere is reported and not used. With none, the engine measures a quick one (a few
+seconds: batch 1 only, larger batches scaled by the target's token curve) and caches it;
+``heterospec costs`` measures the full model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from bisect import bisect_left
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence
+
+import torch
+
+COSTS_DIR = "costs"
+FORMAT = 1
+ISA_ENV = ("MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "HETEROSPEC_CPU_SCALAR")
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "fma")
+
+
+# ---------------------------------------------------------------------------------------------
+# Fingerprint
+# ---------------------------------------------------------------------------------------------
+def _cpu_info() -> dict:
+    model, flags = "unknown", []
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and model == "unknown":
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith("flags") and not flags:
+                    have = set(line.split(":", 1)[1].split())
+                    flags = [fl for fl in CPU_FLAGS if fl in have]
+    except OSError:
+        pass
+    return {"cpu": model, "cpu_flags": flags}
+
+
+def fingerprint(engine) -> dict:
+    """Where and for what a cost model is valid."""
+    target, draft = engine.target, engine.draft
+    dev = engine.device
+    w = target.lm_head.weight
+    fp = {"device": dev.type, "torch": torch.__version__.split("+")[0],
+          "target_dtype": str(w.dtype).removeprefix("torch."),
+          "draft_dtype": str(next(draft.parameters()).dtype).removeprefix("torch.") if draft is not None else None}
+    if dev.type == "cuda":
+        fp["gpu"] = torch.cuda.get_device_name(dev)
+    else:
+        fp.update(_cpu_info())
+        fp["threads"] = torch.get_num_threads()
+        fp["isa_env"] = {k: os.environ[k] for k in ISA_ENV if os.environ.get(k)}
+    c = target.config
+    fp["target"] = {"hidden": c.hidden_size, "layers": c.num_layers, "vocab": c.vocab_size,
+                    "heads": c.num_heads, "kv_heads": c.num_kv_heads}
+    if draft is not None:
+        fp["draft"] = {"hidden": draft.config.hidden_size, "vocab": getattr(draft.config, "draft_vocab_size", None)}
+    return fp
+
+
+def fingerprint_differences(have: dict, want: dict) -> List[str]:
+    keys = sorted(set(have) | set(want))
+    return [f"{k}: {have.get(k)!r} (file) vs {want.get(k)!r} (here)" for k in keys if have.get(k) != want.get(k)]
+
+
+def _interp(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
+    """Piecewise-linear interpolation; linear extrapolation from the end segments."""
+    if len(xs) == 1:
+        return ys[0] * max(x, 1e-9) / max(xs[0], 1e-9)
+    i = min(max(bisect_left(xs, x), 1), len(xs) - 1)
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    y = y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return max(y, 0.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# The model
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class CostModel:
+    """Measured latency curves (see the module docstring) and where they were measured."""
+
+    fingerprint: dict
+    tokens: List[int]                          # T grid of the target curve
+    contexts: List[int]                        # context grid of the target curve
+    target: List[List[float]]                  # [context][T] ms
+    batch_sizes: List[int]                     # B grid of the per-batch curves
+    plain: List[float]                         # [B] ms (at contexts[0])
+    draft: List[List[float]]                   # [B] (ms at d=0 n=1, ms per forward, ms per extend token)
+    nodes: List[int]                           # N grid of the verify curve (root included)
+    verify: List[List[float]]                  # [B][N] ms of _verify + _commit (at contexts[0])
+    tree_top_k: int = 1                        # rows per request of a draft tree forward
+    quick: bool = False
+    provenance: dict = field(default_factory=dict)
+
+    # -- predictions ------------------------------------------------------------------------------
+    def target_ms(self, tokens: float, context: int = 256) -> float:
+        per_ctx = [_interp(self.tokens, row, tokens) for row in self.target]
+        return _interp(self.contexts, per_ctx, context) if len(self.contexts) > 1 else per_ctx[0]
+
+    def _per_batch(self, values: Sequence[float], B: int, scale_rows: int) -> float:
+        if len(self.batch_sizes) > 1:
+            return _interp(self.batch_sizes, values, B)
+        # Batch 1 only (a quick model): scale with the target's token curve at the same rows.
+        b0 = self.batch_sizes[0]
+        return values[0] * self.target_ms(B * scale_rows) / self.target_ms(b0 * scale_rows)
+
+    def plain_ms(self, B: int, context: int = 256) -> float:
+        base = self._per_batch(self.plain, B, 1)
+        return base * self.target_ms(B, context) / self.target_ms(B, self.contexts[0])
+
+    def draft_ms(self, B: int, forwards: float, extend_tokens: float = 1.0) -> float:
+        a = self._per_batch([d[0] for d in self.draft], B, self.tree_top_k)
+        b = self._per_batch([d[1] for d in self.draft], B, self.tree_top_k)
+        c = self._per_batch([d[2] for d in self.draft], B, 1)
+        return a + b * forwards + c * max(extend_tokens - 1.0, 0.0)
+
+    def verify_ms(self, B: int, nodes: float, context: int = 256) -> float:
+        """The rest of a round of B requests verifying ``nodes`` nodes each (root included)."""
+        per_b = [_interp(self.nodes, row, nodes) for row in self.verify]
+        base = self._per_batch(per_b, B, max(int(round(nodes)), 1))
+        c0 = self.contexts[0]
+        return base * self.target_ms(B * nodes, context) / self.target_ms(B * nodes, c0)
+
+    # -- files ------------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d["format"] = FORMAT
+        return d
+
+    def save(self, path: str) -> None:
+        from ._io import write_json_atomic
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        write_json_atomic(path, self.to_dict(), indent=1)
+
+    @classmethod
+    def load(cls, path: str) -> "CostModel":
+        try:
+            with open(path) as f:
+                d = json.load(f)
+            if d.pop("format", None) != FORMAT:
+                raise ValueError(f"unknown format (expected {FORMAT})")
+            return cls(**d)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"cost model file not found: {path}") from None
+        except (TypeError, ValueError, KeyError) as e:
+            raise ValueError(f"cost model file {path} is not valid: {e}") from None
+
+
+def cache_path(fp: dict) -> str:
+    from .defaults import cache_root
+    key = hashlib.sha1(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:16]
+    return os.path.join(str(cache_root()), COSTS_DIR, f"{fp['device']}-{fp['target_dtype']}-{key}.json")
+
+
+def load_for(engine, path: Optional[str] = None) -> Optional[CostModel]:
+    """The cost model for ``engine`` on this device: ``path`` if given and measured here, else the
+    cached one of this fingerprint. A file measured elsewhere is reported (warning) and not used."""
+    import warnings
+    fp = fingerprint(engine)
+    if path is not None:
+        cm = CostModel.load(path)
+        diff = fingerprint_differences(cm.fingerprint, fp)
+        if not diff:
+            return cm
+        warnings.warn(f"cost model {path} was measured elsewhere and is not used here ({'; '.join(diff)}); "
+                      "measure one on this device with `heterospec costs`", stacklevel=3)
+        return None
+    p = cache_path(fp)
+    if os.path.exists(p):
+        try:
+            return CostModel.load(p)
+        except ValueError:
+            return None
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Measurement
+# ---------------------------------------------------------------------------------------------
+def _timer(dev):
+    def now():
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        return time.perf_counter()
+    return now
+
+
+def measure(engine, quick: bool = True, batch_sizes: Sequence[int] = (1, 2, 4, 8, 16),
+            tokens: Optional[Sequence[int]] = None, contexts: Sequence[int] = (256, 768),
+            repeats: Optional[int] = None, progress: bool = True,
+            node_grid: Sequence[int] = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)) -> CostModel:
+    """Measure the cost model of ``engine`` on its device (see the module docstring).
+
+    ``quick``: batch 1, one context, a short token grid, 3 repeats (seconds on the built-in pair).
+    """
+    from tqdm.auto import tqdm
+
+    from . import ops
+    from .config import SamplingParams
+    from .policy import Eagle3Policy, Plan
+
+    if engine.draft is None:
+        raise ValueError("cost model: the engine has no draft")
+    dev, target = engine.device, engine.target
+    now = _timer(dev)
+    reps = repeats or (3 if quick else 5)
+    if quick:
+        batch_sizes, contexts = (1,), (contexts[0],)
+        tokens = tokens or (1, 2, 4, 8, 16, 32, 64)
+        node_grid = (1, 2, 3, 4, 6, 8, 12, 16)
+    tokens = sorted(set(tokens or (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)))
+    contexts, batch_sizes = sorted(set(contexts)), sorted(set(batch_sizes))
+    limit = engine.max_length
+    if max(contexts) + max(tokens) + 1 > limit:
+        raise ValueError(f"cost model: context {max(contexts)} + {max(tokens)} tokens exceeds max_length {limit}")
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    vocab = target.config.vocab_size
+    k = engine.config.top_k
+    steps = len(contexts) * len(tokens) + 3 * len(batch_sizes)
+    node_grid = sorted(set(node_grid))
+    bar = tqdm(total=steps, desc="measuring round costs", disable=not progress, unit="step")
+
+    def best_ms(fn):
+        """The fastest of ``reps`` runs: other work on the machine only ever adds time."""
+        fn()                                               # warm-up
+        out = []
+        for _ in range(reps):
+            t0 = now()
+            fn()
+            out.append(1e3 * (now() - t0))
+        return min(out)
+
+    with torch.inference_mode():
+        # 1. Target forward over T tokens after `context` cached tokens (one request: what
+        #    matters for the linear layers is the token count, padded or ragged).
+        target_rows = []
+        for ctx in contexts:
+            cache = target.new_cache(1, ctx + max(tokens) + 1)
+            zero = torch.zeros(1, dtype=torch.int64, device=dev)
+            prompt = torch.randint(0, vocab, (1, ctx), generator=gen).to(dev)
+            target(prompt, torch.arange(ctx, device=dev)[None], cache, zero, None, None, return_features=False)
+            prefix = torch.full((1,), ctx, dtype=torch.int64, device=dev)
+            row = []
+            for T in tokens:
+                parents = torch.tensor([[-1] + [(i - 1) // 2 for i in range(1, T)]], device=dev)
+                num = torch.tensor([T], device=dev)
+                mask, pos, _, _ = ops.build_tree(parents, num, prefix)
+                toks = torch.randint(0, vocab, (1, T), generator=gen).to(dev)
+                row.append(best_ms(lambda: target(toks, pos, cache, prefix, mask, num, return_features=True,
+                                                    taps=engine._taps)))
+                bar.update()
+            # More tokens never cost less: a spike (a descheduled run) is lowered to the next size's.
+            for i in range(len(row) - 2, -1, -1):
+                row[i] = min(row[i], row[i + 1])
+            target_rows.append(row)
+
+        # 2. Per batch size, the engine's own phases on B prompts of `ctx` tokens: a plain step,
+        #    the draft tree at two depths and two extend lengths, and _verify + _commit for every
+        #    N of the grid (on one drafted tree, the state restored after each).
+        ctx = contexts[0]
+        plain, draft, verify = [], [], []
+        cfg = engine.config
+        D = max(cfg.depth, 1)
+        grid = [n for n in node_grid if n - 1 <= k + 2 * k * k]
+        for B in batch_sizes:
+            prompts = [torch.randint(0, vocab, (ctx,), generator=gen).tolist() for _ in range(B)]
+            params = SamplingParams()
+            st = engine._prefill(prompts, "eagle3", params, None, ctx + 4 * (D + 2) * k + 2 * max(grid) + 64,
+                                 10 ** 9, None)
+            feats0, toks0 = st.ext_feats, st.ext_tokens
+
+            def saved():
+                return (st.prefix_lens.clone(), st.root.clone(), [list(o) for o in st.outputs], list(st.finished),
+                        st.ext_tokens, st.ext_feats, st.ext_num, st.draft_lens, st.target_cache)
+
+            def restore(s):
+                (st.prefix_lens, st.root, st.outputs, st.finished, st.ext_tokens, st.ext_feats, st.ext_num,
+                 st.draft_lens, st.target_cache) = s
+
+            s0 = saved()
+            plain.append(best_ms(lambda: (engine._decode_one(st, params, None, 10 ** 9, None), restore(s0))))
+            bar.update()
+
+            def draft_at(depth, n):
+                plan = Eagle3Policy(cfg.replace(depth=depth, total_tokens=max(grid))).plan(B)
+
+                def run():
+                    st.ext_tokens = toks0[:, :n].clone()
+                    st.ext_feats = feats0[:, :n].clone()
+                    st.ext_num = torch.full((B,), n, dtype=torch.int64, device=dev)
+                    st.draft_lens = st.prefix_lens - n
+                    return engine._draft_tree(st, cfg.replace(depth=depth), plan)
+                return run
+            d0 = best_ms(draft_at(0, 1))
+            dD = best_ms(draft_at(D, 1))
+            n4 = best_ms(draft_at(0, 4))
+            draft.append([d0, max(dD - d0, 0.0) / D, max(n4 - d0, 0.0) / 3])
+            bar.update()
+
+            tree = draft_at(2, 1)()
+            s1 = saved()
+            row = []
+            for n in grid:
+                plan = Plan("cost", decide_depth=2, entropy_k=k, edges=[], depth=[2], budget=[n - 1])
+                tree.budget = torch.full((B,), n - 1, dtype=torch.int64, device=dev)
+
+                def one(plan=plan):
+                    verdict = engine._verify(st, tree, plan, params, None)
+                    engine._commit(st, tree, verdict, 10 ** 9, None, 0.0, 0.0)
+                    restore(s1)
+                row.append(best_ms(one))
+            verify.append(row)
+            bar.update()
+    bar.close()
+    return CostModel(fingerprint=fingerprint(engine), tokens=list(tokens), contexts=list(contexts),
+                     target=target_rows, batch_sizes=list(batch_sizes), plain=plain, draft=draft,
+                     nodes=grid, verify=verify, tree_top_k=k, quick=quick,
+                     provenance={"date": time.strftime("%Y-%m-%d %H:%M:%S"), "repeats": reps,
+                                 "tree": {"top_k": cfg.top_k, "depth": cfg.depth,
+                                          "total_tokens": cfg.total_tokens}})
+
+
+def for_engine(engine, path: Optional[str] = None, progress: bool = True) -> CostModel:
+    """The cost model the engine uses: ``path`` / the cached one if measured here, else a quick
+    measurement (saved to the cache for next time)."""
+    cm = load_for(engine, path)
+    if cm is not None:
+        return cm
+    if progress:
+        print("heterospec: no cost model for this device yet; measuring a quick one "
+              "(`heterospec costs` measures the full one)", flush=True)
+    cm = measure(engine, quick=True, progress=progress)
+    try:
+        cm.save(cache_path(cm.fingerprint))
+    except OSError:
+        pass
+    return cm

@@ -1,0 +1,492 @@
+"""Per-bin actions of HeteroSpec: which tree each round drafts and verifies.
+
+A *policy* answers one question per round: at this batch size, where is ``H(P*)`` read, how is
+it binned, and what does each bin do? The answer is a :class:`Plan`:
+
+    decide_depth   draft forwards before ``H(P*)`` is read (the paper: the base depth ``d``)
+    entropy_k      K of the Top-K entropy
+    edges          the entropy bins (bin 0 = lowest entropy)
+    depth[i]       total draft forwards in bin ``i`` (``depth[i] > decide_depth``: extended drafting)
+    budget[i]      draft nodes verified in bin ``i``, root excluded (Top-N pruning)
+    speculate      False: the round is one plain target step (no draft at all)
+
+Three policies:
+
+* :class:`Eagle3Policy` - the fixed EAGLE-2/3 tree, no bins.
+* :class:`PaperPolicy` (``policy="paper"``) - the paper's formulas (``d + alpha - i`` forwards,
+  ``gamma_i * N + alpha - i`` nodes in the three lowest bins) on calibrated CART bins.
+* :class:`FittedPolicy` (``policy="fitted"``, the default when the draft ships acceptance tables)
+  - every bin's action chosen to maximise expected tokens per second: the expected accepted
+  length of each action comes from calibration traces (:class:`AcceptanceTables`, device
+  independent, shipped with the draft); the cost of each action from a :class:`CostModel`
+  measured on this device. "Plain decoding" is always one of the candidates, so on a device or
+  at a batch size where speculation does not pay the policy turns it off.
+
+Invariant of every policy (checked by :class:`Plan`): a bin that drafts beyond ``decide_depth``
+verifies at least as many draft nodes as it has candidate layers, so the extended layers can be
+reached (the verified set is closed under ancestors).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from .config import SpecConfig
+from .entropy import EntropyBins
+
+POLICIES = ("fitted", "paper")
+TABLES_FILENAME = "acceptance_tables.json"
+# Speculation must beat plain decoding by this factor in the cost model before it is switched on:
+# a cushion for the model's error (it never sees cache effects, scheduling, host jitter).
+PLAIN_MARGIN = 1.03
+
+
+# ---------------------------------------------------------------------------------------------
+# Plan: the decision tables of one batch size
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Plan:
+    """What every round does at one batch size (see the module docstring)."""
+
+    name: str
+    speculate: bool = True
+    decide_depth: int = 0
+    entropy_k: int = 1
+    edges: List[float] = field(default_factory=list)
+    depth: List[int] = field(default_factory=lambda: [0])
+    budget: List[int] = field(default_factory=lambda: [0])
+    binned: bool = True
+    expected: Optional[dict] = None      # the cost model's prediction (fitted plans only)
+    predicted_accept: Optional[List[float]] = None   # per bin: expected accepted drafts (fitted)
+
+    def __post_init__(self) -> None:
+        nb = len(self.edges) + 1
+        if len(self.depth) != nb or len(self.budget) != nb:
+            raise ValueError(f"Plan {self.name}: {nb} bins need {nb} depths and budgets, got "
+                             f"{len(self.depth)} and {len(self.budget)}")
+        if self.decide_depth < 0 or self.entropy_k < 1:
+            raise ValueError(f"Plan {self.name}: decide_depth must be >= 0 and entropy_k >= 1")
+        for i, (d, n) in enumerate(zip(self.depth, self.budget)):
+            if d < self.decide_depth:
+                raise ValueError(f"Plan {self.name}: bin {i} drafts {d} forwards, fewer than the "
+                                 f"{self.decide_depth} before the decision")
+            if n < 0:
+                raise ValueError(f"Plan {self.name}: bin {i} has a negative budget {n}")
+            if d > self.decide_depth and n < d + 1:
+                raise ValueError(f"Plan {self.name}: bin {i} drafts {d + 1} candidate layers but verifies "
+                                 f"only {n} draft nodes: the extended layers could never be verified")
+        self._tensors = None
+
+    @property
+    def num_bins(self) -> int:
+        return len(self.edges) + 1
+
+    @property
+    def max_depth(self) -> int:
+        return max(self.depth)
+
+    @property
+    def max_nodes(self) -> int:
+        """Largest budget (draft nodes, root excluded): the capacity of the verified tree."""
+        return max(self.budget)
+
+    def decide(self, path_entropy: torch.Tensor):
+        """``path_entropy [B]`` float32 -> ``(bins, depth, budget)``, each ``[B]`` int64."""
+        from . import ops
+        dev = path_entropy.device
+        if self._tensors is None or self._tensors[0].device != dev:
+            self._tensors = (torch.tensor(self.edges, dtype=torch.float32, device=dev),
+                             torch.tensor(self.depth, dtype=torch.int64, device=dev),
+                             torch.tensor(self.budget, dtype=torch.int64, device=dev))
+        return ops.entropy_bin_policy(path_entropy, *self._tensors)
+
+    def describe(self) -> List[dict]:
+        lo = [-math.inf] + self.edges
+        hi = self.edges + [math.inf]
+        return [{"bin": i, "entropy_range": (lo[i], hi[i]), "draft_forwards": self.depth[i],
+                 "verified_nodes": self.budget[i] + 1} for i in range(self.num_bins)]
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "speculate": self.speculate, "decide_depth": self.decide_depth,
+                "entropy_k": self.entropy_k, "edges": self.edges, "depth": self.depth,
+                "budget": self.budget, "expected": self.expected}
+
+
+class Policy:
+    """Maps a batch size to a :class:`Plan`."""
+
+    name = "policy"
+
+    def plan(self, batch_size: int, context: Optional[int] = None) -> Plan:  # pragma: no cover - interface
+        """The plan for ``batch_size`` running requests with about ``context`` tokens each."""
+        raise NotImplementedError
+
+    def needs_draft(self, batch_size: int) -> bool:
+        """Whether any batch size up to ``batch_size`` speculates (a batch only shrinks)."""
+        return any(self.plan(b).speculate for b in range(1, batch_size + 1))
+
+
+class Eagle3Policy(Policy):
+    """The fixed EAGLE-2 dynamic tree of ``config``: no entropy bins."""
+
+    name = "eagle3"
+
+    def __init__(self, config: SpecConfig) -> None:
+        self._plan = Plan("eagle3", decide_depth=config.depth, entropy_k=config.top_k, edges=[],
+                          depth=[config.depth], budget=[config.total_tokens - 1], binned=False)
+
+    def plan(self, batch_size: int, context: Optional[int] = None) -> Plan:
+        return self._plan
+
+
+def paper_actions(config: SpecConfig, num_bins: int) -> Tuple[List[int], List[int]]:
+    """The paper's per-bin (draft forwards, draft nodes to verify), with our invariant applied:
+    a bin that drafts deeper verifies at least one node per candidate layer. (On the CPU tree
+    (4, 3, 8) the formula gives bin 0 six layers and four nodes, so the extra layers could never
+    be verified.)"""
+    extra, nodes = config.bin_actions(num_bins)
+    depth = [config.depth + e for e in extra]
+    budget = [n - 1 if e == 0 else max(n - 1, config.depth + e + 1) for e, n in zip(extra, nodes)]
+    return depth, budget
+
+
+class PaperPolicy(Policy):
+    """HeteroSpec as published: DED and TNP formulas on calibrated bins (``policy="paper"``)."""
+
+    name = "paper"
+
+    def __init__(self, bins: EntropyBins, config: SpecConfig) -> None:
+        depth, budget = paper_actions(config, bins.num_bins)
+        self.bins = bins
+        self._plan = Plan("paper", decide_depth=config.depth, entropy_k=config.resolved_entropy_k,
+                          edges=list(bins.edges), depth=depth, budget=budget)
+
+    def plan(self, batch_size: int, context: Optional[int] = None) -> Plan:
+        return self._plan
+
+
+# ---------------------------------------------------------------------------------------------
+# Acceptance tables: what calibration measured about the draft
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class BinningOption:
+    """Bins of ``H(P*)`` read after ``decide_depth`` forwards with Top-``entropy_k`` entropy, fitted
+    on ``label``, and each bin's mean accepted length for every action of the grid."""
+
+    decide_depth: int
+    entropy_k: int
+    label: str
+    edges: List[float]
+    counts: List[int]
+    accept: List[List[List[float]]]      # [bin][depth index][nodes index] mean accepted drafts
+
+    def mean_accept_by_bin(self, depth_i: int, nodes_i: int) -> List[Optional[float]]:
+        return [a[depth_i][nodes_i] if c else None for a, c in zip(self.accept, self.counts)]
+
+
+@dataclass
+class AcceptanceTables:
+    """Calibration traces in aggregate: per binning option, per bin, the expected accepted length
+    of every (draft forwards, verified nodes) action. Device independent; shipped with the draft
+    (``acceptance_tables.json``); fitted by :func:`heterospec.calibrate.calibrate_policy`."""
+
+    top_k: int
+    depths: List[int]                    # total draft forwards of the action grid
+    nodes: List[int]                     # verified nodes, root included, of the action grid
+    options: List[BinningOption]
+    provenance: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.options:
+            raise ValueError("AcceptanceTables: no binning options")
+        if sorted(self.depths) != self.depths or sorted(self.nodes) != self.nodes or self.nodes[0] != 1:
+            raise ValueError("AcceptanceTables: depths and nodes must ascend, and nodes must start at 1")
+        for o in self.options:
+            if len(o.accept) != len(o.edges) + 1 or len(o.counts) != len(o.edges) + 1:
+                raise ValueError("AcceptanceTables: one accept table and count per bin")
+            for a in o.accept:
+                if len(a) != len(self.depths) or any(len(r) != len(self.nodes) for r in a):
+                    raise ValueError("AcceptanceTables: accept tables must be [depths][nodes]")
+
+    def to_dict(self) -> dict:
+        return {"top_k": self.top_k, "depths": self.depths, "nodes": self.nodes,
+                "options": [o.__dict__ for o in self.options], "provenance": self.provenance}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "AcceptanceTables":
+        return cls(int(d["top_k"]), [int(x) for x in d["depths"]], [int(x) for x in d["nodes"]],
+                   [BinningOption(**o) for o in d["options"]], d.get("provenance") or {})
+
+    def save(self, path: str) -> None:
+        from ._io import write_json_atomic
+        write_json_atomic(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str) -> "AcceptanceTables":
+        try:
+            with open(path) as f:
+                return cls.from_dict(json.load(f))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"acceptance tables {path} are not valid: {e}") from None
+
+    @classmethod
+    def find(cls, draft_dir: Optional[str]) -> Optional["AcceptanceTables"]:
+        if draft_dir:
+            path = os.path.join(draft_dir, TABLES_FILENAME)
+            if os.path.exists(path):
+                return cls.load(path)
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# The fitted policy
+# ---------------------------------------------------------------------------------------------
+def _expected_fn_of_max(values: Sequence[int], probs: Sequence[float], n: int, fn) -> float:
+    """E[fn(max of n i.i.d. draws)]."""
+    pairs = sorted(zip(values, probs))
+    total, cdf_prev, acc = 0.0, 0.0, 0.0
+    for v, p in pairs:
+        acc += p
+        total += fn(v) * (acc ** n - cdf_prev ** n)
+        cdf_prev = acc
+    return total
+
+
+def plan_cost(cost, batch_size: int, decide_depth: int, probs: Sequence[float], depth: Sequence[int],
+              nodes: Sequence[int], accept: Sequence[float], context: int, ragged: bool) -> dict:
+    """Expected tokens, milliseconds and tokens/s of one round of ``batch_size`` requests whose
+    bins are i.i.d. with ``probs``; bin ``i`` drafts ``depth[i]`` forwards, verifies ``nodes[i]``
+    nodes (root included) and accepts ``accept[i]`` drafts on average.
+
+    The draft loop runs until the deepest request of the batch is done, and (unless the verify
+    forward is ragged) every request is padded to the largest tree of the batch."""
+    B = batch_size
+    tokens = B * sum(p * (a + 1.0) for p, a in zip(probs, accept))
+    mean_new = tokens / B
+    steps = _expected_fn_of_max(depth, probs, B, float)
+    draft = cost.draft_ms(B, steps, extend_tokens=mean_new)
+    if ragged:   # the linear layers see the batch's real tree tokens: the mean N per request
+        verify = cost.verify_ms(B, sum(p * n for p, n in zip(probs, nodes)), context)
+    else:        # every request padded to the largest tree of the batch
+        verify = _expected_fn_of_max(nodes, probs, B, lambda n: cost.verify_ms(B, n, context))
+    ms = draft + verify
+    return {"tokens": tokens, "ms": ms, "tokens_per_s": 1e3 * tokens / ms, "draft_ms": draft, "verify_ms": verify}
+
+
+def _option_actions(tables: "AcceptanceTables", opt: "BinningOption", max_nodes: Optional[int]):
+    """Candidate actions ``(forwards, nodes, depth index, nodes index)`` of one binning option."""
+    out = []
+    for di, d in enumerate(tables.depths):
+        if d < opt.decide_depth:
+            continue
+        for ni, n in enumerate(tables.nodes):
+            if max_nodes is not None and n - 1 > max_nodes:
+                continue
+            if d > opt.decide_depth and n - 1 < d + 1:      # the invariant
+                continue
+            out.append((d, n, di, ni))
+    return out
+
+
+def _fit_option(tables, opt, cost, B: int, context: int, ragged: bool, max_nodes, accept_scale: float = 1.0):
+    """Best per-bin actions of one binning option at batch ``B``: ``(actions, evaluation)``.
+    ``accept_scale`` scales the expected tokens per round (accepted drafts + 1) of every action."""
+    total = sum(opt.counts)
+    actions = _option_actions(tables, opt, max_nodes)
+    if total == 0 or not actions:
+        return None, None
+    probs = [c / total for c in opt.counts]
+    nb = len(probs)
+
+    def acc(i, c):
+        a = opt.accept[i][actions[c][2]][actions[c][3]] if opt.counts[i] else 0.0
+        return max(0.0, (a + 1.0) * accept_scale - 1.0) if actions[c][1] > 1 else 0.0
+
+    def evaluate(choice, batch):
+        return plan_cost(cost, batch, opt.decide_depth, probs, [actions[c][0] for c in choice],
+                         [actions[c][1] for c in choice], [acc(i, c) for i, c in enumerate(choice)],
+                         context, ragged)
+
+    # Batch 1 separates by bin (Dinkelbach): maximise sum_i p_i (a_i + 1 - lam * ms_i), then
+    # lam = tokens / ms, until lam settles. Exact for batch 1; the start for larger batches.
+    unit = [[cost.draft_ms(1, a[0], extend_tokens=acc(i, c) + 1) + cost.verify_ms(1, a[1], context)
+             for c, a in enumerate(actions)] for i in range(nb)]
+    choice, lam = [0] * nb, 0.0
+    for _ in range(20):
+        choice = [max(range(len(actions)), key=lambda c: (acc(i, c) + 1.0 - lam * unit[i][c], -c))
+                  for i in range(nb)]
+        ev = evaluate(choice, 1)
+        new_lam = ev["tokens"] / ev["ms"]
+        if abs(new_lam - lam) <= 1e-12 * max(1.0, lam):
+            break
+        lam = new_lam
+    ev = evaluate(choice, B)
+    if B > 1:   # coordinate ascent on the exact batch objective (a local optimum)
+        for _ in range(3):
+            improved = False
+            for i in range(nb):
+                for c in range(len(actions)):
+                    if c != choice[i]:
+                        trial = choice[:i] + [c] + choice[i + 1:]
+                        tv = evaluate(trial, B)
+                        if tv["tokens_per_s"] > ev["tokens_per_s"] * (1 + 1e-9):
+                            choice, ev, improved = trial, tv, True
+            if not improved:
+                break
+    return [actions[c] + (acc(i, c),) for i, c in enumerate(choice)], ev
+
+
+def fit_plan(tables: AcceptanceTables, cost, batch_size: int, context: int = 256, ragged: bool = False,
+             max_nodes: Optional[int] = None, margin: float = PLAIN_MARGIN, accept_scale: float = 1.0,
+             time_scale: float = 1.0) -> Plan:
+    """The plan that maximises expected tokens/s at ``batch_size`` under ``cost``.
+
+    Every binning option of ``tables`` (where ``H(P*)`` is read, its K, the CART label) gets its
+    best per-bin actions (:func:`_fit_option`); candidates per bin are every (forwards >=
+    decide_depth, nodes) of the grid that keeps the invariant, "verify the root only" included.
+    The best option is compared with plain decoding (no draft at all), which wins unless
+    speculation is predicted ``margin`` times faster. ``accept_scale``: the ratio of observed to
+    predicted tokens per round on this workload; ``time_scale``: of observed to predicted
+    speculative round time on this device (:meth:`FittedPolicy.observe`)."""
+    B = batch_size
+    plain_ms = cost.plain_ms(B, context)
+    plain = {"tokens": float(B), "ms": plain_ms, "tokens_per_s": 1e3 * B / plain_ms}
+    options = list(tables.options)
+    if B > 1:   # the batch search is costlier: keep the options that were best alone
+        scored = [(_fit_option(tables, o, cost, 1, context, ragged, max_nodes, accept_scale)[1], o)
+                  for o in options]
+        scored = [(e["tokens_per_s"], i, o) for i, (e, o) in enumerate(scored) if e is not None]
+        options = [o for _, _, o in sorted(scored, key=lambda t: (-t[0], t[1]))[:3]]
+    best, best_eval = None, None
+    for opt in options:
+        acts, ev = _fit_option(tables, opt, cost, B, context, ragged, max_nodes, accept_scale)
+        if ev is not None and time_scale != 1.0:
+            ev = dict(ev, ms=ev["ms"] * time_scale, tokens_per_s=ev["tokens_per_s"] / time_scale)
+        if ev is not None and (best_eval is None or ev["tokens_per_s"] > best_eval["tokens_per_s"]):
+            best, best_eval = (opt, acts), ev
+    if best is None or best_eval["tokens_per_s"] < margin * plain["tokens_per_s"]:
+        return Plan("fitted", speculate=False, decide_depth=0, entropy_k=tables.top_k, edges=[], depth=[0],
+                    budget=[0], binned=False,
+                    expected={"plain": plain, "speculative": best_eval, "batch_size": B,
+                              "accept_scale": accept_scale, "time_scale": time_scale})
+    opt, acts = best
+    return Plan("fitted", decide_depth=opt.decide_depth, entropy_k=opt.entropy_k, edges=list(opt.edges),
+                depth=[a[0] for a in acts], budget=[a[1] - 1 for a in acts],
+                expected={"plain": plain, "speculative": best_eval, "batch_size": B, "label": opt.label,
+                          "accept_scale": accept_scale, "time_scale": time_scale},
+                predicted_accept=[a[4] for a in acts])
+
+
+class FittedPolicy(Policy):
+    """Per-bin actions fitted to measured acceptance and measured cost (``policy="fitted"``).
+
+    Plans are fitted lazily and cached, per batch-size bucket (1, 2, 3, 4, 6, 8, 12, 16, 24, ...:
+    a batch of 10 uses the plan fitted for 8) and context bucket (powers of two from 256)."""
+
+    name = "fitted"
+
+    def __init__(self, tables: AcceptanceTables, cost, config: SpecConfig, context: int = 256,
+                 ragged: bool = False) -> None:
+        if tables.top_k != config.top_k:
+            raise ValueError(f"acceptance tables were measured with tree top_k {tables.top_k}, "
+                             f"the engine drafts with top_k {config.top_k}")
+        self.tables, self.cost, self.config = tables, cost, config
+        self.context, self.ragged = context, ragged
+        self._plans: Dict[Tuple[int, int, float], Plan] = {}
+        # Online correction: tokens per speculative round observed on this workload vs. what the
+        # tables predicted for the same bins and actions, and speculative round time observed vs.
+        # what the cost model predicted, per batch bucket (exponentially forgotten sums).
+        self._observed = 0.0
+        self._predicted = 0.0
+        self._time: Dict[int, List[float]] = {}
+        # The scales in use move only by HYSTERESIS or more, so plans are refitted rarely.
+        self._accept_used = 1.0
+        self._time_used: Dict[int, float] = {}
+
+    @staticmethod
+    def bucket(batch_size: int) -> int:
+        b = 1
+        for nxt in _buckets():
+            if nxt > batch_size:
+                return b
+            b = nxt
+        return b  # pragma: no cover - _buckets is unbounded
+
+    def plan(self, batch_size: int, context: Optional[int] = None) -> Plan:
+        b = self.bucket(batch_size)
+        c = self.context if context is None else 1 << max(8, int(max(context, 1) - 1).bit_length())
+        s, t = self.accept_scale, self.time_scale(b)
+        if (b, c, s, t) not in self._plans:
+            self._plans[(b, c, s, t)] = fit_plan(self.tables, self.cost, b, c, self.ragged, accept_scale=s,
+                                                 time_scale=t)
+        return self._plans[(b, c, s, t)]
+
+    def time_scale(self, bucket: int) -> float:
+        """Observed / predicted speculative round time at this batch bucket, in steps of 0.05
+        within [0.5, 3]; 1 until ``MIN_ROUNDS`` rounds were timed."""
+        obs, pred, n = self._time.get(bucket, (0.0, 0.0, 0.0))
+        used = self._time_used.get(bucket, 1.0)
+        if n >= self.MIN_ROUNDS and pred > 0:
+            r = min(3.0, max(0.5, obs / pred))
+            if abs(r - used) >= self.HYSTERESIS:
+                used = self._time_used[bucket] = round(r / 0.05) * 0.05
+        return used
+
+    MIN_ROUNDS = 8.0          # timed rounds before the time correction applies
+
+    @property
+    def accept_scale(self) -> float:
+        """Observed / predicted tokens per speculative round (in steps of 0.05 within [0.5, 1.5],
+        changed only by HYSTERESIS or more);
+        1 until ``MIN_OBSERVED`` rounds' worth of predictions were seen."""
+        if self._predicted >= self.MIN_OBSERVED:
+            r = min(1.5, max(0.5, self._observed / self._predicted))
+            if abs(r - self._accept_used) >= self.HYSTERESIS:
+                self._accept_used = round(r / 0.05) * 0.05
+        return self._accept_used
+
+    HYSTERESIS = 0.1          # a scale in use changes only when the measurement moved this much
+
+    MIN_OBSERVED = 40.0       # predicted tokens before the correction applies
+    FORGET = 0.995            # per round: a half-life of about 140 rounds
+
+    def observe(self, plan: Plan, bins: Sequence[int], accepted: Sequence[int],
+                seconds: Optional[float] = None) -> None:
+        """Record a speculative round of ``plan``: each request's bin and accepted drafts, and the
+        round's wall time. Requests whose bin verifies the root only carry no information about
+        acceptance and are skipped."""
+        if not plan.speculate or plan.predicted_accept is None:
+            return
+        predicted_ms = (plan.expected or {}).get("speculative", {}).get("ms")
+        if seconds is not None and predicted_ms:
+            bucket = self.bucket(int((plan.expected or {}).get("batch_size", 1)))
+            obs, pred, n = self._time.get(bucket, (0.0, 0.0, 0.0))
+            # The prediction already carries the time scale it was fitted with: undo it.
+            base = predicted_ms / float((plan.expected or {}).get("time_scale", 1.0))
+            self._time[bucket] = [obs * self.FORGET + 1e3 * seconds, pred * self.FORGET + base,
+                                  n * self.FORGET + 1.0]
+        for b, a in zip(bins, accepted):
+            if 0 <= b < plan.num_bins and plan.budget[b] > 0:
+                self._observed = self._observed * self.FORGET + a + 1.0
+                self._predicted = self._predicted * self.FORGET + plan.predicted_accept[b] + 1.0
+
+    def needs_draft(self, batch_size: int) -> bool:
+        return any(self.plan(b).speculate for b in {self.bucket(x) for x in range(1, batch_size + 1)})
+
+
+def _buckets():
+    """1, 2, 3, 4, 6, 8, 12, 16, 24, 32, ..."""
+    yield from (1, 2, 3)
+    b = 4
+    while True:
+        yield b
+        yield b * 3 // 2
+        b *= 2
+
+

@@ -1,0 +1,116 @@
+"""EOS and max_new_tokens inside an accepted path: the engine cuts a round's accepted drafts at the
+stop and never emits past it, for one request, sampled decoding and a batch whose requests stop
+in different rounds.
+
+Every case asserts where the stop fell (``stop_position``: an accepted draft, not the bonus), so
+none depends on a seed's luck; the oracle draft proposes the target's own greedy path, so rounds
+accept whole paths.
+"""
+
+import pytest
+
+from tests.engine_util import stop_position, stops_inside_accepted_path
+from tests.test_engine import _gen, _pair, _prompts
+
+N_LONG = 16
+
+
+@pytest.fixture(scope="module")
+def oracle():
+    engine, draft = _pair("oracle", seed=3)
+    engine.target.config.eos_token_ids = ()
+    return engine, draft
+
+
+def _reference(engine, draft, prompt, n=N_LONG):
+    return _gen(engine, draft, prompt, max_new_tokens=n, method="autoregressive").token_ids
+
+
+def _with_eos(engine, eos):
+    old = engine.target.config.eos_token_ids
+    engine.target.config.eos_token_ids = list(eos)
+    return old
+
+
+def _first_draft_index(long, accepted):
+    """An index 1..accepted of ``long`` whose token does not occur earlier: as the EOS, decoding
+    stops there, inside round 1's accepted drafts."""
+    return next(i for i in range(1, accepted + 1) if long[i] not in long[:i])
+
+
+@pytest.mark.parametrize("method", ["eagle3", "heterospec"])
+def test_greedy_length_and_eos_inside_accepted_path(oracle, method):
+    engine, draft = oracle
+    prompt = _prompts(engine.target.config.vocab_size, 1, seed=3)[0]
+    long = _reference(engine, draft, prompt)
+    full = _gen(engine, draft, prompt, max_new_tokens=N_LONG, method=method)
+    a1 = full.stats.records[0].accept_len
+    assert full.token_ids == long and a1 >= 3, "the oracle's first path must be accepted"
+    # max_new_tokens = 2 .. 1 + a1: the last kept token is round 1's (n - 1)-th accepted draft
+    for n in range(2, a1 + 2):
+        out = _gen(engine, draft, prompt, max_new_tokens=n, method=method)
+        assert out.token_ids == long[:n] and out.finish_reason == "length"
+        assert stop_position(out) == (0, n - 1, a1), n
+    # n = a1 + 2 ends on round 1's bonus: not inside the path (the helper tells them apart)
+    out = _gen(engine, draft, prompt, max_new_tokens=a1 + 2, method=method)
+    assert stop_position(out) == (0, a1 + 1, a1) and not stops_inside_accepted_path(out)
+    # EOS = a token of round 1's accepted drafts
+    i = _first_draft_index(long, a1)
+    old = _with_eos(engine, [long[i]])
+    try:
+        out = _gen(engine, draft, prompt, max_new_tokens=N_LONG, method=method)
+    finally:
+        engine.target.config.eos_token_ids = old
+    assert out.token_ids == long[:i + 1] and out.finish_reason == "eos"
+    assert stop_position(out) == (0, i, a1)
+
+
+@pytest.mark.parametrize("method", ["eagle3", "heterospec"])
+def test_sampled_eos_inside_accepted_path(oracle, method):
+    """temperature > 0 with EOS enabled. top_k = 1 makes the processed distribution one-hot, so
+    rejection sampling accepts the oracle's path with certainty and the output is the greedy one;
+    the law of sampled continuations with EOS is tested in test_sampling_lossless.py."""
+    engine, draft = oracle
+    prompt = _prompts(engine.target.config.vocab_size, 1, seed=3)[0]
+    long = _reference(engine, draft, prompt)
+    kw = dict(max_new_tokens=N_LONG, method=method, temperature=0.8, top_k=1, seed=5)
+    a1 = _gen(engine, draft, prompt, **kw).stats.records[0].accept_len
+    assert a1 >= 3
+    i = _first_draft_index(long, a1)
+    old = _with_eos(engine, [long[i]])
+    try:
+        out = _gen(engine, draft, prompt, **kw)
+    finally:
+        engine.target.config.eos_token_ids = old
+    assert out.token_ids == long[:i + 1] and out.finish_reason == "eos"
+    assert stop_position(out) == (0, i, a1)
+
+
+def test_batch_requests_stop_in_different_rounds(oracle):
+    """Request 0 stops at EOS in round 1, request 1 at EOS in round 2, request 2 runs to
+    max_new_tokens; each stop is inside an accepted path, and the finished requests change
+    nothing for the others (each equals its single-request and autoregressive output)."""
+    engine, draft = oracle
+    prompts = _prompts(engine.target.config.vocab_size, 3, seed=101)    # seed chosen for the layout below
+    n = 14
+    longs = [_reference(engine, draft, p, n) for p in prompts]
+    eos = {longs[0][2], longs[1][7]}
+    firsts = [next((i for i, t in enumerate(seq) if t in eos), None) for seq in longs]
+    assert firsts == [2, 7, None], "precondition: the EOS tokens first occur at 2 and 7, not in request 2"
+    old = _with_eos(engine, eos)
+    try:
+        draft.set_prompts(prompts)
+        batch = engine.generate_batch(prompts, max_new_tokens=n, method="heterospec")
+        singles = [_gen(engine, draft, p, max_new_tokens=n, method="heterospec") for p in prompts]
+    finally:
+        engine.target.config.eos_token_ids = old
+    assert [r.token_ids for r in batch] == [longs[0][:3], longs[1][:8], longs[2]]
+    assert [r.finish_reason for r in batch] == ["eos", "eos", "length"]
+    assert [r.token_ids for r in singles] == [r.token_ids for r in batch]
+    rounds = [stop_position(r)[0] for r in batch]
+    assert rounds[0] < rounds[1] < rounds[2], rounds
+    assert all(stops_inside_accepted_path(r) for r in batch), [stop_position(r) for r in batch]
+    # per-request records: the same rounds as alone (a finished neighbour does not disturb them)
+    for b, s in zip(batch, singles):
+        assert [(r.accept_len, r.verified) for r in b.stats.records] == \
+               [(r.accept_len, r.verified) for r in s.stats.records]

@@ -1,0 +1,394 @@
+"""HeteroSpec's policies: the fitted per-bin actions, the paper's formulas, the cost model, and
+batched rounds whose requests take different actions (lossless, greedy and sampled)."""
+
+import itertools
+import warnings
+
+import pytest
+import torch
+
+from heterospec import Engine, SpecConfig, costmodel
+from heterospec.calibrate import calibrate_policy
+from heterospec.entropy import EntropyBins
+from heterospec.policy import (AcceptanceTables, BinningOption, FittedPolicy, PaperPolicy, Plan, Policy,
+                               fit_plan, paper_actions, plan_cost)
+from tests.engine_util import OracleDraft, tiny_hf_llama
+
+
+# ---------------------------------------------------------------------------------------------
+# Synthetic acceptance and cost
+# ---------------------------------------------------------------------------------------------
+class LinearCost:
+    """A cost model with known curves: verify a + b*B*N, draft B*(c + e*forwards), plain a + b*B."""
+
+    def __init__(self, a=10.0, b=1.0, c=1.0, e=1.0):
+        self.a, self.b, self.c, self.e = a, b, c, e
+
+    def verify_ms(self, B, nodes, context=256):
+        return self.a + self.b * B * nodes
+
+    def plain_ms(self, B, context=256):
+        return self.a + self.b * B
+
+    def draft_ms(self, B, forwards, extend_tokens=1.0):
+        return B * (self.c + self.e * forwards)
+
+
+DEPTHS, NODES = [0, 1, 2, 3, 4], [1, 2, 3, 4, 6, 8]
+
+
+def _tables(easy_accept=0.9, hard_accept=0.05, counts=(60, 40), decide_depth=1):
+    """Bin 0: a chain the draft gets right with probability ``easy_accept`` per layer; bin 1:
+    almost nothing is accepted. accept[d][N] = expected accepted drafts with d forwards, N nodes."""
+    def table(p):
+        out = []
+        for d in DEPTHS:
+            row = []
+            for n in NODES:
+                reach = min(d + 1, n - 1)          # a chain: one node per layer
+                row.append(sum(p ** i for i in range(1, reach + 1)))
+            out.append(row)
+        return out
+    opt = BinningOption(decide_depth, 4, "accept", [1.0], list(counts), [table(easy_accept), table(hard_accept)])
+    return AcceptanceTables(4, DEPTHS, NODES, [opt])
+
+
+def _brute_force(tables, cost, B):
+    opt = tables.options[0]
+    probs = [c / sum(opt.counts) for c in opt.counts]
+    acts = [(d, n, di, ni) for di, d in enumerate(tables.depths) for ni, n in enumerate(tables.nodes)
+            if d >= opt.decide_depth and not (d > opt.decide_depth and n - 1 < d + 1)]
+    best = None
+    for combo in itertools.product(acts, repeat=len(probs)):
+        ev = plan_cost(cost, B, opt.decide_depth, probs, [a[0] for a in combo], [a[1] for a in combo],
+                       [opt.accept[i][a[2]][a[3]] for i, a in enumerate(combo)], 256, False)
+        if best is None or ev["tokens_per_s"] > best[0]:
+            best = (ev["tokens_per_s"], [(a[0], a[1] - 1) for a in combo])
+    return best
+
+
+@pytest.mark.parametrize("B", [1, 2, 4])
+def test_fitted_plan_is_the_optimum_of_synthetic_tables(B):
+    tables, cost = _tables(), LinearCost(a=10.0, b=1.0, c=0.5, e=0.5)
+    plan = fit_plan(tables, cost, B, margin=1.0)
+    best_tps, best_actions = _brute_force(tables, cost, B)
+    assert plan.speculate
+    assert list(zip(plan.depth, plan.budget)) == best_actions
+    assert plan.expected["speculative"]["tokens_per_s"] == pytest.approx(best_tps)
+    if B == 1:   # alone, the easy bin drafts deeper and the hard one verifies fewer nodes
+        assert plan.depth[0] > plan.depth[1] and plan.budget[1] < plan.budget[0]
+    else:        # in a batch the deepest request sets the draft's cost: depths level out
+        assert plan.depth[0] <= fit_plan(tables, cost, 1, margin=1.0).depth[0]
+
+
+def test_fitted_plan_turns_speculation_off_where_it_does_not_pay():
+    tables = _tables()
+    # A draft forward as costly as a target step: no action beats plain decoding.
+    plan = fit_plan(tables, LinearCost(a=10.0, b=1.0, c=10.0, e=10.0), 1)
+    assert not plan.speculate and plan.expected["speculative"]["tokens_per_s"] < plan.expected["plain"]["tokens_per_s"]
+    # Cheap draft, but verification grows steeply with tokens: large batches stop speculating.
+    cost = LinearCost(a=2.0, b=3.0, c=0.2, e=0.2)
+    plans = {B: fit_plan(tables, cost, B) for B in (1, 16)}
+    assert plans[1].speculate and not plans[16].speculate
+    # The margin: speculation predicted 1 % faster than plain is not switched on by default.
+    p = fit_plan(tables, cost, 1, margin=1.0)
+    ratio = p.expected["speculative"]["tokens_per_s"] / p.expected["plain"]["tokens_per_s"]
+    assert fit_plan(tables, cost, 1, margin=ratio * 1.01).speculate is False
+
+
+def test_every_policy_keeps_the_budget_reaching_the_extended_depth():
+    for top_k, depth, total in [(4, 3, 8), (3, 3, 10), (10, 7, 60), (2, 5, 4), (4, 1, 3)]:
+        cfg = SpecConfig(top_k=top_k, depth=depth, total_tokens=total)
+        plan = PaperPolicy(EntropyBins([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]), cfg).plan(1)
+        for d, n in zip(plan.depth, plan.budget):
+            assert d == plan.decide_depth or n >= d + 1, (cfg, plan.depth, plan.budget)
+    for B in (1, 2, 8):
+        for cost in (LinearCost(), LinearCost(a=1.0, b=0.01, c=0.01, e=0.01), LinearCost(a=5, b=2, c=0.1, e=3)):
+            plan = fit_plan(_tables(), cost, B, margin=1.0)
+            for d, n in zip(plan.depth, plan.budget):
+                assert d == plan.decide_depth or n >= d + 1
+    with pytest.raises(ValueError, match="extended layers could never be verified"):
+        Plan("bad", decide_depth=1, entropy_k=2, edges=[], depth=[3], budget=[2])
+
+
+def test_paper_actions_follow_the_formulas_where_the_invariant_holds():
+    cfg = SpecConfig(top_k=10, depth=7, total_tokens=60)
+    assert paper_actions(cfg, 8) == ([11, 10, 9, 7, 7, 7, 7, 7], [21, 38, 61, 59, 59, 59, 59, 59])
+    # CPU tree: round(0.3 * 8 + 2) = 4 nodes for 6 layers -> raised to 6 draft nodes.
+    depth, budget = paper_actions(SpecConfig(top_k=4, depth=3, total_tokens=8), 8)
+    assert depth[:3] == [5, 4, 3] and budget[:3] == [6, 5, 7]
+
+
+def test_tables_round_trip_and_reject_bad_shapes(tmp_path):
+    t = _tables()
+    t.save(str(tmp_path / "t.json"))
+    back = AcceptanceTables.load(str(tmp_path / "t.json"))
+    assert back.to_dict() == t.to_dict()
+    with pytest.raises(ValueError, match=r"\[depths\]\[nodes\]"):
+        AcceptanceTables(4, DEPTHS, NODES, [BinningOption(1, 4, "accept", [], [1], [[[0.0]]])])
+    (tmp_path / "bad.json").write_text('{"top_k": 4}')
+    with pytest.raises(ValueError, match="bad.json"):
+        AcceptanceTables.load(str(tmp_path / "bad.json"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Cost model files
+# ---------------------------------------------------------------------------------------------
+def _tiny_engine(seed=21, **kw):
+    hf = tiny_hf_llama(seed=seed)
+    draft = OracleDraft(hf, noise=1.0, seed=3)
+    return Engine(hf, draft, config=SpecConfig(top_k=3, depth=2, total_tokens=6), **kw), draft, hf
+
+
+def test_cost_model_from_another_device_is_reported_not_used(tmp_path):
+    engine, _, _ = _tiny_engine()
+    cm = costmodel.CostModel(fingerprint=costmodel.fingerprint(engine), tokens=[1, 8], contexts=[128],
+                             target=[[5.0, 9.0]], batch_sizes=[1], plain=[5.0], draft=[[1.0, 1.0, 0.1]],
+                             nodes=[1, 8], verify=[[5.5, 10.0]], tree_top_k=3)
+    here = tmp_path / "here.json"
+    cm.save(str(here))
+    assert costmodel.load_for(engine, str(here)).to_dict() == cm.to_dict()
+    cm.fingerprint = dict(cm.fingerprint, cpu="Another CPU", target_dtype="bfloat16")
+    there = tmp_path / "there.json"
+    cm.save(str(there))
+    with pytest.warns(UserWarning, match=r"measured elsewhere.*cpu: 'Another CPU'.*target_dtype"):
+        assert costmodel.load_for(engine, str(there)) is None
+
+
+def test_cost_model_curves_interpolate():
+    cm = costmodel.CostModel(fingerprint={}, tokens=[1, 8, 16], contexts=[128, 512],
+                             target=[[10.0, 17.0, 25.0], [12.0, 21.0, 33.0]], batch_sizes=[1, 4],
+                             plain=[10.0, 13.0], draft=[[2.0, 1.0, 0.5], [3.0, 2.0, 1.0]],
+                             nodes=[1, 8], verify=[[11.0, 18.0], [14.0, 30.0]], tree_top_k=4)
+    assert cm.target_ms(4.5, 128) == pytest.approx(13.5)
+    assert cm.target_ms(8, 320) == pytest.approx(19.0)
+    assert cm.target_ms(24, 128) == pytest.approx(33.0)          # extrapolated from the last segment
+    assert cm.draft_ms(1, 3, extend_tokens=3) == pytest.approx(2.0 + 3.0 + 1.0)
+    assert cm.plain_ms(4, 128) == pytest.approx(13.0)
+    assert cm.verify_ms(1, 4.5, 128) == pytest.approx(14.5)
+    assert cm.verify_ms(2, 1, 128) == pytest.approx(11.0 + 3.0 / 3.0)      # B interpolated
+    # Longer context: scaled by the target curve's context ratio at the same tokens.
+    assert cm.verify_ms(1, 8, 512) == pytest.approx(18.0 * 21.0 / 17.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Engine: batched rounds with requests in different bins
+# ---------------------------------------------------------------------------------------------
+class FixedPolicy(Policy):
+    """One plan per batch size (tests)."""
+
+    name = "fixed"
+
+    def __init__(self, plans):
+        self.plans = plans
+
+    def plan(self, batch_size, context=None):
+        return self.plans.get(batch_size, self.plans[max(self.plans)])
+
+
+def _mixed_plan(edge):
+    # Bin 0 (easy): 4 forwards, 6 draft nodes; bin 1: no extension, 2 nodes; bin 2: root only.
+    return Plan("mixed", decide_depth=1, entropy_k=3, edges=[edge, edge + 0.6], depth=[4, 1, 1], budget=[6, 2, 0])
+
+
+def _prompts(vocab, n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(n)]
+
+
+def _edge_at_median(engine, draft, prompts):
+    """An entropy edge that splits the rounds of these prompts (so a batch mixes bins)."""
+    draft.set_prompts(prompts)
+    res = engine.generate_batch(prompts, max_new_tokens=12, method="heterospec", policy=FixedPolicy(
+        {1: Plan("probe", decide_depth=1, entropy_k=3, edges=[], depth=[1], budget=[4])}), chat=False)
+    ent = sorted(r.entropy for x in res for r in x.stats.records)
+    return ent[len(ent) // 3]
+
+
+@pytest.mark.parametrize("noise", [0.7, 2.0])
+def test_batched_round_with_different_bins_is_greedy_lossless(noise):
+    hf = tiny_hf_llama(seed=31)
+    draft = OracleDraft(hf, noise=noise, seed=4)
+    engine = Engine(hf, draft, config=SpecConfig(top_k=3, depth=1, total_tokens=5))
+    prompts = _prompts(hf.config.vocab_size, 6, seed=int(noise > 1))
+    edge = _edge_at_median(engine, draft, prompts)
+    # Batches of 6, 5, ... speculate with mixed bins; at 3 or fewer requests a round is plain.
+    policy = FixedPolicy({**{b: _mixed_plan(edge) for b in range(4, 7)},
+                          **{b: Plan("plain", speculate=False, decide_depth=0, entropy_k=3, edges=[], depth=[0],
+                                     budget=[0]) for b in range(1, 4)}})
+    draft.set_prompts(prompts)
+    spec = engine.generate_batch(prompts, max_new_tokens=24, method="heterospec", policy=policy, chat=False)
+    draft.set_prompts(prompts)
+    ar = engine.generate_batch(prompts, max_new_tokens=24, method="autoregressive", chat=False)
+    assert [r.token_ids for r in spec] == [r.token_ids for r in ar]
+    # Some round held requests of different bins, with their own depth and budget.
+    per_round = list(itertools.zip_longest(*[[r for r in x.stats.records] for x in spec]))
+    mixed = [rs for rs in per_round if len({r.bin for r in rs if r is not None and not r.plain}) > 1]
+    assert mixed, "no batched round mixed entropy bins"
+    for x in spec:
+        for r in x.stats.records:
+            if not r.plain:
+                assert (r.depth, r.verified <= [7, 3, 1][r.bin]) == ([5, 2, 2][r.bin], True)
+    assert sum(r.accept_len for x in spec for r in x.stats.records) > 0
+    assert any(r.plain for x in spec for r in x.stats.records)          # the tail decoded plainly
+
+
+def test_fitted_policy_from_calibration_is_greedy_lossless(tmp_path):
+    engine, draft, hf = _tiny_engine(seed=23)
+    engine.draft_dir = tmp_path
+    prompts = [[5 + i, 9, 17 + i, 33] for i in range(8)]
+    draft.set_prompts(prompts)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tables, bins = calibrate_policy(engine, prompts, max_new_tokens=16, progress=False, batch_size=8,
+                                        out_dir=str(tmp_path))
+    assert AcceptanceTables.find(str(tmp_path)).to_dict() == tables.to_dict()
+    assert EntropyBins.load(str(tmp_path / "entropy_bins.json")).edges == bins.edges
+    rounds = tables.provenance["rounds"]
+    assert rounds >= 16 and all(sum(o.counts) == rounds for o in tables.options)
+    # At a fixed depth, verifying more nodes (a superset) never accepts less. (Drafting deeper at a
+    # fixed N can: deeper candidates may displace a shallow sibling that would have been accepted.)
+    for o in tables.options:
+        for b, tab in enumerate(o.accept):
+            if o.counts[b]:
+                t = torch.tensor(tab)
+                assert (t[:, 1:] >= t[:, :-1] - 1e-9).all() and (t[:, 0] == 0).all()
+    # A cost model where drafting is nearly free: the fitted plan speculates, and stays lossless.
+    engine.cost_model = costmodel.CostModel(
+        fingerprint=costmodel.fingerprint(engine), tokens=[1, 64], contexts=[128], target=[[10.0, 12.0]],
+        batch_sizes=[1], plain=[10.0], draft=[[0.01, 0.01, 0.0]], nodes=[1, 64], verify=[[10.0, 12.0]],
+        tree_top_k=3)
+    plan = engine._policy("heterospec", engine.config, "fitted").plan(1)
+    assert isinstance(engine._policy("heterospec", engine.config, "fitted"), FittedPolicy) and plan.speculate
+    for p in prompts[:3]:
+        draft.set_prompts([p])
+        ar = engine.generate(p, max_new_tokens=20, method="autoregressive", chat=False)
+        draft.set_prompts([p])
+        hs = engine.generate(p, max_new_tokens=20, method="heterospec", chat=False)
+        assert hs.token_ids == ar.token_ids
+        assert all(not r.plain for r in hs.stats.records)
+
+
+def test_sampling_with_mixed_bins_keeps_the_target_law():
+    from tests.test_sampling_lossless import NEW, PROMPT, REQUESTS, _engine, assert_samples_follow_law, exact_law
+    from heterospec.config import SamplingParams
+
+    engine, hf = _engine("oracle")
+    probe = engine.generate_batch([PROMPT] * 64, max_new_tokens=NEW, method="heterospec", temperature=1.0,
+                                  seed=7, chat=False, policy=FixedPolicy(
+                                      {b: Plan("probe", decide_depth=1, entropy_k=3, edges=[], depth=[1], budget=[4])
+                                       for b in (64,)}))
+    ent = sorted(r.entropy for x in probe for r in x.stats.records)
+    plan = _mixed_plan(ent[len(ent) // 3])
+    res = engine.generate_batch([PROMPT] * REQUESTS, max_new_tokens=NEW, method="heterospec", temperature=1.0,
+                                seed=2025, chat=False, policy=FixedPolicy({REQUESTS: plan}))
+    bins = {r.bin for x in res for r in x.stats.records}
+    assert len(bins) >= 2, bins
+    assert_samples_follow_law(res, exact_law(hf, SamplingParams(temperature=1.0)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Ragged verification
+# ---------------------------------------------------------------------------------------------
+def test_ragged_verification_gives_the_padded_logits():
+    from heterospec import TargetModel, ops
+
+    hf = tiny_hf_llama(seed=41)
+    target = TargetModel.from_hf(hf)
+    g = torch.Generator().manual_seed(0)
+    B, T, V = 3, 6, hf.config.vocab_size
+    num = torch.tensor([6, 1, 3])
+    parents = torch.full((B, T), -1, dtype=torch.int64)
+    for b in range(B):
+        for i in range(1, int(num[b])):
+            parents[b, i] = int(torch.randint(0, i, (1,), generator=g))
+    prefix = torch.tensor([5, 9, 7])
+    mask, pos, _, _ = ops.build_tree(parents, num, prefix)
+    toks = torch.randint(0, V, (B, T), generator=g)
+    prompt = torch.randint(0, V, (B, 9), generator=g)
+    out = {}
+    for ragged in (False, True):
+        cache = target.new_cache(B, 32)
+        zero = torch.zeros(B, dtype=torch.int64)
+        with torch.inference_mode():
+            target(prompt, torch.arange(9)[None].expand(B, 9), cache, zero, None, None, return_features=False)
+            out[ragged] = target(toks, pos, cache, prefix, mask, num, return_features=True, ragged=ragged)
+    for b in range(B):
+        n = int(num[b])
+        torch.testing.assert_close(out[True][0][b, :n], out[False][0][b, :n], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out[True][1][b, :n], out[False][1][b, :n], rtol=1e-5, atol=1e-5)
+        assert (out[True][0][b, n:] == 0).all()
+
+
+def test_ragged_and_padded_batches_decode_the_same():
+    hf = tiny_hf_llama(seed=31)
+    draft = OracleDraft(hf, noise=0.7, seed=4)
+    engine = Engine(hf, draft, config=SpecConfig(top_k=3, depth=1, total_tokens=5))
+    prompts = _prompts(hf.config.vocab_size, 5, seed=3)
+    edge = _edge_at_median(engine, draft, prompts)
+    policy = FixedPolicy({b: _mixed_plan(edge) for b in range(1, 6)})
+    outs = {}
+    for ragged in (True, False):
+        engine.ragged_verify = ragged
+        draft.set_prompts(prompts)
+        outs[ragged] = engine.generate_batch(prompts, max_new_tokens=16, method="heterospec", policy=policy,
+                                             chat=False)
+    assert [r.token_ids for r in outs[True]] == [r.token_ids for r in outs[False]]
+    assert [[(x.accept_len, x.verified) for x in r.stats.records] for r in outs[True]] == \
+           [[(x.accept_len, x.verified) for x in r.stats.records] for r in outs[False]]
+
+
+def test_fitted_policy_learns_the_workloads_acceptance():
+    """Rounds that accept less than the tables predict lower the expected tokens; with a device
+    where speculation barely pays, the policy then turns it off (and back on when it recovers)."""
+    class StepCost:            # verifying two or more tokens costs 1.4x a one-token step
+        def verify_ms(self, B, n, context=256):
+            return 10.0 if n <= 1 else 14.0 + 0.2 * n
+
+        def plain_ms(self, B, context=256):
+            return 10.0
+
+        def draft_ms(self, B, forwards, extend_tokens=1.0):
+            return 0.5 + 0.5 * forwards
+
+    tables, cost = _tables(easy_accept=0.7), StepCost()
+    policy = FittedPolicy(tables, cost, SpecConfig(top_k=4, depth=1, total_tokens=4))
+    first = policy.plan(1)
+    assert first.speculate and policy.accept_scale == 1.0
+    margin_scale = fit_plan(tables, cost, 1).expected
+    easy = [b for b in range(first.num_bins) if first.budget[b] > 0]
+    # Half the predicted tokens, round after round: speculation stops paying.
+    for _ in range(200):
+        b = easy[0]
+        policy.observe(first, [b], [0])
+    assert policy.accept_scale < 0.8
+    assert not policy.plan(1).speculate
+    # Root-only bins and plain plans teach nothing.
+    before = policy.accept_scale
+    policy.observe(policy.plan(1), [0], [5])
+    assert policy.accept_scale == before
+    # The workload turns easy again: speculation comes back.
+    for _ in range(600):
+        policy.observe(first, [easy[0]], [first.budget[easy[0]]])
+    assert policy.accept_scale > 1.0 and policy.plan(1).speculate
+    assert margin_scale["speculative"]["tokens_per_s"] > margin_scale["plain"]["tokens_per_s"]
+
+
+def test_fitted_policy_learns_the_devices_round_time():
+    """Rounds slower than the cost model said (a busy or mis-measured device) shrink speculation,
+    down to plain decoding, per batch bucket."""
+    tables = _tables(easy_accept=0.7)
+    cost = LinearCost(a=10.0, b=1.0, c=0.5, e=0.5)
+    policy = FittedPolicy(tables, cost, SpecConfig(top_k=4, depth=1, total_tokens=4))
+    plan = policy.plan(1)
+    assert plan.speculate and policy.time_scale(1) == 1.0
+    ratio = plan.expected["speculative"]["tokens_per_s"] / plan.expected["plain"]["tokens_per_s"]
+    for _ in range(30):   # every round takes twice the predicted time (accepting as predicted)
+        policy.observe(plan, [0], [round(plan.predicted_accept[0])],
+                       seconds=2e-3 * plan.expected["speculative"]["ms"])
+    assert policy.time_scale(1) == pytest.approx(2.0)
+    later = policy.plan(1)
+    assert later.expected["time_scale"] == pytest.approx(2.0)
+    assert later.speculate == (ratio / 2.0 >= 1.03)
+    assert policy.time_scale(2) == 1.0            # other batch sizes keep their own measurement
