@@ -263,6 +263,7 @@ class Engine:
         self.policy = policy
         self._tables = tables
         self._cost_model = cost_model          # a CostModel, a path, or None (cache / quick measure)
+        self._persist_online = False           # True once the cost model came from this device's cache
         self._fitted = {}
         # Ragged verification (CPU): a batch's verify forward runs its linear layers on the real
         # tree tokens only, so one request's Top-N pruning saves compute at any batch size.
@@ -366,11 +367,13 @@ class Engine:
         from . import costmodel
         if not isinstance(self._cost_model, costmodel.CostModel):
             self._cost_model = costmodel.for_engine(self, self._cost_model)
+            self._persist_online = True
         return self._cost_model
 
     @cost_model.setter
     def cost_model(self, value) -> None:
         self._cost_model = value
+        self._persist_online = False
         self._fitted = {}
 
     # -- public API -----------------------------------------------------------------------------
@@ -454,6 +457,8 @@ class Engine:
                         pol.observe(plan, [r.bin for r in recs], [r.accept_len for r in recs],
                                     time.perf_counter() - t_draft)
             total = time.perf_counter() - t0
+        if isinstance(pol, FittedPolicy):
+            self._save_online_state()
         results = []
         for b in range(st.size):
             s = st.stats[b]
@@ -527,12 +532,46 @@ class Engine:
             if tables is not None and tables.top_k == cfg.top_k:
                 key = (cfg.top_k, cfg.total_tokens)
                 if key not in self._fitted:
-                    self._fitted[key] = FittedPolicy(tables, self.cost_model, cfg, ragged=self.ragged_verify)
+                    pol = FittedPolicy(tables, self.cost_model, cfg, ragged=self.ragged_verify)
+                    state = self._online_state_path(tables, cfg)
+                    if state is not None and os.path.exists(state):
+                        import json
+                        try:
+                            with open(state) as f:
+                                pol.load_state(json.load(f))
+                        except (OSError, ValueError):
+                            pass
+                    self._fitted[key] = pol
                 return self._fitted[key]
             why = ("has no acceptance tables (`heterospec calibrate`)" if tables is None else
                    f"has acceptance tables for tree top_k {tables.top_k}, not {cfg.top_k}")
             _warn_once(f"the draft {why}: HeteroSpec uses the paper's per-bin actions (policy='paper')")
         return PaperPolicy(self.bins, cfg)
+
+    def _online_state_path(self, tables: AcceptanceTables, cfg: SpecConfig) -> Optional[str]:
+        """Where the fitted policy's online corrections for this device, draft and tree live: next
+        to the cached cost model of this device (None for a cost model given in memory)."""
+        from . import costmodel
+        cm = self._cost_model
+        if not self._persist_online or not isinstance(cm, costmodel.CostModel) or not cm.fingerprint:
+            return None
+        import hashlib
+        import json
+        key = hashlib.sha1(json.dumps([tables.provenance.get("date"), tables.provenance.get("rounds"),
+                                       cfg.top_k, cfg.total_tokens], sort_keys=True).encode()).hexdigest()[:12]
+        return costmodel.cache_path(cm.fingerprint).removesuffix(".json") + f".online-{key}.json"
+
+    def _save_online_state(self) -> None:
+        """Keep what the fitted policies learned about this workload for the next process."""
+        from ._io import write_json_atomic
+        for (top_k, total), pol in self._fitted.items():
+            path = self._online_state_path(pol.tables, pol.config)
+            if path is not None:
+                try:
+                    os.makedirs(os.path.dirname(path), exist_ok=True)
+                    write_json_atomic(path, pol.state())
+                except OSError:
+                    pass
 
     # -- prefill --------------------------------------------------------------------------------
     def _prefill(self, ids: List[List[int]], method: str, params: SamplingParams, gen, cache_len: int,

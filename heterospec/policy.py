@@ -456,6 +456,22 @@ class FittedPolicy(Policy):
     MIN_OBSERVED = 40.0       # predicted tokens before the correction applies
     FORGET = 0.995            # per round: a half-life of about 140 rounds
 
+    def state(self) -> dict:
+        """What the online correction has learned (saved between processes by the engine)."""
+        return {"observed": self._observed, "predicted": self._predicted,
+                "time": {str(b): list(v) for b, v in self._time.items()},
+                "accept_used": self._accept_used, "time_used": {str(b): v for b, v in self._time_used.items()}}
+
+    def load_state(self, state: dict) -> None:
+        try:
+            self._observed, self._predicted = float(state["observed"]), float(state["predicted"])
+            self._time = {int(b): [float(x) for x in v] for b, v in state["time"].items()}
+            self._accept_used = float(state["accept_used"])
+            self._time_used = {int(b): float(v) for b, v in state["time_used"].items()}
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return                      # an unreadable state is ignored: start from the tables
+        self._plans = {}
+
     def observe(self, plan: Plan, bins: Sequence[int], accepted: Sequence[int],
                 seconds: Optional[float] = None) -> None:
         """Record a speculative round of ``plan``: each request's bin and accepted drafts, and the

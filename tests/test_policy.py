@@ -392,3 +392,39 @@ def test_fitted_policy_learns_the_devices_round_time():
     assert later.expected["time_scale"] == pytest.approx(2.0)
     assert later.speculate == (ratio / 2.0 >= 1.03)
     assert policy.time_scale(2) == 1.0            # other batch sizes keep their own measurement
+
+
+def test_online_corrections_persist_for_the_next_engine(tmp_path, monkeypatch):
+    """What the fitted policy learned is saved next to this device's cached cost model and picked
+    up by the next engine (process) on the same device, draft and tree."""
+    monkeypatch.setenv("HETEROSPEC_CACHE", str(tmp_path))
+    engine, draft, hf = _tiny_engine(seed=23)
+    engine.tables = _tables_for(engine)
+    cm = costmodel.CostModel(
+        fingerprint=costmodel.fingerprint(engine), tokens=[1, 64], contexts=[128], target=[[10.0, 12.0]],
+        batch_sizes=[1], plain=[10.0], draft=[[0.01, 0.01, 0.0]], nodes=[1, 64], verify=[[10.0, 12.0]],
+        tree_top_k=3)
+    cm.save(costmodel.cache_path(cm.fingerprint))          # as `heterospec costs` leaves it
+    prompt = [5, 9, 17, 33]
+    draft.set_prompts([prompt])
+    engine.generate(prompt, max_new_tokens=12, method="heterospec", chat=False)
+    pol = engine._policy("heterospec", engine.config, "fitted")
+    assert pol._predicted > 0
+    saved = list((tmp_path / "costs").glob("*.online-*.json"))
+    assert len(saved) == 1
+    again, draft2, _ = _tiny_engine(seed=23)
+    again.tables = engine.tables
+    pol2 = again._policy("heterospec", again.config, "fitted")
+    assert pol2.state() == pol.state()
+    # A cost model handed over in memory is the caller's: nothing is written for it.
+    other, _, _ = _tiny_engine(seed=23)
+    other.tables, other.cost_model = engine.tables, cm
+    other._policy("heterospec", other.config, "fitted")
+    assert other._online_state_path(other.tables, other.config) is None
+
+
+def _tables_for(engine):
+    """Tables for the tiny engine's tree (top_k 3) from the synthetic ones."""
+    t = _tables()
+    t.top_k = engine.config.top_k
+    return t
