@@ -181,6 +181,7 @@ def collect_traces(engine, prompts: Sequence, max_new_tokens: int = 128, depths:
 
     from . import ops
     from .config import SamplingParams
+    from .engine import _score_ranks
     from .policy import Plan
 
     cfg = engine.config
@@ -264,7 +265,6 @@ def collect_traces(engine, prompts: Sequence, max_new_tokens: int = 128, depths:
                         acc[di, ni] = a
                         if g == g_default:
                             chosen_list = sel[b][g][1:num[b][g]]
-                            from .engine import _score_ranks
                             ranks = _score_ranks([orig_scores[b][c] for c in chosen_list])
                             out["tcr"].append(ranks[chosen_list.index(cur)] if a > 0 else num[b][g])
                     out["accept"].append(acc)

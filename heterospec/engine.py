@@ -18,6 +18,9 @@ Shapes follow ``docs/design.md``.
 from __future__ import annotations
 
 import collections.abc
+import contextlib
+import hashlib
+import json
 import os
 import time
 import warnings
@@ -446,7 +449,7 @@ class Engine:
                     self._decode_one(st, params, gen, max_new_tokens, stream, record=method != "autoregressive")
                 else:
                     t_draft = time.perf_counter()
-                    with sync_free() if self.static_rounds else _no_context():
+                    with sync_free() if self.static_rounds else contextlib.nullcontext():
                         tree = self._draft_tree(st, cfg, plan)
                         t_verify = time.perf_counter()
                         verdict = self._verify(st, tree, plan, params, gen)
@@ -458,7 +461,7 @@ class Engine:
                                     time.perf_counter() - t_draft)
             total = time.perf_counter() - t0
         if isinstance(pol, FittedPolicy):
-            self._save_online_state()
+            pol.save_state()            # what it learned about this workload, for the next process
         results = []
         for b in range(st.size):
             s = st.stats[b]
@@ -532,16 +535,9 @@ class Engine:
             if tables is not None and tables.top_k == cfg.top_k:
                 key = (cfg.top_k, cfg.total_tokens)
                 if key not in self._fitted:
-                    pol = FittedPolicy(tables, self.cost_model, cfg, ragged=self.ragged_verify)
-                    state = self._online_state_path(tables, cfg)
-                    if state is not None and os.path.exists(state):
-                        import json
-                        try:
-                            with open(state) as f:
-                                pol.load_state(json.load(f))
-                        except (OSError, ValueError):
-                            pass
-                    self._fitted[key] = pol
+                    cost = self.cost_model
+                    self._fitted[key] = FittedPolicy(tables, cost, cfg, ragged=self.ragged_verify,
+                                                     state_path=self._online_state_path(tables, cfg))
                 return self._fitted[key]
             why = ("has no acceptance tables (`heterospec calibrate`)" if tables is None else
                    f"has acceptance tables for tree top_k {tables.top_k}, not {cfg.top_k}")
@@ -555,23 +551,9 @@ class Engine:
         cm = self._cost_model
         if not self._persist_online or not isinstance(cm, costmodel.CostModel) or not cm.fingerprint:
             return None
-        import hashlib
-        import json
         key = hashlib.sha1(json.dumps([tables.provenance.get("date"), tables.provenance.get("rounds"),
                                        cfg.top_k, cfg.total_tokens], sort_keys=True).encode()).hexdigest()[:12]
         return costmodel.cache_path(cm.fingerprint).removesuffix(".json") + f".online-{key}.json"
-
-    def _save_online_state(self) -> None:
-        """Keep what the fitted policies learned about this workload for the next process."""
-        from ._io import write_json_atomic
-        for (top_k, total), pol in self._fitted.items():
-            path = self._online_state_path(pol.tables, pol.config)
-            if path is not None:
-                try:
-                    os.makedirs(os.path.dirname(path), exist_ok=True)
-                    write_json_atomic(path, pol.state())
-                except OSError:
-                    pass
 
     # -- prefill --------------------------------------------------------------------------------
     def _prefill(self, ids: List[List[int]], method: str, params: SamplingParams, gen, cache_len: int,
@@ -872,14 +854,6 @@ class Engine:
                 st.finished[b] = "length"
             if stream is not None and chunk:
                 stream(b, chunk)
-
-
-class _no_context:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _topk_entropy_of(topk_logprobs: torch.Tensor, K: int, parent: torch.Tensor) -> torch.Tensor:

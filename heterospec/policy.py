@@ -392,7 +392,7 @@ class FittedPolicy(Policy):
     name = "fitted"
 
     def __init__(self, tables: AcceptanceTables, cost, config: SpecConfig, context: int = 256,
-                 ragged: bool = False) -> None:
+                 ragged: bool = False, state_path: Optional[str] = None) -> None:
         if tables.top_k != config.top_k:
             raise ValueError(f"acceptance tables were measured with tree top_k {tables.top_k}, "
                              f"the engine drafts with top_k {config.top_k}")
@@ -408,6 +408,14 @@ class FittedPolicy(Policy):
         # The scales in use move only by HYSTERESIS or more, so plans are refitted rarely.
         self._accept_used = 1.0
         self._time_used: Dict[int, float] = {}
+        # Where the online state is kept between processes (None: not kept).
+        self.state_path = state_path
+        if state_path is not None and os.path.exists(state_path):
+            try:
+                with open(state_path) as f:
+                    self.load_state(json.load(f))
+            except (OSError, ValueError):
+                pass                    # unreadable: start from the tables
 
     @staticmethod
     def bucket(batch_size: int) -> int:
@@ -461,6 +469,17 @@ class FittedPolicy(Policy):
         return {"observed": self._observed, "predicted": self._predicted,
                 "time": {str(b): list(v) for b, v in self._time.items()},
                 "accept_used": self._accept_used, "time_used": {str(b): v for b, v in self._time_used.items()}}
+
+    def save_state(self) -> None:
+        """Write :meth:`state` to ``state_path`` (if any); a failed write is not an error."""
+        if self.state_path is None:
+            return
+        from ._io import write_json_atomic
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(self.state_path)), exist_ok=True)
+            write_json_atomic(self.state_path, self.state())
+        except OSError:
+            pass
 
     def load_state(self, state: dict) -> None:
         try:
