@@ -169,7 +169,8 @@ def _layer_of(C: int, k: int) -> np.ndarray:
 
 def collect_traces(engine, prompts: Sequence, max_new_tokens: int = 128, depths: Optional[List[int]] = None,
                    nodes: Optional[List[int]] = None, entropy_ks: Optional[Sequence[int]] = None,
-                   batch_size: int = 4, progress: bool = True, chat: bool = True) -> dict:
+                   batch_size: int = 4, progress: bool = True, chat: bool = True,
+                   decide_depths: Optional[Sequence[int]] = None) -> dict:
     """Greedy rounds on ``prompts`` that draft the deepest tree of the grid, verify the union of
     every action's selection in one target forward, and record per round: the accepted length of
     every action ``(forwards d, nodes N)`` (exact: the target's argmax is known at every node any
@@ -190,7 +191,7 @@ def collect_traces(engine, prompts: Sequence, max_new_tokens: int = 128, depths:
     depths = list(depths or g_depths)
     nodes = list(nodes or g_nodes)
     ks = sorted(set(entropy_ks or [k, min(2 * k, 64)]))
-    if any(K < k or K > 64 for K in ks):
+    if not ks or any(K < k or K > 64 for K in ks):
         raise ValueError(f"collect_traces: entropy K must be in [top_k={k}, 64], got {ks}")
     D = max(depths)
     C = k + D * k * k
@@ -198,7 +199,8 @@ def collect_traces(engine, prompts: Sequence, max_new_tokens: int = 128, depths:
     layer = torch.as_tensor(_layer_of(C, k))
     plan = Plan("trace", decide_depth=D, entropy_k=max(ks), edges=[], depth=[D], budget=[C], binned=False)
     params = SamplingParams()
-    decide = [d for d in range(0, min(cfg.depth, D - 1) + 1)]
+    decide = [d for d in range(0, min(cfg.depth, D - 1) + 1)] if decide_depths is None else \
+        sorted({int(d) for d in decide_depths if 0 <= int(d) < D})
     G = [(di, ni) for di in range(len(depths)) for ni in range(len(nodes))]
     out = {"accept": [], "tcr": [], "entropy": {(d0, K): [] for d0 in decide for K in ks}}
     # The engine's own tree (depth, total_tokens): its TCR is the paper's calibration label.
@@ -208,7 +210,8 @@ def collect_traces(engine, prompts: Sequence, max_new_tokens: int = 128, depths:
     with torch.inference_mode():
         for start in range(0, len(encoded), batch_size):
             ids = encoded[start:start + batch_size]
-            cache_len = max(len(p) for p in ids) + max_new_tokens + C + 2
+            # room for the last round: a path accepted past max_new_tokens plus the whole tree
+            cache_len = max(len(p) for p in ids) + max_new_tokens + 2 * C + 2
             if cache_len > engine.max_length:
                 raise ValueError(f"calibration prompt {start}: too long for max_length {engine.max_length}")
             st = engine._prefill(ids, "heterospec", params, None, cache_len, max_new_tokens, None, True)
@@ -320,6 +323,14 @@ def fit_tables(traces: dict, labels: Sequence[str] = TABLE_LABELS, provenance: O
     return AcceptanceTables(int(traces["top_k"]), list(depths), list(nodes), options, prov)
 
 
+def _tables_provenance(engine, prompts, source: str, max_new_tokens: int, **extra) -> dict:
+    """Where acceptance tables came from (saved in the tables file)."""
+    return {"target": _where(getattr(engine.target, "name_or_path", None)), "draft": _where(engine.draft_dir),
+            "prompt_source": source, "prompts": len(prompts), "max_new_tokens": max_new_tokens, **extra,
+            "target_dtype": str(engine.target.lm_head.weight.dtype).removeprefix("torch."),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
 def calibrate_policy(engine, prompts: Sequence, max_new_tokens: int = 128, source: str = "user prompts",
                      out_dir: Optional[str] = None, progress: bool = True, chat: bool = True,
                      batch_size: int = 4):
@@ -335,17 +346,9 @@ def calibrate_policy(engine, prompts: Sequence, max_new_tokens: int = 128, sourc
     traces = collect_traces(engine, prompts, max_new_tokens=max_new_tokens, progress=progress, chat=chat,
                             batch_size=batch_size)
     traces["default_action"] = (cfg.depth, cfg.total_tokens)
-    provenance = {
-        "target": _where(getattr(engine.target, "name_or_path", None)),
-        "draft": _where(engine.draft_dir),
-        "prompt_source": source,
-        "prompts": len(prompts),
-        "max_new_tokens": max_new_tokens,
-        "tree": {"top_k": cfg.top_k, "depth": cfg.depth, "total_tokens": cfg.total_tokens,
-                 "pstar_pool": cfg.pstar_pool},
-        "target_dtype": str(engine.target.lm_head.weight.dtype).removeprefix("torch."),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
+    provenance = _tables_provenance(engine, prompts, source, max_new_tokens,
+                                    tree={"top_k": cfg.top_k, "depth": cfg.depth, "total_tokens": cfg.total_tokens,
+                                          "pstar_pool": cfg.pstar_pool})
     tables = fit_tables(traces, provenance=provenance)
     x = traces["entropy"][(cfg.depth, cfg.resolved_entropy_k)] if (cfg.depth, cfg.resolved_entropy_k) in \
         traces["entropy"] else None
@@ -363,3 +366,45 @@ def calibrate_policy(engine, prompts: Sequence, max_new_tokens: int = 128, sourc
             bins.save(os.path.join(out_dir, BINS_FILENAME))
     engine.tables = tables
     return tables, bins
+
+
+# ---------------------------------------------------------------------------------------------
+# Chain tables: the same traces for engines that draft a chain (vLLM's EAGLE-3 proposer)
+# ---------------------------------------------------------------------------------------------
+CHAIN_ENTROPY_KS = (4, 8)
+
+
+def calibrate_chain_tables(engine, prompts: Sequence, max_new_tokens: int = 128, max_draft_tokens: int = 8,
+                           source: str = "user prompts", out_dir: Optional[str] = None,
+                           progress: bool = True, chat: bool = True, batch_size: int = 4):
+    """Acceptance tables for *chain* drafting (one draft token per forward, top_k = 1), the
+    shape of vLLM's EAGLE-3 proposer: per bin of the first draft step's Top-K entropy, the
+    expected accepted length of a chain of every length 0 .. ``max_draft_tokens``. ``H`` is read
+    after the first draft forward only (``decide_depth`` 0), the one point where vLLM's proposer
+    can still choose how many more forwards to run. ``engine`` must be configured with
+    ``top_k=1``. With ``out_dir`` the tables are saved as ``acceptance_tables_chain.json``."""
+    from .policy import CHAIN_TABLES_FILENAME
+
+    cfg = engine.config
+    if cfg.top_k != 1:
+        raise ValueError(f"calibrate_chain_tables: the engine must draft a chain (top_k=1), got top_k={cfg.top_k}")
+    if not 1 <= max_draft_tokens <= 16:
+        raise ValueError(f"calibrate_chain_tables: max_draft_tokens must be in [1, 16], got {max_draft_tokens}")
+    if not prompts:
+        raise ValueError("calibrate: no calibration prompts given")
+    if cfg.depth + 1 > max_draft_tokens or cfg.total_tokens > max_draft_tokens + 1:
+        raise ValueError(f"calibrate_chain_tables: the engine's chain (depth {cfg.depth}, {cfg.total_tokens} nodes) "
+                         f"must fit max_draft_tokens={max_draft_tokens}")
+    depths = list(range(max_draft_tokens))                 # tree forwards after the first: chain of d + 1
+    nodes = list(range(1, max_draft_tokens + 2))           # root + up to max_draft_tokens drafts
+    traces = collect_traces(engine, prompts, max_new_tokens=max_new_tokens, depths=depths, nodes=nodes,
+                            entropy_ks=CHAIN_ENTROPY_KS, batch_size=batch_size, progress=progress, chat=chat,
+                            decide_depths=[0])
+    traces["default_action"] = (cfg.depth, cfg.total_tokens)
+    provenance = _tables_provenance(engine, prompts, source, max_new_tokens, shape="chain",
+                                    max_draft_tokens=max_draft_tokens)
+    tables = fit_tables(traces, provenance=provenance)
+    if out_dir is not None:
+        os.makedirs(out_dir, exist_ok=True)
+        tables.save(os.path.join(out_dir, CHAIN_TABLES_FILENAME))
+    return tables

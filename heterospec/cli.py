@@ -230,6 +230,21 @@ def cmd_calibrate(args) -> int:
         from .train.prompts import calibration_prompts
         prompts, source = calibration_prompts(args.n, seed=args.seed)
         prompts = prompts[:args.n]
+    if args.chain:
+        # vLLM's proposer drafts chains: the same traces with top_k = 1 (heterospec.vllm_plugin).
+        from .calibrate import calibrate_chain_tables
+        from .config import SpecConfig
+        from .policy import CHAIN_TABLES_FILENAME
+        args.tree_config = SpecConfig(top_k=1, depth=3, total_tokens=5)
+        engine = _engine(args)
+        out_dir = args.out if args.out is not None else engine.draft_dir
+        tables = calibrate_chain_tables(engine, prompts, max_new_tokens=args.max_new_tokens,
+                                        max_draft_tokens=args.chain_max, source=source, out_dir=out_dir or None)
+        if out_dir:
+            print(f"wrote {os.path.join(out_dir, CHAIN_TABLES_FILENAME)}")
+        for o in tables.provenance["options"]:
+            print(json.dumps(o))
+        return 0
     engine = _engine(args)
     out_dir = args.out if args.out is not None else engine.draft_dir
     if args.label == "tcr":
@@ -391,6 +406,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--seed", type=_seed, default=0)
     c.add_argument("--out", help="directory for entropy_bins.json, created if missing (default: the draft's "
                                  "directory)")
+    c.add_argument("--chain", action="store_true",
+                   help="acceptance tables for chain drafting (vLLM's EAGLE-3 proposer, heterospec.vllm_plugin): "
+                        "writes acceptance_tables_chain.json instead")
+    c.add_argument("--chain-max", type=_positive_int, default=8, help="with --chain: the longest chain measured")
     _add_model_args(c)
     c.set_defaults(func=cmd_calibrate)
 

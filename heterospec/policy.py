@@ -42,6 +42,8 @@ from .entropy import EntropyBins
 
 POLICIES = ("fitted", "paper")
 TABLES_FILENAME = "acceptance_tables.json"
+# Tables for engines that draft a chain per request (vLLM's EAGLE-3 proposer): top_k = 1.
+CHAIN_TABLES_FILENAME = "acceptance_tables_chain.json"
 # Speculation must beat plain decoding by this factor in the cost model before it is switched on:
 # a cushion for the model's error (it never sees cache effects, scheduling, host jitter).
 PLAIN_MARGIN = 1.03
@@ -392,12 +394,12 @@ class FittedPolicy(Policy):
     name = "fitted"
 
     def __init__(self, tables: AcceptanceTables, cost, config: SpecConfig, context: int = 256,
-                 ragged: bool = False, state_path: Optional[str] = None) -> None:
+                 ragged: bool = False, state_path: Optional[str] = None, max_nodes: Optional[int] = None) -> None:
         if tables.top_k != config.top_k:
             raise ValueError(f"acceptance tables were measured with tree top_k {tables.top_k}, "
                              f"the engine drafts with top_k {config.top_k}")
         self.tables, self.cost, self.config = tables, cost, config
-        self.context, self.ragged = context, ragged
+        self.context, self.ragged, self.max_nodes = context, ragged, max_nodes
         self._plans: Dict[Tuple[int, int, float], Plan] = {}
         # Online correction: tokens per speculative round observed on this workload vs. what the
         # tables predicted for the same bins and actions, and speculative round time observed vs.
@@ -431,9 +433,13 @@ class FittedPolicy(Policy):
         c = self.context if context is None else 1 << max(8, int(max(context, 1) - 1).bit_length())
         s, t = self.accept_scale, self.time_scale(b)
         if (b, c, s, t) not in self._plans:
-            self._plans[(b, c, s, t)] = fit_plan(self.tables, self.cost, b, c, self.ragged, accept_scale=s,
-                                                 time_scale=t)
+            self._plans[(b, c, s, t)] = fit_plan(self.tables, self.cost, b, c, self.ragged, max_nodes=self.max_nodes,
+                                                 accept_scale=s, time_scale=t)
         return self._plans[(b, c, s, t)]
+
+    def refit(self) -> None:
+        """Forget the fitted plans (after the cost model learned something new)."""
+        self._plans = {}
 
     def time_scale(self, bucket: int) -> float:
         """Observed / predicted speculative round time at this batch bucket, in steps of 0.05

@@ -428,3 +428,37 @@ def _tables_for(engine):
     t = _tables()
     t.top_k = engine.config.top_k
     return t
+
+
+def test_chain_tables_for_vllm(tmp_path):
+    """`heterospec calibrate --chain`: tables for a chain drafter (top_k 1), read after the first
+    draft forward, with the accepted length of every chain length; exact against a direct count."""
+    from heterospec.calibrate import calibrate_chain_tables
+    from heterospec.policy import CHAIN_TABLES_FILENAME
+
+    hf = tiny_hf_llama(seed=29)
+    draft = OracleDraft(hf, noise=1.0, seed=5)
+    engine = Engine(hf, draft, config=SpecConfig(top_k=1, depth=3, total_tokens=5))
+    engine.draft_dir = tmp_path
+    prompts = [[7 + i, 11, 19 + i, 31] for i in range(8)]
+    draft.set_prompts(prompts)
+    with pytest.raises(ValueError, match="top_k=1"):
+        calibrate_chain_tables(_tiny_engine()[0], prompts, progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tables = calibrate_chain_tables(engine, prompts, max_new_tokens=16, max_draft_tokens=6, progress=False,
+                                        batch_size=8, out_dir=str(tmp_path))
+    assert AcceptanceTables.load(str(tmp_path / CHAIN_TABLES_FILENAME)).to_dict() == tables.to_dict()
+    assert tables.top_k == 1 and tables.depths == list(range(6)) and tables.nodes == list(range(1, 8))
+    assert {o.decide_depth for o in tables.options} == {0} and {o.entropy_k for o in tables.options} == {4, 8}
+    assert tables.provenance["shape"] == "chain"
+    for o in tables.options:
+        for b, tab in enumerate(o.accept):
+            if o.counts[b]:
+                t = torch.tensor(tab)
+                # a chain of d + 1 drafts verified with n - 1 >= d + 1 nodes accepts at most d + 1 and
+                # never less with more nodes; verifying the root only accepts nothing
+                assert (t[:, 0] == 0).all() and (t[:, 1:] >= t[:, :-1] - 1e-9).all()
+                for d in range(6):
+                    assert (t[d] <= d + 1 + 1e-9).all()
+                    assert torch.allclose(t[d, d + 2:], t[d, d + 1].expand(t[d, d + 2:].shape))

