@@ -444,9 +444,12 @@ class Engine:
                 # The policy's plan for the requests still running: a tree, or one plain step.
                 active = st.active()
                 context = sum(st.stats[b].prompt_tokens + len(st.outputs[b]) for b in active) // max(len(active), 1)
-                plan = pol.plan(len(active), context) if speculative else None
+                plan = pol.round_plan(len(active), context) if speculative else None
                 if plan is None or not plan.speculate:
+                    t_plain = time.perf_counter()
                     self._decode_one(st, params, gen, max_new_tokens, stream, record=method != "autoregressive")
+                    if plan is not None and hasattr(pol, "observe"):     # plain steps are timed too
+                        pol.observe(plan, [], [], time.perf_counter() - t_plain)
                 else:
                     t_draft = time.perf_counter()
                     with sync_free() if self.static_rounds else contextlib.nullcontext():

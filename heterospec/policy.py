@@ -66,6 +66,7 @@ class Plan:
     binned: bool = True
     expected: Optional[dict] = None      # the cost model's prediction (fitted plans only)
     predicted_accept: Optional[List[float]] = None   # per bin: expected accepted drafts (fitted)
+    alternative: Optional["Plan"] = None  # fitted: the best plan of the other kind (probe rounds)
 
     def __post_init__(self) -> None:
         nb = len(self.edges) + 1
@@ -128,6 +129,10 @@ class Policy:
     def plan(self, batch_size: int, context: Optional[int] = None) -> Plan:  # pragma: no cover - interface
         """The plan for ``batch_size`` running requests with about ``context`` tokens each."""
         raise NotImplementedError
+
+    def round_plan(self, batch_size: int, context: Optional[int] = None) -> Plan:
+        """The plan of the next round (the fitted policy probes the alternative now and then)."""
+        return self.plan(batch_size, context)
 
     def needs_draft(self, batch_size: int) -> bool:
         """Whether any batch size up to ``batch_size`` speculates (a batch only shrinks)."""
@@ -346,7 +351,7 @@ def _fit_option(tables, opt, cost, B: int, context: int, ragged: bool, max_nodes
 
 def fit_plan(tables: AcceptanceTables, cost, batch_size: int, context: int = 256, ragged: bool = False,
              max_nodes: Optional[int] = None, margin: float = PLAIN_MARGIN, accept_scale: float = 1.0,
-             time_scale: float = 1.0) -> Plan:
+             time_scale: float = 1.0, plain_scale: float = 1.0) -> Plan:
     """The plan that maximises expected tokens/s at ``batch_size`` under ``cost``.
 
     Every binning option of ``tables`` (where ``H(P*)`` is read, its K, the CART label) gets its
@@ -355,9 +360,11 @@ def fit_plan(tables: AcceptanceTables, cost, batch_size: int, context: int = 256
     The best option is compared with plain decoding (no draft at all), which wins unless
     speculation is predicted ``margin`` times faster. ``accept_scale``: the ratio of observed to
     predicted tokens per round on this workload; ``time_scale``: of observed to predicted
-    speculative round time on this device (:meth:`FittedPolicy.observe`)."""
+    speculative round time on this device, ``plain_scale`` the same for plain steps
+    (:meth:`FittedPolicy.observe`). The returned plan carries the best plan of the other kind as
+    ``alternative`` (None when no speculative action exists)."""
     B = batch_size
-    plain_ms = cost.plain_ms(B, context)
+    plain_ms = cost.plain_ms(B, context) * plain_scale
     plain = {"tokens": float(B), "ms": plain_ms, "tokens_per_s": 1e3 * B / plain_ms}
     options = list(tables.options)
     if B > 1:   # the batch search is costlier: keep the options that were best alone
@@ -372,17 +379,23 @@ def fit_plan(tables: AcceptanceTables, cost, batch_size: int, context: int = 256
             ev = dict(ev, ms=ev["ms"] * time_scale, tokens_per_s=ev["tokens_per_s"] / time_scale)
         if ev is not None and (best_eval is None or ev["tokens_per_s"] > best_eval["tokens_per_s"]):
             best, best_eval = (opt, acts), ev
-    if best is None or best_eval["tokens_per_s"] < margin * plain["tokens_per_s"]:
-        return Plan("fitted", speculate=False, decide_depth=0, entropy_k=tables.top_k, edges=[], depth=[0],
-                    budget=[0], binned=False,
-                    expected={"plain": plain, "speculative": best_eval, "batch_size": B,
-                              "accept_scale": accept_scale, "time_scale": time_scale})
+    scales = {"accept_scale": accept_scale, "time_scale": time_scale, "plain_scale": plain_scale}
+    plain_plan = Plan("fitted", speculate=False, decide_depth=0, entropy_k=tables.top_k, edges=[], depth=[0],
+                      budget=[0], binned=False,
+                      expected={"plain": plain, "speculative": best_eval, "batch_size": B, **scales})
+    if best is None:
+        return plain_plan
     opt, acts = best
-    return Plan("fitted", decide_depth=opt.decide_depth, entropy_k=opt.entropy_k, edges=list(opt.edges),
-                depth=[a[0] for a in acts], budget=[a[1] - 1 for a in acts],
-                expected={"plain": plain, "speculative": best_eval, "batch_size": B, "label": opt.label,
-                          "accept_scale": accept_scale, "time_scale": time_scale},
-                predicted_accept=[a[4] for a in acts])
+    spec_plan = Plan("fitted", decide_depth=opt.decide_depth, entropy_k=opt.entropy_k, edges=list(opt.edges),
+                     depth=[a[0] for a in acts], budget=[a[1] - 1 for a in acts],
+                     expected={"plain": plain, "speculative": best_eval, "batch_size": B, "label": opt.label,
+                               **scales},
+                     predicted_accept=[a[4] for a in acts])
+    if best_eval["tokens_per_s"] < margin * plain["tokens_per_s"]:
+        plain_plan.alternative = spec_plan
+        return plain_plan
+    spec_plan.alternative = plain_plan
+    return spec_plan
 
 
 class FittedPolicy(Policy):
@@ -407,9 +420,12 @@ class FittedPolicy(Policy):
         self._observed = 0.0
         self._predicted = 0.0
         self._time: Dict[int, List[float]] = {}
+        self._plain: Dict[int, List[float]] = {}      # the same for plain steps
+        self._rounds: Dict[int, int] = {}             # rounds planned per bucket (probe schedule)
         # The scales in use move only by HYSTERESIS or more, so plans are refitted rarely.
         self._accept_used = 1.0
         self._time_used: Dict[int, float] = {}
+        self._plain_used: Dict[int, float] = {}
         # Where the online state is kept between processes (None: not kept).
         self.state_path = state_path
         if state_path is not None and os.path.exists(state_path):
@@ -431,11 +447,26 @@ class FittedPolicy(Policy):
     def plan(self, batch_size: int, context: Optional[int] = None) -> Plan:
         b = self.bucket(batch_size)
         c = self.context if context is None else 1 << max(8, int(max(context, 1) - 1).bit_length())
-        s, t = self.accept_scale, self.time_scale(b)
-        if (b, c, s, t) not in self._plans:
-            self._plans[(b, c, s, t)] = fit_plan(self.tables, self.cost, b, c, self.ragged, max_nodes=self.max_nodes,
-                                                 accept_scale=s, time_scale=t)
-        return self._plans[(b, c, s, t)]
+        s, t, q = self.accept_scale, self.time_scale(b), self.plain_scale(b)
+        if (b, c, s, t, q) not in self._plans:
+            self._plans[(b, c, s, t, q)] = fit_plan(self.tables, self.cost, b, c, self.ragged,
+                                                    max_nodes=self.max_nodes, accept_scale=s, time_scale=t,
+                                                    plain_scale=q)
+        return self._plans[(b, c, s, t, q)]
+
+    PROBE_EVERY = 64          # rounds of a bucket between two rounds of the plan not chosen
+
+    def round_plan(self, batch_size: int, context: Optional[int] = None) -> Plan:
+        """The plan of the next round: :meth:`plan`, except that every ``PROBE_EVERY``-th round of
+        a bucket runs the other kind (one plain step while speculating, one speculative round
+        while decoding plainly), so that both time corrections stay measured - without it a
+        wrong prediction for the mode not chosen would never be seen."""
+        plan = self.plan(batch_size, context)
+        b = self.bucket(batch_size)
+        n = self._rounds[b] = self._rounds.get(b, 0) + 1
+        if n % self.PROBE_EVERY == 0 and plan.alternative is not None:
+            return plan.alternative
+        return plan
 
     def refit(self) -> None:
         """Forget the fitted plans (after the cost model learned something new)."""
@@ -450,6 +481,16 @@ class FittedPolicy(Policy):
             r = min(3.0, max(0.5, obs / pred))
             if abs(r - used) >= self.HYSTERESIS:
                 used = self._time_used[bucket] = round(r / 0.05) * 0.05
+        return used
+
+    def plain_scale(self, bucket: int) -> float:
+        """Observed / predicted plain-step time at this batch bucket (as :meth:`time_scale`)."""
+        obs, pred, n = self._plain.get(bucket, (0.0, 0.0, 0.0))
+        used = self._plain_used.get(bucket, 1.0)
+        if n >= self.MIN_ROUNDS and pred > 0:
+            r = min(3.0, max(0.5, obs / pred))
+            if abs(r - used) >= self.HYSTERESIS:
+                used = self._plain_used[bucket] = round(r / 0.05) * 0.05
         return used
 
     MIN_ROUNDS = 8.0          # timed rounds before the time correction applies
@@ -474,7 +515,9 @@ class FittedPolicy(Policy):
         """What the online correction has learned (saved between processes by the engine)."""
         return {"observed": self._observed, "predicted": self._predicted,
                 "time": {str(b): list(v) for b, v in self._time.items()},
-                "accept_used": self._accept_used, "time_used": {str(b): v for b, v in self._time_used.items()}}
+                "plain": {str(b): list(v) for b, v in self._plain.items()},
+                "accept_used": self._accept_used, "time_used": {str(b): v for b, v in self._time_used.items()},
+                "plain_used": {str(b): v for b, v in self._plain_used.items()}}
 
     def save_state(self) -> None:
         """Write :meth:`state` to ``state_path`` (if any); a failed write is not an error."""
@@ -493,18 +536,30 @@ class FittedPolicy(Policy):
             self._time = {int(b): [float(x) for x in v] for b, v in state["time"].items()}
             self._accept_used = float(state["accept_used"])
             self._time_used = {int(b): float(v) for b, v in state["time_used"].items()}
+            self._plain = {int(b): [float(x) for x in v] for b, v in state.get("plain", {}).items()}
+            self._plain_used = {int(b): float(v) for b, v in state.get("plain_used", {}).items()}
         except (KeyError, TypeError, ValueError, AttributeError):
             return                      # an unreadable state is ignored: start from the tables
         self._plans = {}
 
     def observe(self, plan: Plan, bins: Sequence[int], accepted: Sequence[int],
                 seconds: Optional[float] = None) -> None:
-        """Record a speculative round of ``plan``: each request's bin and accepted drafts, and the
-        round's wall time. Requests whose bin verifies the root only carry no information about
-        acceptance and are skipped."""
-        if not plan.speculate or plan.predicted_accept is None:
+        """Record a round of ``plan``: for a speculative round each request's bin and accepted
+        drafts, and the round's wall time; for a plain step its wall time only. Requests whose
+        bin verifies the root only carry no information about acceptance and are skipped."""
+        expected = plan.expected or {}
+        if not plan.speculate:
+            predicted_ms = (expected.get("plain") or {}).get("ms")
+            if seconds is not None and predicted_ms and "batch_size" in expected:
+                bucket = self.bucket(int(expected["batch_size"]))
+                obs, pred, n = self._plain.get(bucket, (0.0, 0.0, 0.0))
+                base = predicted_ms / float(expected.get("plain_scale", 1.0))
+                self._plain[bucket] = [obs * self.FORGET + 1e3 * seconds, pred * self.FORGET + base,
+                                       n * self.FORGET + 1.0]
             return
-        predicted_ms = (plan.expected or {}).get("speculative", {}).get("ms")
+        if plan.predicted_accept is None:
+            return
+        predicted_ms = expected.get("speculative", {}).get("ms")
         if seconds is not None and predicted_ms:
             bucket = self.bucket(int((plan.expected or {}).get("batch_size", 1)))
             obs, pred, n = self._time.get(bucket, (0.0, 0.0, 0.0))

@@ -394,6 +394,36 @@ def test_fitted_policy_learns_the_devices_round_time():
     assert policy.time_scale(2) == 1.0            # other batch sizes keep their own measurement
 
 
+def test_fitted_policy_learns_plain_step_time_and_probes_the_alternative():
+    """Plain steps are timed too: when they turn out slower than the cost model said, speculation
+    that was narrowly rejected is switched on. And a policy that decodes plainly still runs a
+    speculative round every PROBE_EVERY rounds (and vice versa), so both corrections stay measured."""
+    tables = _tables(easy_accept=0.7)
+    cost = LinearCost(a=10.0, b=1.0, c=0.5, e=0.5)
+    policy = FittedPolicy(tables, cost, SpecConfig(top_k=4, depth=1, total_tokens=4))
+    plan = policy.plan(1)
+    ratio = plan.expected["speculative"]["tokens_per_s"] / plan.expected["plain"]["tokens_per_s"]
+    # Make plain decoding look better first: spec rounds twice as slow as predicted.
+    for _ in range(30):
+        policy.observe(plan, [0], [round(plan.predicted_accept[0])], seconds=2e-3 * plan.expected["speculative"]["ms"])
+    plain = policy.plan(1)
+    assert not plain.speculate and plain.alternative is not None and plain.alternative.speculate
+    kinds = [policy.round_plan(1).speculate for _ in range(2 * FittedPolicy.PROBE_EVERY)]
+    assert kinds.count(True) == 2 and kinds[FittedPolicy.PROBE_EVERY - 1]      # the probes
+    # Plain steps take three times what the cost model said: speculation pays again.
+    for _ in range(30):
+        policy.observe(plain, [], [], seconds=3e-3 * plain.expected["plain"]["ms"])
+    assert policy.plain_scale(1) == pytest.approx(3.0)
+    again = policy.plan(1)
+    assert again.expected["plain_scale"] == pytest.approx(3.0)
+    assert again.speculate == (ratio * 3.0 / 2.0 >= 1.03)
+    assert policy.plain_scale(2) == 1.0
+    state = policy.state()
+    other = FittedPolicy(tables, cost, SpecConfig(top_k=4, depth=1, total_tokens=4))
+    other.load_state(state)
+    assert other.plain_scale(1) == pytest.approx(3.0) and other.state() == state
+
+
 def test_online_corrections_persist_for_the_next_engine(tmp_path, monkeypatch):
     """What the fitted policy learned is saved next to this device's cached cost model and picked
     up by the next engine (process) on the same device, draft and tree."""
