@@ -267,7 +267,8 @@ def test_fitted_policy_from_calibration_is_greedy_lossless(tmp_path):
         draft.set_prompts([p])
         hs = engine.generate(p, max_new_tokens=20, method="heterospec", chat=False)
         assert hs.token_ids == ar.token_ids
-        assert all(not r.plain for r in hs.stats.records)
+        # speculative rounds, except the policy's probe of plain decoding every PROBE_EVERY rounds
+        assert sum(r.plain for r in hs.stats.records) <= 1 + len(hs.stats.records) // FittedPolicy.PROBE_EVERY
 
 
 def test_sampling_with_mixed_bins_keeps_the_target_law():
