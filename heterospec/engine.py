@@ -444,8 +444,11 @@ class Engine:
                 # The policy's plan for the requests still running: a tree, or one plain step.
                 active = st.active()
                 context = sum(st.stats[b].prompt_tokens + len(st.outputs[b]) for b in active) // max(len(active), 1)
-                plan = pol.round_plan(len(active), context) if speculative else None
-                if plan is None or not plan.speculate:
+                # Without a draft (the policy planned plain steps for this call) plain steps are
+                # still timed against the plan, so the policy learns what they really cost.
+                plan = (pol.round_plan(len(active), context) if speculative else
+                        pol.plan(len(active), context) if pol is not None else None)
+                if plan is None or not plan.speculate or not speculative:
                     t_plain = time.perf_counter()
                     self._decode_one(st, params, gen, max_new_tokens, stream, record=method != "autoregressive")
                     if plan is not None and hasattr(pol, "observe"):     # plain steps are timed too
