@@ -475,22 +475,19 @@ class FittedPolicy(Policy):
     def time_scale(self, bucket: int) -> float:
         """Observed / predicted speculative round time at this batch bucket, in steps of 0.05
         within [0.5, 3]; 1 until ``MIN_ROUNDS`` rounds were timed."""
-        obs, pred, n = self._time.get(bucket, (0.0, 0.0, 0.0))
-        used = self._time_used.get(bucket, 1.0)
-        if n >= self.MIN_ROUNDS and pred > 0:
-            r = min(3.0, max(0.5, obs / pred))
-            if abs(r - used) >= self.HYSTERESIS:
-                used = self._time_used[bucket] = round(r / 0.05) * 0.05
-        return used
+        return self._time_ratio(self._time, self._time_used, bucket)
 
     def plain_scale(self, bucket: int) -> float:
         """Observed / predicted plain-step time at this batch bucket (as :meth:`time_scale`)."""
-        obs, pred, n = self._plain.get(bucket, (0.0, 0.0, 0.0))
-        used = self._plain_used.get(bucket, 1.0)
+        return self._time_ratio(self._plain, self._plain_used, bucket)
+
+    def _time_ratio(self, sums: Dict[int, List[float]], used_by_bucket: Dict[int, float], bucket: int) -> float:
+        obs, pred, n = sums.get(bucket, (0.0, 0.0, 0.0))
+        used = used_by_bucket.get(bucket, 1.0)
         if n >= self.MIN_ROUNDS and pred > 0:
             r = min(3.0, max(0.5, obs / pred))
             if abs(r - used) >= self.HYSTERESIS:
-                used = self._plain_used[bucket] = round(r / 0.05) * 0.05
+                used = used_by_bucket[bucket] = round(r / 0.05) * 0.05
         return used
 
     MIN_ROUNDS = 8.0          # timed rounds before the time correction applies
