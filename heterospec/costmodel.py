@@ -151,7 +151,6 @@ class CostModel:
 
     def save(self, path: str) -> None:
         from ._io import write_json_atomic
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         write_json_atomic(path, self.to_dict(), indent=1)
 
     @classmethod

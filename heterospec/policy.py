@@ -522,7 +522,6 @@ class FittedPolicy(Policy):
             return
         from ._io import write_json_atomic
         try:
-            os.makedirs(os.path.dirname(os.path.abspath(self.state_path)), exist_ok=True)
             write_json_atomic(self.state_path, self.state())
         except OSError:
             pass

@@ -17,7 +17,6 @@ uses. vLLM packs the requests of a step without padding, so verification is ragg
 from __future__ import annotations
 
 import json
-import os
 from typing import Dict, Optional, Tuple
 
 from ..policy import FittedPolicy
@@ -138,7 +137,6 @@ class StepCosts:
 
     def save(self, path: str) -> None:
         from .._io import write_json_atomic
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         write_json_atomic(path, self.to_dict())
 
     @classmethod

@@ -50,15 +50,6 @@ EXPLORE_PLAIN = 3        # plain steps timed before a bucket drafts at all
 REFIT_EVERY = 32         # timed steps of a bucket between two policy refits
 
 
-def _agree(t: torch.Tensor) -> torch.Tensor:
-    """Rank 0's value on every tensor-parallel rank. With TP the draft's forwards hold
-    collectives, so every rank must run the same loop: the per-request lengths (entropy bins are
-    identical on every rank, the timed plans need not be) come from rank 0. A no-op at TP 1."""
-    from vllm.distributed import get_tp_group
-    group = get_tp_group()
-    return group.broadcast(t.contiguous(), src=0) if group.world_size > 1 else t
-
-
 class HeteroSpecProposer(EagleProposer):
     """vLLM's EAGLE-3 proposer with HeteroSpec's per-request draft lengths (see the module).
 
@@ -66,7 +57,13 @@ class HeteroSpecProposer(EagleProposer):
     :func:`heterospec.vllm_plugin.patch.install`; :meth:`setup` adds our state."""
 
     def setup(self, runner, options: dict) -> None:
+        from vllm.distributed import get_tp_group
         self.hs_runner = runner
+        # With TP the draft's forwards hold collectives, so every rank must run the same loop:
+        # the per-request lengths (entropy bins are identical on every rank, the timed plans need
+        # not be) come from TP rank 0. None at TP 1.
+        group = get_tp_group()
+        self.tp_group = group if group.world_size > 1 else None
         spec = self.vllm_config.speculative_config
         self.max_draft = int(spec.num_speculative_tokens)
         self.tables = load_chain_tables(spec.model, options)
@@ -95,7 +92,6 @@ class HeteroSpecProposer(EagleProposer):
         self._prev: Dict[str, Tuple[int, int]] = {}   # req id -> (bin, draft tokens) proposed last step
         self._prev_plan: Optional[Plan] = None
         self._decision = None
-        self.stats = {"steps": 0, "plain_steps": 0, "draft_tokens": 0, "explore_steps": 0}
         logger.info("HeteroSpec: per-request draft lengths 0..%d from %d-bin chain tables (%s); step costs %s (%s)",
                     self.max_draft, len(self.tables.options[0].edges) + 1, self.tables.provenance.get("date", "?"),
                     self.costs_path, "learning" if self.learn else "frozen")
@@ -135,7 +131,6 @@ class HeteroSpecProposer(EagleProposer):
         self.seen[b] = self.seen.get(b, 0) + 1
         plan = self._explore_plan(b)
         if plan is not None:
-            self.stats["explore_steps"] += 1
             return plan
         if self.timed_since_fit.get(b, 0) >= REFIT_EVERY or b not in self.planned:
             self.timed_since_fit[b] = 0
@@ -186,15 +181,16 @@ class HeteroSpecProposer(EagleProposer):
         batch_size = common_attn_metadata.batch_size()
         self._observe_step(batch_size, int(common_attn_metadata.num_actual_tokens),
                            int(common_attn_metadata.max_query_len), num_rejected_tokens_gpu, now)
-        self.stats["steps"] += 1
         req_ids = list(self.hs_runner.input_batch.req_ids[:batch_size])
         limit = min(int(num_speculative_tokens), self.max_draft)
         plan = self._plan(batch_size)
-        speculate = _agree(torch.tensor([int(plan.speculate and limit > 0)], device=self.device))[0].item()
+        speculate = plan.speculate and limit > 0
+        if self.tp_group is not None:
+            flag = torch.tensor([int(speculate)], device=self.device)
+            speculate = bool(self.tp_group.broadcast(flag, src=0)[0].item())
         if speculate and not plan.speculate:     # another TP rank's plan: this rank follows rank 0
             plan = self._chain_plan("follow", 1)
         if not speculate:
-            self.stats["plain_steps"] += 1
             self._prev, self._prev_plan = {}, None
             self._step_end = time.perf_counter()
             return [[] for _ in range(batch_size)]
@@ -213,7 +209,6 @@ class HeteroSpecProposer(EagleProposer):
             self.costs.add_draft(batch_size, max(0, drafts.shape[1] - 1), draft_ms)
         rows = drafts.tolist()
         out: List[List[int]] = [row[:k] for row, k in zip(rows, ks)]
-        self.stats["draft_tokens"] += sum(ks)
         self._prev = {rid: (b, k) for rid, b, k in zip(req_ids, bins, ks)}
         self._prev_plan = plan
         self._step_end = time.perf_counter()
@@ -238,7 +233,9 @@ class HeteroSpecProposer(EagleProposer):
         else:
             bins_t = torch.zeros(B, dtype=torch.int64, device=hidden_states.device)
             budget_t = torch.full((B,), plan.budget[0], dtype=torch.int64, device=hidden_states.device)
-        budget_t = _agree(budget_t.clamp(max=limit))       # every TP rank runs rank 0's loop
+        budget_t = budget_t.clamp(max=limit)
+        if self.tp_group is not None:                      # every TP rank runs rank 0's loop
+            budget_t = self.tp_group.broadcast(budget_t.contiguous(), src=0)
         bins, ks = bins_t.tolist(), budget_t.tolist()
         self._decision = (plan, limit, (bins, ks))
         self.num_speculative_tokens = max(1, max(ks) if ks else 1)
