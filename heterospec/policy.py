@@ -66,6 +66,9 @@ class Plan:
     binned: bool = True
     expected: Optional[dict] = None      # the cost model's prediction (fitted plans only)
     predicted_accept: Optional[List[float]] = None   # per bin: expected accepted drafts (fitted)
+    # per bin: the tables' P(accepted >= j), j = 1.., of the bin's action, before any online
+    # correction (fitted; what FittedPolicy.observe compares each request's accepted length with)
+    survival: Optional[List[List[float]]] = None
     alternative: Optional["Plan"] = None  # fitted: the best plan of the other kind (probe rounds)
 
     def __post_init__(self) -> None:
@@ -301,19 +304,57 @@ def _option_actions(tables: "AcceptanceTables", opt: "BinningOption", max_nodes:
     return out
 
 
-def _fit_option(tables, opt, cost, B: int, context: int, ragged: bool, max_nodes, accept_scale: float = 1.0):
+def action_survival(tables: "AcceptanceTables", opt: "BinningOption", bin_i: int, depth_i: int,
+                    nodes_i: int) -> List[float]:
+    """``P(accepted >= j)`` for ``j = 1..depth + 1`` of one action of one bin, from the tables
+    (``d`` forwards draft ``d + 1`` candidate layers: the first comes with the forward that
+    extends the accepted tokens): the mean accepted length of the action truncated to ``j - 1``
+    forwards (same verified nodes) minus that truncated to ``j - 2``. Exact for chains (a
+    shorter chain is a prefix of the longer one); for trees the truncated tree spends the same
+    budget on fewer layers, a close approximation. A depth missing from the grid puts its
+    increment on the next depth that is there. The sum is the action's mean accepted length."""
+    if not opt.counts[bin_i] or tables.nodes[nodes_i] <= 1:
+        return []
+    row = opt.accept[bin_i]
+    out, prev = [], 0.0
+    for k in range(depth_i + 1):
+        pos = tables.depths[k] + 1
+        out.extend([0.0] * (pos - 1 - len(out)))
+        a = row[k][nodes_i]
+        out.append(max(0.0, a - prev))
+        prev = max(prev, a)
+    return out
+
+
+def corrected_accept(survival: Sequence[float], position_scale: Sequence[float]) -> float:
+    """Mean accepted drafts of an action whose tables' survival is ``survival`` once every
+    position ``j`` is scaled by ``position_scale[j - 1]`` (observed / predicted on this workload;
+    positions past the end of the list take its last entry, an empty list scales nothing). The
+    corrected survival is kept non-increasing: a later draft is accepted only after the earlier."""
+    total, prev = 0.0, 1.0
+    for j, sj in enumerate(survival):
+        r = position_scale[min(j, len(position_scale) - 1)] if position_scale else 1.0
+        prev = min(prev, sj * r)
+        total += prev
+    return total
+
+
+def _fit_option(tables, opt, cost, B: int, context: int, ragged: bool, max_nodes,
+                position_scale: Sequence[float] = (), probs: Optional[Sequence[float]] = None):
     """Best per-bin actions of one binning option at batch ``B``: ``(actions, evaluation)``.
-    ``accept_scale`` scales the expected tokens per round (accepted drafts + 1) of every action."""
+    ``position_scale`` corrects the tables' acceptance per draft position
+    (:func:`corrected_accept`); ``probs`` replaces the calibration frequencies of the bins."""
     total = sum(opt.counts)
     actions = _option_actions(tables, opt, max_nodes)
     if total == 0 or not actions:
         return None, None
-    probs = [c / total for c in opt.counts]
+    probs = list(probs) if probs is not None else [c / total for c in opt.counts]
     nb = len(probs)
+    surv = [[action_survival(tables, opt, i, a[2], a[3]) for a in actions] for i in range(nb)]
+    acc_tab = [[corrected_accept(sv, position_scale) for sv in row] for row in surv]
 
     def acc(i, c):
-        a = opt.accept[i][actions[c][2]][actions[c][3]] if opt.counts[i] else 0.0
-        return max(0.0, (a + 1.0) * accept_scale - 1.0) if actions[c][1] > 1 else 0.0
+        return acc_tab[i][c]
 
     def evaluate(choice, batch):
         return plan_cost(cost, batch, opt.decide_depth, probs, [actions[c][0] for c in choice],
@@ -346,51 +387,59 @@ def _fit_option(tables, opt, cost, B: int, context: int, ragged: bool, max_nodes
                             choice, ev, improved = trial, tv, True
             if not improved:
                 break
-    return [actions[c] + (acc(i, c),) for i, c in enumerate(choice)], ev
+    return [actions[c] + (acc(i, c), surv[i][c]) for i, c in enumerate(choice)], ev
 
 
 def fit_plan(tables: AcceptanceTables, cost, batch_size: int, context: int = 256, ragged: bool = False,
-             max_nodes: Optional[int] = None, margin: float = PLAIN_MARGIN, accept_scale: float = 1.0,
-             time_scale: float = 1.0, plain_scale: float = 1.0) -> Plan:
+             max_nodes: Optional[int] = None, margin: float = PLAIN_MARGIN,
+             position_scale: Sequence[float] = (), time_scale: float = 1.0, plain_scale: float = 1.0,
+             bin_freq: Optional[Dict[int, Sequence[float]]] = None) -> Plan:
     """The plan that maximises expected tokens/s at ``batch_size`` under ``cost``.
 
     Every binning option of ``tables`` (where ``H(P*)`` is read, its K, the CART label) gets its
     best per-bin actions (:func:`_fit_option`); candidates per bin are every (forwards >=
     decide_depth, nodes) of the grid that keeps the invariant, "verify the root only" included.
     The best option is compared with plain decoding (no draft at all), which wins unless
-    speculation is predicted ``margin`` times faster. ``accept_scale``: the ratio of observed to
-    predicted tokens per round on this workload; ``time_scale``: of observed to predicted
+    speculation is predicted ``margin`` times faster. ``position_scale``: per draft position, the
+    ratio of observed to predicted acceptance on this workload; ``time_scale``: of observed to predicted
     speculative round time on this device, ``plain_scale`` the same for plain steps
-    (:meth:`FittedPolicy.observe`). The returned plan carries the best plan of the other kind as
-    ``alternative`` (None when no speculative action exists)."""
+    (:meth:`FittedPolicy.observe`); ``bin_freq``: per option index, the bin frequencies of this
+    workload (instead of the calibration ones). The returned plan carries the best plan of the
+    other kind as ``alternative`` (None when no speculative action exists)."""
     B = batch_size
     plain_ms = cost.plain_ms(B, context) * plain_scale
     plain = {"tokens": float(B), "ms": plain_ms, "tokens_per_s": 1e3 * B / plain_ms}
-    options = list(tables.options)
+    bin_freq = bin_freq or {}
+    options = list(range(len(tables.options)))
+
+    def fit(i, batch):
+        return _fit_option(tables, tables.options[i], cost, batch, context, ragged, max_nodes,
+                           position_scale, bin_freq.get(i))
+
     if B > 1:   # the batch search is costlier: keep the options that were best alone
-        scored = [(_fit_option(tables, o, cost, 1, context, ragged, max_nodes, accept_scale)[1], o)
-                  for o in options]
-        scored = [(e["tokens_per_s"], i, o) for i, (e, o) in enumerate(scored) if e is not None]
-        options = [o for _, _, o in sorted(scored, key=lambda t: (-t[0], t[1]))[:3]]
+        scored = [(e["tokens_per_s"], i) for i, e in ((i, fit(i, 1)[1]) for i in options) if e is not None]
+        options = [i for _, i in sorted(scored, key=lambda t: (-t[0], t[1]))[:3]]
     best, best_eval = None, None
-    for opt in options:
-        acts, ev = _fit_option(tables, opt, cost, B, context, ragged, max_nodes, accept_scale)
+    for i in options:
+        acts, ev = fit(i, B)
         if ev is not None and time_scale != 1.0:
             ev = dict(ev, ms=ev["ms"] * time_scale, tokens_per_s=ev["tokens_per_s"] / time_scale)
         if ev is not None and (best_eval is None or ev["tokens_per_s"] > best_eval["tokens_per_s"]):
-            best, best_eval = (opt, acts), ev
-    scales = {"accept_scale": accept_scale, "time_scale": time_scale, "plain_scale": plain_scale}
+            best, best_eval = (i, acts), ev
+    scales = {"position_scale": list(position_scale), "time_scale": time_scale, "plain_scale": plain_scale}
     plain_plan = Plan("fitted", speculate=False, decide_depth=0, entropy_k=tables.top_k, edges=[], depth=[0],
                       budget=[0], binned=False,
                       expected={"plain": plain, "speculative": best_eval, "batch_size": B, **scales})
     if best is None:
         return plain_plan
-    opt, acts = best
+    opt_i, acts = best
+    opt = tables.options[opt_i]
     spec_plan = Plan("fitted", decide_depth=opt.decide_depth, entropy_k=opt.entropy_k, edges=list(opt.edges),
                      depth=[a[0] for a in acts], budget=[a[1] - 1 for a in acts],
                      expected={"plain": plain, "speculative": best_eval, "batch_size": B, "label": opt.label,
+                               "option": opt_i, "bin_freq": list(bin_freq[opt_i]) if opt_i in bin_freq else None,
                                **scales},
-                     predicted_accept=[a[4] for a in acts])
+                     predicted_accept=[a[4] for a in acts], survival=[list(a[5]) for a in acts])
     if best_eval["tokens_per_s"] < margin * plain["tokens_per_s"]:
         plain_plan.alternative = spec_plan
         return plain_plan
@@ -414,16 +463,22 @@ class FittedPolicy(Policy):
         self.tables, self.cost, self.config = tables, cost, config
         self.context, self.ragged, self.max_nodes = context, ragged, max_nodes
         self._plans: Dict[Tuple[int, int, float], Plan] = {}
-        # Online correction: tokens per speculative round observed on this workload vs. what the
-        # tables predicted for the same bins and actions, and speculative round time observed vs.
-        # what the cost model predicted, per batch bucket (exponentially forgotten sums).
-        self._observed = 0.0
-        self._predicted = 0.0
+        # Online correction: per draft position j, how often the requests of this workload
+        # accepted >= j drafts vs. how often the tables predicted it for the same bins and actions;
+        # and speculative round time observed vs. what the cost model predicted, per batch bucket
+        # (exponentially forgotten sums).
+        npos = max(tables.depths) + 1
+        self._pos_obs = [0.0] * npos
+        self._pos_pred = [0.0] * npos
         self._time: Dict[int, List[float]] = {}
         self._plain: Dict[int, List[float]] = {}      # the same for plain steps
         self._rounds: Dict[int, int] = {}             # rounds planned per bucket (probe schedule)
         # The scales in use move only by HYSTERESIS or more, so plans are refitted rarely.
-        self._accept_used = 1.0
+        self._pos_used = [1.0] * npos
+        # Bins visited by this workload, per binning option in use (forgotten counts), and the
+        # frequencies in use (moved by FREQ_HYSTERESIS or more).
+        self._bin_obs: Dict[int, List[float]] = {}
+        self._freq_used: Dict[int, Tuple[float, ...]] = {}
         self._time_used: Dict[int, float] = {}
         self._plain_used: Dict[int, float] = {}
         # Where the online state is kept between processes (None: not kept).
@@ -447,12 +502,33 @@ class FittedPolicy(Policy):
     def plan(self, batch_size: int, context: Optional[int] = None) -> Plan:
         b = self.bucket(batch_size)
         c = self.context if context is None else 1 << max(8, int(max(context, 1) - 1).bit_length())
-        s, t, q = self.accept_scale, self.time_scale(b), self.plain_scale(b)
-        if (b, c, s, t, q) not in self._plans:
-            self._plans[(b, c, s, t, q)] = fit_plan(self.tables, self.cost, b, c, self.ragged,
-                                                    max_nodes=self.max_nodes, accept_scale=s, time_scale=t,
-                                                    plain_scale=q)
-        return self._plans[(b, c, s, t, q)]
+        s, t, q, f = self.position_scale(), self.time_scale(b), self.plain_scale(b), self.bin_frequencies()
+        key = (b, c, s, t, q, tuple(sorted(f.items())))
+        if key not in self._plans:
+            self._plans[key] = fit_plan(self.tables, self.cost, b, c, self.ragged, max_nodes=self.max_nodes,
+                                        position_scale=s, time_scale=t, plain_scale=q, bin_freq=f)
+        return self._plans[key]
+
+    FREQ_PRIOR = 32.0         # the calibration frequencies count as this many requests
+    FREQ_HYSTERESIS = 0.05    # total variation before the frequencies in use move
+
+    def bin_frequencies(self) -> Dict[int, Tuple[float, ...]]:
+        """Per binning option that this workload has run: its bin frequencies, the calibration
+        frequencies (as ``FREQ_PRIOR`` requests) plus the bins its requests landed in, rounded
+        to 0.01; an option's entry moves only when the total variation reaches
+        ``FREQ_HYSTERESIS``. Options not run keep the calibration frequencies."""
+        for i, obs in self._bin_obs.items():
+            counts = self.tables.options[i].counts
+            total, seen = float(sum(counts)), sum(obs)
+            if total <= 0:
+                continue
+            blend = [(self.FREQ_PRIOR * c / total + o) / (self.FREQ_PRIOR + seen) for c, o in zip(counts, obs)]
+            used = self._freq_used.get(i) or tuple(c / total for c in counts)
+            if 0.5 * sum(abs(x - y) for x, y in zip(blend, used)) >= self.FREQ_HYSTERESIS:
+                rounded = [round(x, 2) for x in blend]
+                norm = sum(rounded)
+                self._freq_used[i] = tuple(x / norm for x in rounded)
+        return dict(self._freq_used)
 
     PROBE_EVERY = 64          # rounds of a bucket between two rounds of the plan not chosen
 
@@ -492,28 +568,38 @@ class FittedPolicy(Policy):
 
     MIN_ROUNDS = 8.0          # timed rounds before the time correction applies
 
-    @property
-    def accept_scale(self) -> float:
-        """Observed / predicted tokens per speculative round (in steps of 0.05 within [0.5, 1.5],
-        changed only by HYSTERESIS or more);
-        1 until ``MIN_OBSERVED`` rounds' worth of predictions were seen."""
-        if self._predicted >= self.MIN_OBSERVED:
-            r = min(1.5, max(0.5, self._observed / self._predicted))
-            if abs(r - self._accept_used) >= self.HYSTERESIS:
-                self._accept_used = round(r / 0.05) * 0.05
-        return self._accept_used
+    def position_scale(self) -> Tuple[float, ...]:
+        """Per draft position ``j = 1..``: observed / predicted ``P(accepted >= j)`` on this
+        workload, in steps of 0.05 within [0.05, 2], changed only by HYSTERESIS or more. A
+        position with fewer than ``MIN_OBSERVED`` predicted acceptances takes the scale of the
+        position before it (1 for the first): the correction learnt where the policy drafts is
+        carried deeper, and drafting deeper, when it then pays, measures the deeper positions."""
+        prev = 1.0
+        for j in range(len(self._pos_used)):
+            obs, pred = self._pos_obs[j], self._pos_pred[j]
+            if pred >= self.MIN_OBSERVED:
+                r = min(2.0, max(0.05, obs / pred))
+                if abs(r - self._pos_used[j]) >= self.HYSTERESIS:
+                    self._pos_used[j] = round(r / 0.05) * 0.05
+            else:
+                self._pos_used[j] = prev
+            prev = self._pos_used[j]
+        return tuple(self._pos_used)
 
     HYSTERESIS = 0.1          # a scale in use changes only when the measurement moved this much
 
-    MIN_OBSERVED = 40.0       # predicted tokens before the correction applies
+    MIN_OBSERVED = 10.0       # predicted acceptances of a position before its own scale applies
     FORGET = 0.995            # per round: a half-life of about 140 rounds
 
     def state(self) -> dict:
         """What the online correction has learned (saved between processes by the engine)."""
-        return {"observed": self._observed, "predicted": self._predicted,
+        return {"position": {"observed": list(self._pos_obs), "predicted": list(self._pos_pred),
+                             "used": list(self._pos_used)},
+                "bins": {str(i): list(v) for i, v in self._bin_obs.items()},
+                "bins_used": {str(i): list(v) for i, v in self._freq_used.items()},
                 "time": {str(b): list(v) for b, v in self._time.items()},
                 "plain": {str(b): list(v) for b, v in self._plain.items()},
-                "accept_used": self._accept_used, "time_used": {str(b): v for b, v in self._time_used.items()},
+                "time_used": {str(b): v for b, v in self._time_used.items()},
                 "plain_used": {str(b): v for b, v in self._plain_used.items()}}
 
     def save_state(self) -> None:
@@ -528,21 +614,33 @@ class FittedPolicy(Policy):
 
     def load_state(self, state: dict) -> None:
         try:
-            self._observed, self._predicted = float(state["observed"]), float(state["predicted"])
-            self._time = {int(b): [float(x) for x in v] for b, v in state["time"].items()}
-            self._accept_used = float(state["accept_used"])
-            self._time_used = {int(b): float(v) for b, v in state["time_used"].items()}
-            self._plain = {int(b): [float(x) for x in v] for b, v in state.get("plain", {}).items()}
-            self._plain_used = {int(b): float(v) for b, v in state.get("plain_used", {}).items()}
+            pos = state["position"]
+            obs, pred, used = ([float(x) for x in pos[k]] for k in ("observed", "predicted", "used"))
+            if not len(obs) == len(pred) == len(used) == len(self._pos_used):
+                return                  # measured with other tables: start from these
+            time_ = {int(b): [float(x) for x in v] for b, v in state["time"].items()}
+            time_used = {int(b): float(v) for b, v in state["time_used"].items()}
+            plain = {int(b): [float(x) for x in v] for b, v in state.get("plain", {}).items()}
+            plain_used = {int(b): float(v) for b, v in state.get("plain_used", {}).items()}
+            bins = {int(i): [float(x) for x in v] for i, v in state.get("bins", {}).items()}
+            bins_used = {int(i): tuple(float(x) for x in v) for i, v in state.get("bins_used", {}).items()}
+            nopt = len(self.tables.options)
+            for d in (bins, bins_used):
+                if any(not 0 <= i < nopt or len(v) != len(self.tables.options[i].counts) for i, v in d.items()):
+                    return              # measured with other tables: start from these
         except (KeyError, TypeError, ValueError, AttributeError):
             return                      # an unreadable state is ignored: start from the tables
+        self._pos_obs, self._pos_pred, self._pos_used = obs, pred, used
+        self._time, self._time_used, self._plain, self._plain_used = time_, time_used, plain, plain_used
+        self._bin_obs, self._freq_used = bins, bins_used
         self._plans = {}
 
     def observe(self, plan: Plan, bins: Sequence[int], accepted: Sequence[int],
-                seconds: Optional[float] = None) -> None:
+                seconds: Optional[float] = None, drafted: Optional[Sequence[int]] = None) -> None:
         """Record a round of ``plan``: for a speculative round each request's bin and accepted
-        drafts, and the round's wall time; for a plain step its wall time only. Requests whose
-        bin verifies the root only carry no information about acceptance and are skipped."""
+        drafts, and the round's wall time; for a plain step its wall time only. A request counts
+        for the positions its bin's action drafted (none when the bin verifies the root only),
+        or the first ``drafted[r]`` of them where the caller verified fewer (an engine cap)."""
         expected = plan.expected or {}
         if not plan.speculate:
             predicted_ms = (expected.get("plain") or {}).get("ms")
@@ -563,10 +661,22 @@ class FittedPolicy(Policy):
             base = predicted_ms / float((plan.expected or {}).get("time_scale", 1.0))
             self._time[bucket] = [obs * self.FORGET + 1e3 * seconds, pred * self.FORGET + base,
                                   n * self.FORGET + 1.0]
-        for b, a in zip(bins, accepted):
-            if 0 <= b < plan.num_bins and plan.budget[b] > 0:
-                self._observed = self._observed * self.FORGET + a + 1.0
-                self._predicted = self._predicted * self.FORGET + plan.predicted_accept[b] + 1.0
+        if plan.survival is None:
+            return
+        opt_i = expected.get("option")
+        if opt_i is not None and 0 <= opt_i < len(self.tables.options) and bins:
+            obs = self._bin_obs.setdefault(opt_i, [0.0] * plan.num_bins)
+            for b in bins:
+                if 0 <= b < len(obs):
+                    for k in range(len(obs)):
+                        obs[k] *= self.FORGET
+                    obs[b] += 1.0
+        for r, (b, a) in enumerate(zip(bins, accepted)):
+            if 0 <= b < plan.num_bins:
+                n = len(self._pos_obs) if drafted is None else int(drafted[r])
+                for j, sj in enumerate(plan.survival[b][:n]):
+                    self._pos_obs[j] = self._pos_obs[j] * self.FORGET + (1.0 if a > j else 0.0)
+                    self._pos_pred[j] = self._pos_pred[j] * self.FORGET + sj
 
     def needs_draft(self, batch_size: int) -> bool:
         return any(self.plan(b).speculate for b in {self.bucket(x) for x in range(1, batch_size + 1)})

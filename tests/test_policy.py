@@ -341,6 +341,13 @@ def test_ragged_and_padded_batches_decode_the_same():
            [[(x.accept_len, x.verified) for x in r.stats.records] for r in outs[False]]
 
 
+def _as_predicted(plan, b, r, n):
+    """Accepted drafts of round ``r`` of ``n`` in bin ``b`` such that the ``n`` rounds together
+    accept exactly as the plan's tables predict: position j is accepted in the first
+    round(n * P(accepted >= j)) rounds (stratified, no randomness)."""
+    return sum(1 for sj in plan.survival[b] if r < round(n * sj))
+
+
 def test_fitted_policy_learns_the_workloads_acceptance():
     """Rounds that accept less than the tables predict lower the expected tokens; with a device
     where speculation barely pays, the policy then turns it off (and back on when it recovers)."""
@@ -357,24 +364,102 @@ def test_fitted_policy_learns_the_workloads_acceptance():
     tables, cost = _tables(easy_accept=0.7), StepCost()
     policy = FittedPolicy(tables, cost, SpecConfig(top_k=4, depth=1, total_tokens=4))
     first = policy.plan(1)
-    assert first.speculate and policy.accept_scale == 1.0
+    assert first.speculate and policy.position_scale() == (1.0,) * len(policy.position_scale())
     margin_scale = fit_plan(tables, cost, 1).expected
     easy = [b for b in range(first.num_bins) if first.budget[b] > 0]
     # Half the predicted tokens, round after round: speculation stops paying.
     for _ in range(200):
         b = easy[0]
         policy.observe(first, [b], [0])
-    assert policy.accept_scale < 0.8
+    assert policy.position_scale()[0] < 0.8
     assert not policy.plan(1).speculate
     # Root-only bins and plain plans teach nothing.
-    before = policy.accept_scale
+    before = policy.position_scale()
     policy.observe(policy.plan(1), [0], [5])
-    assert policy.accept_scale == before
+    assert policy.position_scale() == before
     # The workload turns easy again: speculation comes back.
     for _ in range(600):
         policy.observe(first, [easy[0]], [first.budget[easy[0]]])
-    assert policy.accept_scale > 1.0 and policy.plan(1).speculate
+    assert policy.position_scale()[0] > 1.0 and policy.plan(1).speculate
     assert margin_scale["speculative"]["tokens_per_s"] > margin_scale["plain"]["tokens_per_s"]
+
+
+def test_action_survival_and_per_position_correction():
+    """The tables' P(accepted >= j) of an action sums to its mean accepted length (for the
+    synthetic chain tables: p, p^2, ...), and scaling positions changes only what they cover."""
+    from heterospec.policy import action_survival, corrected_accept
+
+    tables = _tables(easy_accept=0.8)
+    opt = tables.options[0]
+    for di in range(len(DEPTHS)):
+        for ni in range(len(NODES)):
+            sv = action_survival(tables, opt, 0, di, ni)
+            assert sum(sv) == pytest.approx(opt.accept[0][di][ni])
+            assert all(x >= y - 1e-12 for x, y in zip(sv, sv[1:]))       # non-increasing
+    sv = action_survival(tables, opt, 0, DEPTHS.index(3), NODES.index(8))
+    assert sv == pytest.approx([0.8 ** j for j in range(1, 5)])
+    assert action_survival(tables, opt, 0, DEPTHS.index(3), NODES.index(1)) == []   # root only
+    assert corrected_accept(sv, ()) == pytest.approx(sum(sv))
+    assert corrected_accept(sv, (1.0, 0.5)) == pytest.approx(0.8 + 0.5 * (0.64 + 0.512 + 0.4096))
+    # a scale above 1 never makes a later position likelier than an earlier one
+    assert corrected_accept([0.5, 0.4], (1.0, 2.0)) == pytest.approx(1.0)
+
+
+def test_fitted_policy_shortens_drafts_when_deep_positions_fail():
+    """A workload whose first draft is accepted as the tables say but whose later drafts never
+    are: the policy keeps speculating, with shorter drafts, instead of scaling every action
+    alike (a single acceptance scale would also shrink the first position)."""
+    tables, cost = _tables(easy_accept=0.9, hard_accept=0.05), LinearCost(a=10.0, b=0.3, c=0.2, e=0.2)
+    policy = FittedPolicy(tables, cost, SpecConfig(top_k=4, depth=1, total_tokens=4))
+    first = policy.plan(1)
+    assert first.speculate and first.depth[0] >= 3 and first.budget[0] >= 4
+    for r in range(100):   # position 1 accepted in 90 % of rounds, nothing deeper
+        policy.observe(first, [0], [1 if r % 10 else 0])
+    scale = policy.position_scale()
+    assert scale[0] == pytest.approx(1.0) and all(x <= 0.1 for x in scale[1:])
+    later = policy.plan(1)
+    assert later.speculate and later.depth[0] < first.depth[0] and later.budget[0] < first.budget[0]
+    assert later.predicted_accept[0] == pytest.approx(0.9, abs=0.1)
+    # the learnt positions are part of the saved state
+    other = FittedPolicy(tables, cost, SpecConfig(top_k=4, depth=1, total_tokens=4))
+    other.load_state(policy.state())
+    assert other.position_scale() == scale and other.plan(1).depth == later.depth
+
+
+def test_fitted_policy_learns_the_workloads_bin_frequencies():
+    """A workload whose requests all land in the hard bin: the expected tokens per round use this
+    workload's bin frequencies, not the calibration ones, and speculation stops where it no longer
+    pays (each bin's own acceptance is still as the tables say)."""
+    class StepCost:            # verifying two or more tokens costs 1.3x a one-token step
+        def verify_ms(self, B, n, context=256):
+            return 10.0 if n <= 1 else 13.0 + 0.2 * n
+
+        def plain_ms(self, B, context=256):
+            return 10.0
+
+        def draft_ms(self, B, forwards, extend_tokens=1.0):
+            return 2.0 + 0.3 * forwards
+
+    tables, cost = _tables(easy_accept=0.8, hard_accept=0.05, counts=(60, 40)), StepCost()
+    policy = FittedPolicy(tables, cost, SpecConfig(top_k=4, depth=1, total_tokens=4))
+    first = policy.plan(1)
+    assert first.speculate and policy.bin_frequencies() == {}
+    assert first.expected["option"] == 0 and first.expected["bin_freq"] is None
+    for r in range(300):
+        policy.observe(first, [1], [_as_predicted(first, 1, r % 30, 30)])
+    freq = policy.bin_frequencies()[0]
+    assert freq[1] > 0.85 and sum(freq) == pytest.approx(1.0)
+    assert all(x == pytest.approx(1.0) for x in policy.position_scale())   # acceptance as predicted
+    later = policy.plan(1)
+    assert not later.speculate
+    assert later.alternative.expected["bin_freq"] == pytest.approx(list(freq))
+    other = FittedPolicy(tables, cost, SpecConfig(top_k=4, depth=1, total_tokens=4))
+    other.load_state(policy.state())
+    assert other.bin_frequencies() == policy.bin_frequencies() and not other.plan(1).speculate
+    # The easy bin comes back: so does speculation.
+    for _ in range(600):
+        policy.observe(first, [0], [first.depth[0] + 1])
+    assert policy.plan(1).speculate
 
 
 def test_fitted_policy_learns_the_devices_round_time():
@@ -386,8 +471,8 @@ def test_fitted_policy_learns_the_devices_round_time():
     plan = policy.plan(1)
     assert plan.speculate and policy.time_scale(1) == 1.0
     ratio = plan.expected["speculative"]["tokens_per_s"] / plan.expected["plain"]["tokens_per_s"]
-    for _ in range(30):   # every round takes twice the predicted time (accepting as predicted)
-        policy.observe(plan, [0], [round(plan.predicted_accept[0])],
+    for r in range(30):   # every round takes twice the predicted time (accepting as predicted)
+        policy.observe(plan, [0], [_as_predicted(plan, 0, r, 30)],
                        seconds=2e-3 * plan.expected["speculative"]["ms"])
     assert policy.time_scale(1) == pytest.approx(2.0)
     later = policy.plan(1)
@@ -406,8 +491,8 @@ def test_fitted_policy_learns_plain_step_time_and_probes_the_alternative():
     plan = policy.plan(1)
     ratio = plan.expected["speculative"]["tokens_per_s"] / plan.expected["plain"]["tokens_per_s"]
     # Make plain decoding look better first: spec rounds twice as slow as predicted.
-    for _ in range(30):
-        policy.observe(plan, [0], [round(plan.predicted_accept[0])], seconds=2e-3 * plan.expected["speculative"]["ms"])
+    for r in range(30):
+        policy.observe(plan, [0], [_as_predicted(plan, 0, r, 30)], seconds=2e-3 * plan.expected["speculative"]["ms"])
     plain = policy.plan(1)
     assert not plain.speculate and plain.alternative is not None and plain.alternative.speculate
     kinds = [policy.round_plan(1).speculate for _ in range(2 * FittedPolicy.PROBE_EVERY)]
@@ -441,7 +526,7 @@ def test_online_corrections_persist_for_the_next_engine(tmp_path, monkeypatch):
     draft.set_prompts([prompt])
     engine.generate(prompt, max_new_tokens=12, method="heterospec", chat=False)
     pol = engine._policy("heterospec", engine.config, "fitted")
-    assert pol._predicted > 0
+    assert sum(pol.state()["position"]["predicted"]) > 0
     saved = list((tmp_path / "costs").glob("*.online-*.json"))
     assert len(saved) == 1
     again, draft2, _ = _tiny_engine(seed=23)

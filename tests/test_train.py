@@ -224,6 +224,34 @@ def test_simulate_and_export(tmp_path, target):
     torch.testing.assert_close(d48.fc.weight, tr.draft.fc.weight.half().float())
 
 
+def test_warm_start_from_exported_draft_and_checkpoint(tmp_path, target):
+    data = make_data(tmp_path, target, n_shards=2, per_shard=6, max_new=16)
+    a = _trainer(tmp_path / "a", target, data)
+    for _ in range(3):
+        a.train_step(a.stream.next_batch())
+    ck = a.save_checkpoint()
+    T.build_vocab(data, 24, out=tmp_path / "v24.json")
+    exported = T.export_draft(ck, tmp_path / "export", target=target, vocab_file=tmp_path / "v24.json")
+    for src, exact in ((exported, False), (ck, True)):
+        b = _trainer(tmp_path / f"b-{exact}", target, data, init_from=str(src))
+        assert b.step == 0      # a new run: fresh optimizer and schedule, earlier weights
+        tol = {} if exact else {"rtol": 1e-3, "atol": 1e-3}   # the export is fp16
+        for k in ("fc.weight", "norm.weight", "midlayer.self_attn.q_proj.weight"):
+            torch.testing.assert_close(b.draft.state_dict()[k], a.draft.state_dict()[k], **tol)
+        kept = b.draft.to_target_ids(torch.arange(32))   # the run's own vocabulary, head = target rows
+        torch.testing.assert_close(b.draft.lm_head.weight, target.get_input_embeddings().weight[kept])
+    # a resumed run keeps its own weights, whatever --init says
+    b = _trainer(tmp_path / "b-True", target, data, init_from=str(ck))
+    b.train_step(b.stream.next_batch())
+    b.save_checkpoint()
+    c = _trainer(tmp_path / "b-True", target, data, init_from=str(exported))
+    assert c.step == 1
+    for k, v in b.draft.state_dict().items():
+        assert torch.equal(v, c.draft.state_dict()[k]), k
+    with pytest.raises(FileNotFoundError, match="warm start"):
+        _trainer(tmp_path / "c", target, data, init_from=str(tmp_path / "nope"))
+
+
 def test_training_prompts_disjoint_from_benchmarks():
     from heterospec import datasets as DS
     from heterospec.train import prompts as TP

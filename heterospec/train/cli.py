@@ -115,6 +115,10 @@ def build_parser(prog: str = "heterospec train-draft") -> argparse.ArgumentParse
     p.add_argument("--time-budget", type=positive_float, default=None,
                    help="seconds of train-step time (evals excluded); the LR schedule follows it")
     p.add_argument("--seed", type=seed, default=0)
+    p.add_argument("--init", default=None, metavar="DRAFT",
+                   help="warm start a new run from an earlier draft (an exported draft dir, e.g. "
+                        "the shipped one, or a ckpt_*.pt); the draft vocabulary may differ. "
+                        "Ignored when the run resumes")
 
     p = sub.add_parser("simulate", help="offline chain/tree acceptance estimate on held-out data")
     common(p)

@@ -331,6 +331,31 @@ def new_draft(target, kept: torch.Tensor, seed: int = 0, init_from_target: bool 
     return draft
 
 
+def warm_start(draft, src, target) -> None:
+    """Copy every vocabulary-independent weight of an earlier draft ``src`` (an exported draft
+    directory or a training checkpoint) into ``draft``, in place. The draft vocabulary may
+    differ: ``lm_head`` stays the target's rows of ``draft``'s own vocabulary (a frozen-head run),
+    which is exactly what a frozen-head draft's head is, so nothing learnt is lost."""
+    src = os.fspath(src)
+    if os.path.isdir(src):
+        from ..models.draft import Eagle3Draft
+
+        sd = Eagle3Draft.from_pretrained(src, target=target, dtype=torch.float32).state_dict()
+    elif os.path.isfile(src):
+        sd = torch.load(src, map_location="cpu", weights_only=False)["draft"]
+    else:
+        raise FileNotFoundError(f"warm start: no draft directory or checkpoint at {src}")
+    own = draft.state_dict()
+    skip = {"lm_head.weight", "d2t", "t2d"}
+    bad = [k for k, v in sd.items() if k not in skip and (k not in own or own[k].shape != v.shape)]
+    if bad:
+        raise ValueError(f"warm start: {src} does not fit this draft (keys or shapes differ: {bad[:4]})")
+    with torch.no_grad():
+        for k, v in sd.items():
+            if k not in skip:
+                own[k].copy_(v.float())
+
+
 # ----------------------------------------------------------------------------- loss
 
 
@@ -426,6 +451,7 @@ class TrainConfig:
     group_shards: int = 4
     target_dir: str | None = None
     freeze_lm_head: bool = True      # keep lm_head = the target's output rows (saves ~1/4 compute)
+    init_from: str | None = None     # warm start (new runs only): an exported draft dir or a ckpt
 
 
 def lr_at(cfg: TrainConfig, step: int, train_seconds: float = 0.0) -> float:
@@ -466,6 +492,10 @@ class Trainer:
             kept = load_vocab(run_vocab)
         torch.manual_seed(cfg.seed)
         self.draft = new_draft(self.target, kept, seed=cfg.seed)
+        ck = self.run / "ckpt_latest.pt"
+        if cfg.init_from and not ck.exists():
+            warm_start(self.draft, cfg.init_from, self.target)
+            log(f"warm start from {cfg.init_from}")
         self.draft.train()
         if cfg.freeze_lm_head:
             self.draft.lm_head.weight.requires_grad_(False)
@@ -485,7 +515,6 @@ class Trainer:
         self.history: list[dict] = []
         self.ttt_history: list[list[int]] = []   # [first step, ttt_steps] per change
         self.val_refs = None
-        ck = self.run / "ckpt_latest.pt"
         if ck.exists():
             self.load_checkpoint(ck)
             log(f"resumed from {ck} at step {self.step}")
@@ -912,7 +941,8 @@ def cli_dispatch(args, default_data, default_run) -> int:
                           ttt_steps=args.ttt_steps, lr=args.lr, warmup=args.warmup,
                           val_seqs=args.val_seqs, eval_every=args.eval_every,
                           ckpt_every=args.ckpt_every, time_budget_s=args.time_budget,
-                          seed=args.seed, threads=args.threads, target_dir=args.target)
+                          seed=args.seed, threads=args.threads, target_dir=args.target,
+                          init_from=args.init)
         tr = Trainer(cfg)
         print(json.dumps(tr.fit(), indent=1), flush=True)
         return 0

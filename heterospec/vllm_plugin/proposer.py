@@ -163,15 +163,15 @@ class HeteroSpecProposer(EagleProposer):
         plan = self._prev_plan
         if num_rejected is not None and plan is not None and plan.predicted_accept is not None and self._prev:
             rejected = num_rejected.tolist()
-            bins, accepted = [], []
+            bins, accepted, drafted = [], [], []
             for i, rid in enumerate(self.hs_runner.input_batch.req_ids[:len(rejected)]):
-                if rid in self._prev:
+                if rid in self._prev:          # every request: its bin; positions up to its chain
                     b, k = self._prev[rid]
-                    if k > 0:
-                        bins.append(b)
-                        accepted.append(max(0, k - int(rejected[i])))
+                    bins.append(b)
+                    accepted.append(max(0, k - int(rejected[i])) if k > 0 else 0)
+                    drafted.append(k)            # the plan's chain, cut to vLLM's K
             if bins:
-                self.policy.observe(plan, bins, accepted)
+                self.policy.observe(plan, bins, accepted, drafted=drafted)
 
     # -- vLLM's hooks ------------------------------------------------------------------------
     def propose(self, num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
