@@ -479,6 +479,8 @@ class FittedPolicy(Policy):
         # frequencies in use (moved by FREQ_HYSTERESIS or more).
         self._bin_obs: Dict[int, List[float]] = {}
         self._freq_used: Dict[int, Tuple[float, ...]] = {}
+        # Per bucket: speculative tokens/request, seconds, rounds; plain the same (the guard).
+        self._realized: Dict[int, List[float]] = {}
         self._time_used: Dict[int, float] = {}
         self._plain_used: Dict[int, float] = {}
         # Where the online state is kept between processes (None: not kept).
@@ -500,14 +502,48 @@ class FittedPolicy(Policy):
         return b  # pragma: no cover - _buckets is unbounded
 
     def plan(self, batch_size: int, context: Optional[int] = None) -> Plan:
+        plan = self.fitted_plan(batch_size, context)
+        if plan.speculate and self.realized_loses(self.bucket(batch_size)):
+            return plan.alternative       # the guard: speculation measured slower than plain steps
+        return plan
+
+    def fitted_plan(self, batch_size: int, context: Optional[int] = None) -> Plan:
+        """The plan the model fits (with the online corrections), before the guard."""
         b = self.bucket(batch_size)
         c = self.context if context is None else 1 << max(8, int(max(context, 1) - 1).bit_length())
         s, t, q, f = self.position_scale(), self.time_scale(b), self.plain_scale(b), self.bin_frequencies()
         key = (b, c, s, t, q, tuple(sorted(f.items())))
         if key not in self._plans:
-            self._plans[key] = fit_plan(self.tables, self.cost, b, c, self.ragged, max_nodes=self.max_nodes,
-                                        position_scale=s, time_scale=t, plain_scale=q, bin_freq=f)
+            plan = fit_plan(self.tables, self.cost, b, c, self.ragged, max_nodes=self.max_nodes,
+                            position_scale=s, time_scale=t, plain_scale=q, bin_freq=f)
+            if plan.speculate:            # the plain plan the guard falls back to probes this one
+                plan.alternative.alternative = plan
+            self._plans[key] = plan
         return self._plans[key]
+
+    # The guard (per batch bucket): what speculative rounds and plain steps actually delivered,
+    # tokens per request per second, forgotten faster than the corrections (recent rounds count).
+    REALIZED_FORGET = 0.97
+    # forgotten counts of speculative rounds and plain steps before the guard may act (about 6 and 3)
+    MIN_REALIZED = (5.0, 2.5)
+
+    def realized(self, bucket: int) -> Optional[Tuple[float, float]]:
+        """``(speculative, plain)`` tokens per request per second measured at this bucket, or
+        None until both were measured ``MIN_REALIZED`` times."""
+        st = self._realized.get(bucket)
+        if st is None:
+            return None
+        st_tok, st_s, st_n, pl_tok, pl_s, pl_n = st
+        if st_n < self.MIN_REALIZED[0] or pl_n < self.MIN_REALIZED[1] or st_s <= 0 or pl_s <= 0:
+            return None
+        return st_tok / st_s, pl_tok / pl_s
+
+    def realized_loses(self, bucket: int) -> bool:
+        """Whether speculation has delivered fewer tokens per second than plain steps here: then
+        the bucket decodes plainly whatever the model says (its probes keep measuring both), so
+        that a model error never makes HeteroSpec slower than plain decoding for long."""
+        r = self.realized(bucket)
+        return r is not None and r[0] < r[1]
 
     FREQ_PRIOR = 32.0         # the calibration frequencies count as this many requests
     FREQ_HYSTERESIS = 0.05    # total variation before the frequencies in use move
@@ -532,15 +568,21 @@ class FittedPolicy(Policy):
 
     PROBE_EVERY = 64          # rounds of a bucket between two rounds of the plan not chosen
 
+    # Rounds of a speculating bucket that are plain steps besides every PROBE_EVERY-th: plain
+    # steps are cheap to probe and the realized-throughput guard needs a few early on.
+    EARLY_PLAIN_PROBES = (3, 6, 12, 24, 48)
+
     def round_plan(self, batch_size: int, context: Optional[int] = None) -> Plan:
         """The plan of the next round: :meth:`plan`, except that every ``PROBE_EVERY``-th round of
         a bucket runs the other kind (one plain step while speculating, one speculative round
         while decoding plainly), so that both time corrections stay measured - without it a
-        wrong prediction for the mode not chosen would never be seen."""
+        wrong prediction for the mode not chosen would never be seen. A speculating bucket also
+        probes plain steps at rounds ``EARLY_PLAIN_PROBES``."""
         plan = self.plan(batch_size, context)
         b = self.bucket(batch_size)
         n = self._rounds[b] = self._rounds.get(b, 0) + 1
-        if n % self.PROBE_EVERY == 0 and plan.alternative is not None:
+        if plan.alternative is not None and (n % self.PROBE_EVERY == 0 or
+                                             (plan.speculate and n in self.EARLY_PLAIN_PROBES)):
             return plan.alternative
         return plan
 
@@ -642,6 +684,12 @@ class FittedPolicy(Policy):
         for the positions its bin's action drafted (none when the bin verifies the root only),
         or the first ``drafted[r]`` of them where the caller verified fewer (an engine cap)."""
         expected = plan.expected or {}
+        if seconds is not None and seconds > 0 and "batch_size" in expected and (bins or not plan.speculate):
+            st = self._realized.setdefault(self.bucket(int(expected["batch_size"])), [0.0] * 6)
+            k = 0 if plan.speculate else 3
+            tokens = sum(a + 1.0 for a in accepted) / len(accepted) if plan.speculate else 1.0
+            f = self.REALIZED_FORGET
+            st[k], st[k + 1], st[k + 2] = st[k] * f + tokens, st[k + 1] * f + seconds, st[k + 2] * f + 1.0
         if not plan.speculate:
             predicted_ms = (expected.get("plain") or {}).get("ms")
             if seconds is not None and predicted_ms and "batch_size" in expected:
@@ -679,7 +727,8 @@ class FittedPolicy(Policy):
                     self._pos_pred[j] = self._pos_pred[j] * self.FORGET + sj
 
     def needs_draft(self, batch_size: int) -> bool:
-        return any(self.plan(b).speculate for b in {self.bucket(x) for x in range(1, batch_size + 1)})
+        # the model's plans, not the guard's: a guarded bucket still probes speculation
+        return any(self.fitted_plan(b).speculate for b in {self.bucket(x) for x in range(1, batch_size + 1)})
 
 
 def _buckets():

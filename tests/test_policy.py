@@ -263,6 +263,7 @@ def test_fitted_policy_from_calibration_is_greedy_lossless(tmp_path):
     plan = policy.plan(1)
     assert isinstance(policy, FittedPolicy) and plan.speculate
     policy.PROBE_EVERY = 10 ** 9        # no probe rounds of plain decoding in this check
+    policy.EARLY_PLAIN_PROBES = ()      # (so the realized-throughput guard has no plain steps either)
     for p in prompts[:3]:
         draft.set_prompts([p])
         ar = engine.generate(p, max_new_tokens=20, method="autoregressive", chat=False)
@@ -509,6 +510,37 @@ def test_fitted_policy_learns_plain_step_time_and_probes_the_alternative():
     other = FittedPolicy(tables, cost, SpecConfig(top_k=4, depth=1, total_tokens=4))
     other.load_state(state)
     assert other.plain_scale(1) == pytest.approx(3.0) and other.state() == state
+
+
+def test_realized_throughput_guard_falls_back_to_plain_steps():
+    """Whatever the model predicts, a bucket whose speculative rounds deliver fewer tokens per
+    second than its plain steps decodes plainly (probing speculation), and speculates again once
+    speculation delivers more. A speculating bucket probes plain steps early (rounds 3, 6, ...)."""
+    tables = _tables(easy_accept=0.7)
+    cost = LinearCost(a=10.0, b=1.0, c=0.5, e=0.5)
+    policy = FittedPolicy(tables, cost, SpecConfig(top_k=4, depth=1, total_tokens=4))
+    spec = policy.plan(1)
+    assert spec.speculate and spec.alternative is not None and not spec.alternative.speculate
+    kinds = [policy.round_plan(1).speculate for _ in range(FittedPolicy.PROBE_EVERY)]
+    plain_rounds = [n + 1 for n, k in enumerate(kinds) if not k]
+    assert plain_rounds == sorted(FittedPolicy.EARLY_PLAIN_PROBES + (FittedPolicy.PROBE_EVERY,))
+    # Speculative rounds take 40 ms for 2 tokens per request (50 tok/s), plain steps 10 ms (100 tok/s).
+    for _ in range(5):
+        policy.observe(spec, [0], [1], seconds=0.040)
+    for _ in range(3):
+        policy.observe(spec.alternative, [], [], seconds=0.010)
+    assert policy.realized(1) is None and policy.plan(1).speculate        # not enough rounds yet
+    policy.observe(spec, [0], [1], seconds=0.040)
+    assert policy.realized(1) == pytest.approx((50.0, 100.0))
+    guarded = policy.plan(1)
+    fitted = policy.fitted_plan(1)
+    assert not guarded.speculate and fitted.speculate and guarded.alternative is fitted
+    assert policy.needs_draft(1)                                         # the draft stays loaded
+    assert policy.plan(2).speculate                                      # other buckets: their own
+    # Speculation turns fast (probe rounds): the bucket speculates again.
+    for _ in range(60):
+        policy.observe(spec, [0], [3], seconds=0.015)
+    assert policy.plan(1).speculate
 
 
 def test_online_corrections_persist_for_the_next_engine(tmp_path, monkeypatch):

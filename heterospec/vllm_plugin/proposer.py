@@ -90,7 +90,8 @@ class HeteroSpecProposer(EagleProposer):
         self.timed_since_fit: Dict[int, int] = {}
         self._step_end: Optional[float] = None        # end of the previous propose call
         self._prev: Dict[str, Tuple[int, int]] = {}   # req id -> (bin, draft tokens) proposed last step
-        self._prev_plan: Optional[Plan] = None
+        self._prev_plan: Optional[Plan] = None       # the plan of the previous step (plain too)
+        self._prev_draft_ms = 0.0                     # its draft time
         self._decision = None
         logger.info("HeteroSpec: per-request draft lengths 0..%d from %d-bin chain tables (%s); step costs %s (%s)",
                     self.max_draft, len(self.tables.options[0].edges) + 1, self.tables.provenance.get("date", "?"),
@@ -137,7 +138,7 @@ class HeteroSpecProposer(EagleProposer):
             self.planned.add(b)
             self.policy.refit()
             self._save_costs()
-        return self.policy.plan(batch_size)
+        return self.policy.round_plan(batch_size)     # (with its probe steps of the other kind)
 
     def _save_costs(self) -> None:
         if not self.learn:
@@ -152,6 +153,7 @@ class HeteroSpecProposer(EagleProposer):
                       num_rejected: Optional[torch.Tensor], now: float) -> None:
         if not self.learn:                 # frozen: plans depend on the batch and the entropies only
             return
+        step_s = None                      # the whole previous step (draft + target), if clean
         if self._step_end is not None and max_query_len <= 1 + self.max_draft:   # no prefill in it
             ms = 1e3 * (now - self._step_end)
             pred = self.costs.predict_target(batch_size, num_tokens)
@@ -160,7 +162,12 @@ class HeteroSpecProposer(EagleProposer):
                 self.costs.add_target(batch_size, num_tokens, ms)
                 b = self.costs.bucket(batch_size)
                 self.timed_since_fit[b] = self.timed_since_fit.get(b, 0) + 1
+                step_s = 1e-3 * (ms + self._prev_draft_ms)
         plan = self._prev_plan
+        if plan is not None and not plan.speculate:     # a plain step: timed for the policy's guard
+            if step_s is not None:
+                self.policy.observe(plan, [], [], seconds=step_s)
+            return
         if num_rejected is not None and plan is not None and plan.predicted_accept is not None and self._prev:
             rejected = num_rejected.tolist()
             bins, accepted, drafted = [], [], []
@@ -171,7 +178,7 @@ class HeteroSpecProposer(EagleProposer):
                     accepted.append(max(0, k - int(rejected[i])) if k > 0 else 0)
                     drafted.append(k)            # the plan's chain, cut to vLLM's K
             if bins:
-                self.policy.observe(plan, bins, accepted, drafted=drafted)
+                self.policy.observe(plan, bins, accepted, seconds=step_s, drafted=drafted)
 
     # -- vLLM's hooks ------------------------------------------------------------------------
     def propose(self, num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
@@ -191,7 +198,7 @@ class HeteroSpecProposer(EagleProposer):
         if speculate and not plan.speculate:     # another TP rank's plan: this rank follows rank 0
             plan = self._chain_plan("follow", 1)
         if not speculate:
-            self._prev, self._prev_plan = {}, None
+            self._prev, self._prev_plan, self._prev_draft_ms = {}, plan, 0.0
             self._step_end = time.perf_counter()
             return [[] for _ in range(batch_size)]
         self._decision = (plan, limit, None)
@@ -210,7 +217,7 @@ class HeteroSpecProposer(EagleProposer):
         rows = drafts.tolist()
         out: List[List[int]] = [row[:k] for row, k in zip(rows, ks)]
         self._prev = {rid: (b, k) for rid, b, k in zip(req_ids, bins, ks)}
-        self._prev_plan = plan
+        self._prev_plan, self._prev_draft_ms = plan, draft_ms
         self._step_end = time.perf_counter()
         return out
 
