@@ -213,6 +213,7 @@ class AcceptanceTables:
     provenance: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self._survival_cache: dict = {}       # (option, bin, depth i, nodes i) -> action_survival
         if not self.options:
             raise ValueError("AcceptanceTables: no binning options")
         if sorted(self.depths) != self.depths or sorted(self.nodes) != self.nodes or self.nodes[0] != 1:
@@ -289,6 +290,35 @@ def plan_cost(cost, batch_size: int, decide_depth: int, probs: Sequence[float], 
     return {"tokens": tokens, "ms": ms, "tokens_per_s": 1e3 * tokens / ms, "draft_ms": draft, "verify_ms": verify}
 
 
+class _MemoCost:
+    """``cost`` with its answers remembered for one fit (the search asks the same few thousand
+    questions many times; a cost model interpolates in Python on every call). ``draft_ms`` is
+    taken as affine in ``extend_tokens`` from 1 up, as every cost model here is (the draft's
+    extend forward is linear in the tokens it extends over): two answers per (B, forwards)."""
+
+    def __init__(self, cost) -> None:
+        self.cost, self._memo = cost, {}
+
+    def _ask(self, name, *args):
+        key = (name,) + args
+        v = self._memo.get(key)
+        if v is None:
+            v = self._memo[key] = getattr(self.cost, name)(*args)
+        return v
+
+    def verify_ms(self, B, nodes, context=256):
+        return self._ask("verify_ms", B, nodes, context)
+
+    def draft_ms(self, B, forwards, extend_tokens=1.0):
+        one = self._ask("draft_ms", B, forwards, 1.0)
+        if extend_tokens == 1.0:
+            return one
+        return one + (extend_tokens - 1.0) * (self._ask("draft_ms", B, forwards, 2.0) - one)
+
+    def plain_ms(self, B, context=256):
+        return self._ask("plain_ms", B, context)
+
+
 def _option_actions(tables: "AcceptanceTables", opt: "BinningOption", max_nodes: Optional[int]):
     """Candidate actions ``(forwards, nodes, depth index, nodes index)`` of one binning option."""
     out = []
@@ -350,11 +380,38 @@ def _fit_option(tables, opt, cost, B: int, context: int, ragged: bool, max_nodes
         return None, None
     probs = list(probs) if probs is not None else [c / total for c in opt.counts]
     nb = len(probs)
-    surv = [[action_survival(tables, opt, i, a[2], a[3]) for a in actions] for i in range(nb)]
+    cache = tables._survival_cache
+    surv = []
+    for i in range(nb):
+        row = []
+        for a in actions:
+            key = (id(opt), i, a[2], a[3])
+            sv = cache.get(key)
+            if sv is None:
+                sv = cache[key] = action_survival(tables, opt, i, a[2], a[3])
+            row.append(sv)
+        surv.append(row)
     acc_tab = [[corrected_accept(sv, position_scale) for sv in row] for row in surv]
 
     def acc(i, c):
         return acc_tab[i][c]
+
+    # Per bin, only the actions no other action dominates (as many accepted drafts or more with
+    # no more forwards and no more nodes): the round's tokens rise with the accepted drafts, its
+    # time with forwards (the batch's deepest) and nodes, so a dominated action is never needed.
+    where = {(a[2], a[3]): c for c, a in enumerate(actions)}
+    cands = []
+    for i in range(nb):
+        best = {}      # grid point -> the most accepted drafts of an action at or below it
+        keep = []
+        for di in range(len(tables.depths)):
+            for ni in range(len(tables.nodes)):
+                below = max(best.get((di - 1, ni), -1.0), best.get((di, ni - 1), -1.0))
+                c = where.get((di, ni))
+                if c is not None and acc(i, c) > below:
+                    keep.append(c)
+                best[(di, ni)] = below if c is None else max(below, acc(i, c))
+        cands.append(sorted(keep))
 
     def evaluate(choice, batch):
         return plan_cost(cost, batch, opt.decide_depth, probs, [actions[c][0] for c in choice],
@@ -363,11 +420,11 @@ def _fit_option(tables, opt, cost, B: int, context: int, ragged: bool, max_nodes
 
     # Batch 1 separates by bin (Dinkelbach): maximise sum_i p_i (a_i + 1 - lam * ms_i), then
     # lam = tokens / ms, until lam settles. Exact for batch 1; the start for larger batches.
-    unit = [[cost.draft_ms(1, a[0], extend_tokens=acc(i, c) + 1) + cost.verify_ms(1, a[1], context)
-             for c, a in enumerate(actions)] for i in range(nb)]
+    unit = [{c: cost.draft_ms(1, actions[c][0], extend_tokens=acc(i, c) + 1) + cost.verify_ms(1, actions[c][1], context)
+             for c in cands[i]} for i in range(nb)]
     choice, lam = [0] * nb, 0.0
     for _ in range(20):
-        choice = [max(range(len(actions)), key=lambda c: (acc(i, c) + 1.0 - lam * unit[i][c], -c))
+        choice = [max(cands[i], key=lambda c: (acc(i, c) + 1.0 - lam * unit[i][c], -c))
                   for i in range(nb)]
         ev = evaluate(choice, 1)
         new_lam = ev["tokens"] / ev["ms"]
@@ -379,7 +436,7 @@ def _fit_option(tables, opt, cost, B: int, context: int, ragged: bool, max_nodes
         for _ in range(3):
             improved = False
             for i in range(nb):
-                for c in range(len(actions)):
+                for c in cands[i]:
                     if c != choice[i]:
                         trial = choice[:i] + [c] + choice[i + 1:]
                         tv = evaluate(trial, B)
@@ -407,6 +464,7 @@ def fit_plan(tables: AcceptanceTables, cost, batch_size: int, context: int = 256
     workload (instead of the calibration ones). The returned plan carries the best plan of the
     other kind as ``alternative`` (None when no speculative action exists)."""
     B = batch_size
+    cost = _MemoCost(cost)
     plain_ms = cost.plain_ms(B, context) * plain_scale
     plain = {"tokens": float(B), "ms": plain_ms, "tokens_per_s": 1e3 * B / plain_ms}
     bin_freq = bin_freq or {}
@@ -481,6 +539,11 @@ class FittedPolicy(Policy):
         self._freq_used: Dict[int, Tuple[float, ...]] = {}
         # Per bucket: speculative tokens/request, seconds, rounds; plain the same (the guard).
         self._realized: Dict[int, List[float]] = {}
+        self._observed_rounds: Dict[int, int] = {}    # rounds observed per bucket (refit gap)
+        self._since_probe: Dict[int, int] = {}        # plain rounds since the last speculative probe
+        self._backoff: Dict[int, int] = {}            # log2 of the speculative probe interval / PROBE_EVERY
+        self._last_spec_rate: Dict[int, float] = {}   # tokens/request/s of the last speculative round
+        self._last_fit: Dict[int, Tuple[int, Plan]] = {}
         self._time_used: Dict[int, float] = {}
         self._plain_used: Dict[int, float] = {}
         # Where the online state is kept between processes (None: not kept).
@@ -507,18 +570,27 @@ class FittedPolicy(Policy):
             return plan.alternative       # the guard: speculation measured slower than plain steps
         return plan
 
+    # Rounds of a bucket between two refits: a fit takes 50-150 ms (a few plain steps), and the
+    # corrections move often while they settle.
+    REFIT_GAP = 16
+
     def fitted_plan(self, batch_size: int, context: Optional[int] = None) -> Plan:
-        """The plan the model fits (with the online corrections), before the guard."""
+        """The plan the model fits (with the online corrections), before the guard. A bucket
+        keeps its last plan until ``REFIT_GAP`` of its rounds were observed since it was fitted."""
         b = self.bucket(batch_size)
         c = self.context if context is None else 1 << max(8, int(max(context, 1) - 1).bit_length())
         s, t, q, f = self.position_scale(), self.time_scale(b), self.plain_scale(b), self.bin_frequencies()
         key = (b, c, s, t, q, tuple(sorted(f.items())))
+        last = self._last_fit.get(b)
+        if key not in self._plans and last is not None and self._observed_rounds.get(b, 0) - last[0] < self.REFIT_GAP:
+            return last[1]
         if key not in self._plans:
             plan = fit_plan(self.tables, self.cost, b, c, self.ragged, max_nodes=self.max_nodes,
                             position_scale=s, time_scale=t, plain_scale=q, bin_freq=f)
             if plan.speculate:            # the plain plan the guard falls back to probes this one
                 plan.alternative.alternative = plan
             self._plans[key] = plan
+        self._last_fit[b] = (self._observed_rounds.get(b, 0), self._plans[key])
         return self._plans[key]
 
     # The guard (per batch bucket): what speculative rounds and plain steps actually delivered,
@@ -537,6 +609,14 @@ class FittedPolicy(Policy):
         if st_n < self.MIN_REALIZED[0] or pl_n < self.MIN_REALIZED[1] or st_s <= 0 or pl_s <= 0:
             return None
         return st_tok / st_s, pl_tok / pl_s
+
+    def _last_probe_lost(self, bucket: int) -> bool:
+        """Whether the last speculative round of this bucket delivered fewer tokens per request
+        per second than its plain steps do (measured)."""
+        st, last = self._realized.get(bucket), self._last_spec_rate.get(bucket)
+        if st is None or last is None or st[5] < self.MIN_REALIZED[1] or st[4] <= 0:
+            return False
+        return last < st[3] / st[4]
 
     def realized_loses(self, bucket: int) -> bool:
         """Whether speculation has delivered fewer tokens per second than plain steps here: then
@@ -581,14 +661,26 @@ class FittedPolicy(Policy):
         plan = self.plan(batch_size, context)
         b = self.bucket(batch_size)
         n = self._rounds[b] = self._rounds.get(b, 0) + 1
-        if plan.alternative is not None and (n % self.PROBE_EVERY == 0 or
-                                             (plan.speculate and n in self.EARLY_PLAIN_PROBES)):
+        if plan.alternative is None:
+            return plan
+        if plan.speculate:
+            if n % self.PROBE_EVERY == 0 or n in self.EARLY_PLAIN_PROBES:
+                return plan.alternative
+            return plan
+        # A plain bucket probes speculation every PROBE_EVERY rounds, twice as long after each
+        # probe that speculation was measured losing before (up to 16x): such a probe costs a
+        # round of several steps' time plus the draft's catch-up over the plain stretch.
+        since = self._since_probe[b] = self._since_probe.get(b, 0) + 1
+        if since >= self.PROBE_EVERY << self._backoff.get(b, 0):
+            self._since_probe[b] = 0
+            self._backoff[b] = min(self._backoff.get(b, 0) + 1, 4) if self._last_probe_lost(b) else 0
             return plan.alternative
         return plan
 
     def refit(self) -> None:
         """Forget the fitted plans (after the cost model learned something new)."""
         self._plans = {}
+        self._last_fit = {}
 
     def time_scale(self, bucket: int) -> float:
         """Observed / predicted speculative round time at this batch bucket, in steps of 0.05
@@ -675,7 +767,7 @@ class FittedPolicy(Policy):
         self._pos_obs, self._pos_pred, self._pos_used = obs, pred, used
         self._time, self._time_used, self._plain, self._plain_used = time_, time_used, plain, plain_used
         self._bin_obs, self._freq_used = bins, bins_used
-        self._plans = {}
+        self.refit()
 
     def observe(self, plan: Plan, bins: Sequence[int], accepted: Sequence[int],
                 seconds: Optional[float] = None, drafted: Optional[Sequence[int]] = None) -> None:
@@ -684,12 +776,17 @@ class FittedPolicy(Policy):
         for the positions its bin's action drafted (none when the bin verifies the root only),
         or the first ``drafted[r]`` of them where the caller verified fewer (an engine cap)."""
         expected = plan.expected or {}
+        if "batch_size" in expected:
+            ob = self.bucket(int(expected["batch_size"]))
+            self._observed_rounds[ob] = self._observed_rounds.get(ob, 0) + 1
         if seconds is not None and seconds > 0 and "batch_size" in expected and (bins or not plan.speculate):
             st = self._realized.setdefault(self.bucket(int(expected["batch_size"])), [0.0] * 6)
             k = 0 if plan.speculate else 3
             tokens = sum(a + 1.0 for a in accepted) / len(accepted) if plan.speculate else 1.0
             f = self.REALIZED_FORGET
             st[k], st[k + 1], st[k + 2] = st[k] * f + tokens, st[k + 1] * f + seconds, st[k + 2] * f + 1.0
+            if plan.speculate:
+                self._last_spec_rate[self.bucket(int(expected["batch_size"]))] = tokens / seconds
         if not plan.speculate:
             predicted_ms = (expected.get("plain") or {}).get("ms")
             if seconds is not None and predicted_ms and "batch_size" in expected:

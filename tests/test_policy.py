@@ -543,6 +543,55 @@ def test_realized_throughput_guard_falls_back_to_plain_steps():
     assert policy.plan(1).speculate
 
 
+def test_fitted_policy_refits_a_bucket_at_most_every_refit_gap_rounds():
+    """A fit costs several plain steps: while the corrections settle, a bucket keeps its plan
+    for REFIT_GAP observed rounds, then takes up what was learned."""
+    tables, cost = _tables(easy_accept=0.9, hard_accept=0.05), LinearCost(a=10.0, b=0.3, c=0.2, e=0.2)
+    policy = FittedPolicy(tables, cost, SpecConfig(top_k=4, depth=1, total_tokens=4))
+    first = policy.plan(1)
+    for r in range(FittedPolicy.REFIT_GAP - 1):
+        policy.observe(first, [0], [0])         # nothing accepted: the corrections move at once
+    assert policy.position_scale()[0] < 0.5
+    assert policy.plan(1) is first              # not yet refitted
+    policy.observe(first, [0], [0])
+    later = policy.plan(1)
+    assert later is not first and later.expected["position_scale"][0] < 0.5
+    policy.refit()                              # an explicit refit is immediate
+    assert policy.plan(1) is not later
+
+
+def test_plain_bucket_backs_off_probes_that_keep_losing():
+    """A bucket that decodes plainly probes speculation every PROBE_EVERY rounds; each probe that
+    loses again (fewer tokens per request per second than the plain steps) doubles the interval,
+    up to 16x; a probe that wins brings it back."""
+    tables = _tables(easy_accept=0.7)
+    cost = LinearCost(a=10.0, b=1.0, c=0.5, e=0.5)
+    policy = FittedPolicy(tables, cost, SpecConfig(top_k=4, depth=1, total_tokens=4))
+    policy.PROBE_EVERY = 4
+    policy.EARLY_PLAIN_PROBES = ()
+    spec = policy.plan(1)
+    for _ in range(8):        # spec rounds slower than plain steps: the guard makes the bucket plain
+        policy.observe(spec, [0], [0], seconds=0.050)
+        policy.observe(spec.alternative, [], [], seconds=0.010)
+    assert not policy.plan(1).speculate
+
+    def probes(rounds, seconds):
+        out = []
+        for n in range(rounds):
+            p = policy.round_plan(1)
+            if p.speculate:
+                out.append(n)
+                policy.observe(p, [0], [0], seconds=seconds)
+            else:
+                policy.observe(p, [], [], seconds=0.010)
+        return out
+
+    gaps = [b - a for a, b in zip(*(lambda x: (x, x[1:]))(probes(200, 0.050)))]
+    assert gaps[:5] == [8, 16, 32, 64, 64]            # every probe lost: 4 -> 8 -> ... -> 64 rounds
+    first = probes(600, 0.001)                          # speculation now wins: probes every 4 again
+    assert first[0] <= 64 and first[2] - first[1] == 4 and policy.plan(1).speculate   # (decided one probe late)
+
+
 def test_online_corrections_persist_for_the_next_engine(tmp_path, monkeypatch):
     """What the fitted policy learned is saved next to this device's cached cost model and picked
     up by the next engine (process) on the same device, draft and tree."""
