@@ -616,8 +616,14 @@ class Engine:
         if drafting:   # entry ext_num[b]: the old root's feature, paired with the new token
             B, n = st.ext_tokens.shape
             rows = torch.arange(B, device=self.device)
-            st.ext_tokens = torch.cat([st.ext_tokens, st.ext_tokens.new_zeros(B, 1)], dim=1)
-            st.ext_feats = torch.cat([st.ext_feats, st.ext_feats.new_zeros(B, 1, st.ext_feats.shape[-1])], dim=1)
+            # Static rounds (CUDA) grow the pending extend by one column, a shape known without a
+            # host read; elsewhere it grows geometrically, so a long plain stretch copies the
+            # pending features O(n) times in all, not O(n^2) (they start with the whole prompt).
+            grow = 1 if self.static_rounds else (0 if int(st.ext_num.max()) < n else max(n, 1))
+            if grow:
+                st.ext_tokens = torch.cat([st.ext_tokens, st.ext_tokens.new_zeros(B, grow)], dim=1)
+                st.ext_feats = torch.cat([st.ext_feats, st.ext_feats.new_zeros(B, grow, st.ext_feats.shape[-1])],
+                                         dim=1)
             st.ext_tokens[rows, st.ext_num] = st.root
             st.ext_feats[rows, st.ext_num] = feats[:, 0]
             st.ext_num = st.ext_num + 1

@@ -273,6 +273,38 @@ def test_fitted_policy_from_calibration_is_greedy_lossless(tmp_path):
         assert all(not r.plain for r in hs.stats.records)
 
 
+def test_plain_stretches_between_rounds_are_greedy_lossless():
+    """Plain steps inside a speculative call (probes, guard, plain plans) queue the draft's
+    pending extend (growing its buffer past the prompt); the next round drafts from all of it.
+    Batches of requests with different prompt lengths, stretches of 1-7 plain steps."""
+    engine, draft, hf = _tiny_engine(seed=29)
+    prompts = _prompts(hf.config.vocab_size, 4, seed=8)
+    edge = _edge_at_median(engine, draft, prompts)
+    spec = _mixed_plan(edge)
+    plain = Plan("plain", speculate=False, decide_depth=0, entropy_k=3, edges=[], depth=[0], budget=[0], binned=False)
+
+    class Stretches(Policy):
+        name = "stretches"
+
+        def __init__(self):
+            self.n = 0
+
+        def plan(self, batch_size, context=None):
+            return spec
+
+        def round_plan(self, batch_size, context=None):
+            self.n += 1
+            return spec if self.n % 8 in (0, 3) else plain
+
+    draft.set_prompts(prompts)
+    ar = engine.generate_batch(prompts, max_new_tokens=40, method="autoregressive", chat=False)
+    draft.set_prompts(prompts)
+    hs = engine.generate_batch(prompts, max_new_tokens=40, method="heterospec", policy=Stretches(), chat=False)
+    assert [r.token_ids for r in hs] == [r.token_ids for r in ar]
+    recs = [r for x in hs for r in x.stats.records]
+    assert any(r.plain for r in recs) and any(not r.plain and r.accept_len > 0 for r in recs)
+
+
 def test_sampling_with_mixed_bins_keeps_the_target_law():
     from tests.test_sampling_lossless import NEW, PROMPT, REQUESTS, _engine, assert_samples_follow_law, exact_law
     from heterospec.config import SamplingParams
