@@ -450,7 +450,7 @@ def _fit_option(tables, opt, cost, B: int, context: int, ragged: bool, max_nodes
 def fit_plan(tables: AcceptanceTables, cost, batch_size: int, context: int = 256, ragged: bool = False,
              max_nodes: Optional[int] = None, margin: float = PLAIN_MARGIN,
              position_scale: Sequence[float] = (), time_scale: float = 1.0, plain_scale: float = 1.0,
-             bin_freq: Optional[Dict[int, Sequence[float]]] = None) -> Plan:
+             bin_freq: Optional[Dict[int, Sequence[float]]] = None, shortlist: Optional[dict] = None) -> Plan:
     """The plan that maximises expected tokens/s at ``batch_size`` under ``cost``.
 
     Every binning option of ``tables`` (where ``H(P*)`` is read, its K, the CART label) gets its
@@ -462,7 +462,9 @@ def fit_plan(tables: AcceptanceTables, cost, batch_size: int, context: int = 256
     speculative round time on this device, ``plain_scale`` the same for plain steps
     (:meth:`FittedPolicy.observe`); ``bin_freq``: per option index, the bin frequencies of this
     workload (instead of the calibration ones). The returned plan carries the best plan of the
-    other kind as ``alternative`` (None when no speculative action exists)."""
+    other kind as ``alternative`` (None when no speculative action exists). ``shortlist``: a dict
+    the caller keeps to reuse the options short-listed at batch 1 across batch sizes (valid while
+    ``cost`` and the other arguments but ``batch_size`` and the time scales stay the same)."""
     B = batch_size
     cost = _MemoCost(cost)
     plain_ms = cost.plain_ms(B, context) * plain_scale
@@ -475,8 +477,16 @@ def fit_plan(tables: AcceptanceTables, cost, batch_size: int, context: int = 256
                            position_scale, bin_freq.get(i))
 
     if B > 1:   # the batch search is costlier: keep the options that were best alone
-        scored = [(e["tokens_per_s"], i) for i, e in ((i, fit(i, 1)[1]) for i in options) if e is not None]
-        options = [i for _, i in sorted(scored, key=lambda t: (-t[0], t[1]))[:3]]
+        key = (context, ragged, max_nodes, tuple(position_scale), tuple(sorted(bin_freq.items())))
+        if shortlist is None or key not in shortlist:
+            scored = [(e["tokens_per_s"], i) for i, e in ((i, fit(i, 1)[1]) for i in options) if e is not None]
+            picked = [i for _, i in sorted(scored, key=lambda t: (-t[0], t[1]))[:3]]
+            if shortlist is None:
+                options = picked
+            else:
+                shortlist[key] = picked
+        if shortlist is not None:
+            options = shortlist[key]
     best, best_eval = None, None
     for i in options:
         acts, ev = fit(i, B)
@@ -544,6 +554,7 @@ class FittedPolicy(Policy):
         self._backoff: Dict[int, int] = {}            # log2 of the speculative probe interval / PROBE_EVERY
         self._last_spec_rate: Dict[int, float] = {}   # tokens/request/s of the last speculative round
         self._last_fit: Dict[int, Tuple[int, Plan]] = {}
+        self._shortlist: dict = {}                    # fit_plan's batch-1 option shortlist
         self._time_used: Dict[int, float] = {}
         self._plain_used: Dict[int, float] = {}
         # Where the online state is kept between processes (None: not kept).
@@ -586,7 +597,7 @@ class FittedPolicy(Policy):
             return last[1]
         if key not in self._plans:
             plan = fit_plan(self.tables, self.cost, b, c, self.ragged, max_nodes=self.max_nodes,
-                            position_scale=s, time_scale=t, plain_scale=q, bin_freq=f)
+                            position_scale=s, time_scale=t, plain_scale=q, bin_freq=f, shortlist=self._shortlist)
             if plan.speculate:            # the plain plan the guard falls back to probes this one
                 plan.alternative.alternative = plan
             self._plans[key] = plan
@@ -681,6 +692,7 @@ class FittedPolicy(Policy):
         """Forget the fitted plans (after the cost model learned something new)."""
         self._plans = {}
         self._last_fit = {}
+        self._shortlist = {}
 
     def time_scale(self, bucket: int) -> float:
         """Observed / predicted speculative round time at this batch bucket, in steps of 0.05

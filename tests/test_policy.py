@@ -624,6 +624,16 @@ def test_plain_bucket_backs_off_probes_that_keep_losing():
     assert first[0] <= 64 and first[2] - first[1] == 4 and policy.plan(1).speculate   # (decided one probe late)
 
 
+def test_shortlist_shared_across_batch_sizes_gives_the_same_plans():
+    tables, cost = _tables(), LinearCost(a=10.0, b=1.0, c=0.5, e=0.5)
+    shortlist = {}
+    for B in (2, 4, 2, 8):
+        a = fit_plan(tables, cost, B, shortlist=shortlist)
+        b = fit_plan(tables, cost, B)
+        assert (a.speculate, a.depth, a.budget, a.expected) == (b.speculate, b.depth, b.budget, b.expected)
+    assert len(shortlist) == 1
+
+
 def test_online_corrections_persist_for_the_next_engine(tmp_path, monkeypatch):
     """What the fitted policy learned is saved next to this device's cached cost model and picked
     up by the next engine (process) on the same device, draft and tree."""
