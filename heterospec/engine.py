@@ -454,6 +454,8 @@ class Engine:
                     if plan is not None and hasattr(pol, "observe"):     # plain steps are timed too
                         pol.observe(plan, [], [], time.perf_counter() - t_plain)
                 else:
+                    # tokens the draft catches up on this round (a host read: not on static rounds)
+                    pending = None if self.static_rounds else float(st.ext_num[active].float().mean())
                     t_draft = time.perf_counter()
                     with sync_free() if self.static_rounds else contextlib.nullcontext():
                         tree = self._draft_tree(st, cfg, plan)
@@ -464,7 +466,7 @@ class Engine:
                     if hasattr(pol, "observe"):   # the fitted policy learns this workload and device
                         recs = [st.stats[b].records[-1] for b in active]
                         pol.observe(plan, [r.bin for r in recs], [r.accept_len for r in recs],
-                                    time.perf_counter() - t_draft)
+                                    time.perf_counter() - t_draft, extend_tokens=pending)
             total = time.perf_counter() - t0
         if isinstance(pol, FittedPolicy):
             pol.save_state()            # what it learned about this workload, for the next process

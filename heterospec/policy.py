@@ -782,12 +782,24 @@ class FittedPolicy(Policy):
         self.refit()
 
     def observe(self, plan: Plan, bins: Sequence[int], accepted: Sequence[int],
-                seconds: Optional[float] = None, drafted: Optional[Sequence[int]] = None) -> None:
+                seconds: Optional[float] = None, drafted: Optional[Sequence[int]] = None,
+                extend_tokens: Optional[float] = None) -> None:
         """Record a round of ``plan``: for a speculative round each request's bin and accepted
         drafts, and the round's wall time; for a plain step its wall time only. A request counts
         for the positions its bin's action drafted (none when the bin verifies the root only),
-        or the first ``drafted[r]`` of them where the caller verified fewer (an engine cap)."""
+        or the first ``drafted[r]`` of them where the caller verified fewer (an engine cap).
+        ``extend_tokens``: the mean number of tokens the draft extended over at the start of this
+        speculative round. After plain steps (or for a request's first round: its prompt) that is
+        more than a round of steady speculation extends over; the cost model's price of the
+        excess is taken off ``seconds``, so the time corrections and the guard judge steady
+        speculation rather than the one-off catch-up."""
         expected = plan.expected or {}
+        if seconds is not None and extend_tokens is not None and plan.speculate and expected.get("speculative"):
+            B = int(expected.get("batch_size", 1))
+            steady = float(expected["speculative"]["tokens"]) / max(B, 1)
+            if extend_tokens > steady:
+                excess = self.cost.draft_ms(B, 0, extend_tokens) - self.cost.draft_ms(B, 0, steady)
+                seconds = max(0.5 * seconds, seconds - 1e-3 * max(0.0, excess))
         if "batch_size" in expected:
             ob = self.bucket(int(expected["batch_size"]))
             self._observed_rounds[ob] = self._observed_rounds.get(ob, 0) + 1

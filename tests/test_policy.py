@@ -592,6 +592,26 @@ def test_fitted_policy_refits_a_bucket_at_most_every_refit_gap_rounds():
     assert policy.plan(1) is not later
 
 
+def test_draft_catch_up_after_plain_steps_is_not_held_against_speculation():
+    """A round whose draft first extends over many tokens (a plain stretch, a new prompt) is
+    timed without the cost model's price of that excess (at most half the round)."""
+    class ExtendCost(LinearCost):
+        def draft_ms(self, B, forwards, extend_tokens=1.0):
+            return B * (self.c + self.e * forwards) + 0.5 * B * max(extend_tokens - 1.0, 0.0)
+
+    tables = _tables(easy_accept=0.7)
+    policy = FittedPolicy(tables, ExtendCost(a=10.0, b=1.0, c=0.5, e=0.5), SpecConfig(top_k=4, depth=1, total_tokens=4))
+    spec = policy.plan(1)
+    steady = spec.expected["speculative"]["tokens"]
+    policy.observe(spec, [0], [1], seconds=0.030, extend_tokens=steady)        # steady: as measured
+    assert policy._realized[1][1] == pytest.approx(0.030)
+    policy.observe(spec, [0], [1], seconds=0.030, extend_tokens=steady + 20)   # 20 extra: 10 ms off
+    assert policy._realized[1][1] == pytest.approx(0.030 * policy.REALIZED_FORGET + 0.020)
+    policy.observe(spec, [0], [1], seconds=0.030, extend_tokens=steady + 200)  # never below half
+    assert policy._realized[1][1] == pytest.approx((0.030 * policy.REALIZED_FORGET + 0.020) *
+                                                  policy.REALIZED_FORGET + 0.015)
+
+
 def test_plain_bucket_backs_off_probes_that_keep_losing():
     """A bucket that decodes plainly probes speculation every PROBE_EVERY rounds; each probe that
     loses again (fewer tokens per request per second than the plain steps) doubles the interval,
