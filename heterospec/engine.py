@@ -426,7 +426,7 @@ class Engine:
         pol = self._policy(method, cfg, policy or self.policy)
         B = len(ids)
         speculative = pol is not None and pol.needs_draft(B)
-        tree_cap = max(pol.plan(b).max_nodes for b in range(1, B + 1)) + 1 if speculative else 1
+        tree_cap = pol.max_tree_nodes(B) + 1 if speculative else 1
         for i, p in enumerate(ids):
             if len(p) + max_new_tokens > self.max_length:
                 which = "the prompt" if len(ids) == 1 else f"prompt {i}"

@@ -141,6 +141,14 @@ class Policy:
         """Whether any batch size up to ``batch_size`` speculates (a batch only shrinks)."""
         return any(self.plan(b).speculate for b in range(1, batch_size + 1))
 
+    def max_tree_nodes(self, batch_size: int) -> int:
+        """The largest budget (draft nodes, root excluded) any round of a call that starts with
+        ``batch_size`` requests may verify: the engine sizes the KV caches with it. A policy
+        whose plans change within a call must cover every plan it may return."""
+        plans = [self.plan(b) for b in range(1, batch_size + 1)]
+        plans += [p.alternative for p in plans if p.alternative is not None]
+        return max(p.max_nodes for p in plans)
+
 
 class Eagle3Policy(Policy):
     """The fixed EAGLE-2 dynamic tree of ``config``: no entropy bins."""
@@ -846,6 +854,10 @@ class FittedPolicy(Policy):
                 for j, sj in enumerate(plan.survival[b][:n]):
                     self._pos_obs[j] = self._pos_obs[j] * self.FORGET + (1.0 if a > j else 0.0)
                     self._pos_pred[j] = self._pos_pred[j] * self.FORGET + sj
+
+    def max_tree_nodes(self, batch_size: int) -> int:
+        # plans move within a call (corrections, guard, probes): any action of the grid may come
+        return max(n for n in self.tables.nodes if self.max_nodes is None or n - 1 <= self.max_nodes) - 1
 
     def needs_draft(self, batch_size: int) -> bool:
         # the model's plans, not the guard's: a guarded bucket still probes speculation

@@ -305,6 +305,47 @@ def test_plain_stretches_between_rounds_are_greedy_lossless():
     assert any(r.plain for r in recs) and any(not r.plain and r.accept_len > 0 for r in recs)
 
 
+def test_cache_covers_speculative_probes_of_a_plain_plan():
+    """A call that starts under a plain plan (the guard, a plain bucket) may still run
+    speculative probe rounds, up to the end of max_new_tokens: the KV caches are sized for
+    every plan the policy may return (Policy.max_tree_nodes), not for the plans at the start."""
+    engine, draft, hf = _tiny_engine(seed=31)
+    prompts = _prompts(hf.config.vocab_size, 2, seed=9)
+    spec = Plan("wide", decide_depth=1, entropy_k=3, edges=[], depth=[3], budget=[6])
+    plain = Plan("plain", speculate=False, decide_depth=0, entropy_k=3, edges=[], depth=[0], budget=[0],
+                 binned=False, alternative=spec)
+
+    class PlainWithProbes(Policy):
+        name = "plain-with-probes"
+
+        def __init__(self):
+            self.n = 0
+
+        def plan(self, batch_size, context=None):
+            return plain
+
+        def needs_draft(self, batch_size):
+            return True
+
+        def round_plan(self, batch_size, context=None):
+            self.n += 1
+            return spec if self.n % 2 == 0 else plain
+
+    pol = PlainWithProbes()
+    assert pol.max_tree_nodes(2) == 6
+    draft.set_prompts(prompts)
+    ar = engine.generate_batch(prompts, max_new_tokens=30, method="autoregressive", chat=False)
+    draft.set_prompts(prompts)
+    hs = engine.generate_batch(prompts, max_new_tokens=30, method="heterospec", policy=pol, chat=False)
+    assert [r.token_ids for r in hs] == [r.token_ids for r in ar]
+    # the fitted policy covers its whole action grid
+    tables = _tables()
+    fitted = FittedPolicy(tables, LinearCost(), SpecConfig(top_k=4, depth=1, total_tokens=4))
+    assert fitted.max_tree_nodes(1) == max(NODES) - 1
+    assert FittedPolicy(tables, LinearCost(), SpecConfig(top_k=4, depth=1, total_tokens=4),
+                        max_nodes=5).max_tree_nodes(4) == 5
+
+
 def test_sampling_with_mixed_bins_keeps_the_target_law():
     from tests.test_sampling_lossless import NEW, PROMPT, REQUESTS, _engine, assert_samples_follow_law, exact_law
     from heterospec.config import SamplingParams
