@@ -224,6 +224,20 @@ def test_simulate_and_export(tmp_path, target):
     torch.testing.assert_close(d48.fc.weight, tr.draft.fc.weight.half().float())
 
 
+def test_a_stopped_and_continued_step_does_not_spend_the_time_budget(tmp_path, target, monkeypatch):
+    data = make_data(tmp_path, target, n_shards=2, per_shard=6)
+    tr = _trainer(tmp_path, target, data)
+    for _ in range(3):
+        tr.train_step(tr.stream.next_batch())
+    typical, before = tr.typical_step_s, tr.train_seconds
+    assert typical > 0
+    clock = iter([100.0, 100.0 + 3600.0])      # the step "took" an hour: it was stopped
+    monkeypatch.setattr(T.time, "time", lambda: next(clock))
+    tr.resumed_from_stop = True                 # what the SIGCONT handler sets
+    tr.train_step(tr.stream.next_batch())
+    assert tr.train_seconds - before == pytest.approx(typical) and not tr.resumed_from_stop
+
+
 def test_warm_start_from_exported_draft_and_checkpoint(tmp_path, target):
     data = make_data(tmp_path, target, n_shards=2, per_shard=6, max_new=16)
     a = _trainer(tmp_path / "a", target, data)

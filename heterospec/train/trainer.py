@@ -510,6 +510,8 @@ class Trainer:
         self.stream = DataStream(cfg.data_dir, cfg.batch_tokens, cfg.max_len,
                                  group_shards=cfg.group_shards, seed=cfg.seed)
         self.step = 0
+        self.resumed_from_stop = False   # set by SIGCONT (see train_step)
+        self.typical_step_s = 0.0
         self.tokens_seen = 0
         self.train_seconds = 0.0          # cumulative over resumes (drives the time schedule)
         self.history: list[dict] = []
@@ -572,7 +574,15 @@ class Trainer:
         self.opt.step()
         self.step += 1
         self.tokens_seen += batch.num_tokens
-        self.train_seconds += time.time() - t0
+        dt = time.time() - t0
+        if self.resumed_from_stop:
+            # the process was stopped (SIGSTOP) and continued during this step: count a typical
+            # step, so pausing a run (e.g. for a benchmark) does not spend its time budget
+            self.resumed_from_stop = False
+            dt = min(dt, self.typical_step_s) if self.typical_step_s else dt
+        else:
+            self.typical_step_s = dt if not self.typical_step_s else 0.9 * self.typical_step_s + 0.1 * dt
+        self.train_seconds += dt
         m["lr"] = lr
         m["total"] = float(loss.detach())
         m["grad_norm"] = float(gn)
@@ -634,12 +644,16 @@ class Trainer:
         def _graceful(signum, frame):  # SIGTERM / SIGINT: finish the step, checkpoint, exit
             stop["sig"] = signum
 
+        def _continued(signum, frame):  # SIGCONT after a SIGSTOP: the step's wall time is not its own
+            self.resumed_from_stop = True
+
         import signal
         import threading
 
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 old_handlers[sig] = signal.signal(sig, _graceful)
+            old_handlers[signal.SIGCONT] = signal.signal(signal.SIGCONT, _continued)
         try:
             while self.step < cfg.steps:
                 if stop["sig"] is not None:
