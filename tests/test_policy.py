@@ -34,6 +34,23 @@ class LinearCost:
         return B * (self.c + self.e * forwards)
 
 
+class StepCost:
+    """A device where verifying two or more tokens jumps to ``verify_two`` ms (a one-token step:
+    10 ms); draft ``draft[0] + draft[1] * forwards`` ms."""
+
+    def __init__(self, verify_two: float, draft=(0.5, 0.5)):
+        self.verify_two, self.draft = verify_two, draft
+
+    def verify_ms(self, B, n, context=256):
+        return 10.0 if n <= 1 else self.verify_two + 0.2 * n
+
+    def plain_ms(self, B, context=256):
+        return 10.0
+
+    def draft_ms(self, B, forwards, extend_tokens=1.0):
+        return self.draft[0] + self.draft[1] * forwards
+
+
 DEPTHS, NODES = [0, 1, 2, 3, 4], [1, 2, 3, 4, 6, 8]
 
 
@@ -425,17 +442,8 @@ def _as_predicted(plan, b, r, n):
 def test_fitted_policy_learns_the_workloads_acceptance():
     """Rounds that accept less than the tables predict lower the expected tokens; with a device
     where speculation barely pays, the policy then turns it off (and back on when it recovers)."""
-    class StepCost:            # verifying two or more tokens costs 1.4x a one-token step
-        def verify_ms(self, B, n, context=256):
-            return 10.0 if n <= 1 else 14.0 + 0.2 * n
-
-        def plain_ms(self, B, context=256):
-            return 10.0
-
-        def draft_ms(self, B, forwards, extend_tokens=1.0):
-            return 0.5 + 0.5 * forwards
-
-    tables, cost = _tables(easy_accept=0.7), StepCost()
+    # verifying two or more tokens costs 1.4x a one-token step
+    tables, cost = _tables(easy_accept=0.7), StepCost(verify_two=14.0, draft=(0.5, 0.5))
     policy = FittedPolicy(tables, cost, SpecConfig(top_k=4, depth=1, total_tokens=4))
     first = policy.plan(1)
     assert first.speculate and policy.position_scale() == (1.0,) * len(policy.position_scale())
@@ -504,17 +512,9 @@ def test_fitted_policy_learns_the_workloads_bin_frequencies():
     """A workload whose requests all land in the hard bin: the expected tokens per round use this
     workload's bin frequencies, not the calibration ones, and speculation stops where it no longer
     pays (each bin's own acceptance is still as the tables say)."""
-    class StepCost:            # verifying two or more tokens costs 1.3x a one-token step
-        def verify_ms(self, B, n, context=256):
-            return 10.0 if n <= 1 else 13.0 + 0.2 * n
-
-        def plain_ms(self, B, context=256):
-            return 10.0
-
-        def draft_ms(self, B, forwards, extend_tokens=1.0):
-            return 2.0 + 0.3 * forwards
-
-    tables, cost = _tables(easy_accept=0.8, hard_accept=0.05, counts=(60, 40)), StepCost()
+    # verifying two or more tokens costs 1.3x a one-token step
+    tables = _tables(easy_accept=0.8, hard_accept=0.05, counts=(60, 40))
+    cost = StepCost(verify_two=13.0, draft=(2.0, 0.3))
     policy = FittedPolicy(tables, cost, SpecConfig(top_k=4, depth=1, total_tokens=4))
     first = policy.plan(1)
     assert first.speculate and policy.bin_frequencies() == {}
