@@ -189,7 +189,7 @@ def _engine(args):
 
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else None)   # from_pretrained maps names
     return Engine.from_pretrained(args.target, args.draft, device=args.device, dtype=dtype, config=args.tree_config,
-                                  draft_dtype=args.draft_dtype)
+                                  draft_dtype=args.draft_dtype, linear=getattr(args, "linear", "tuned"))
 
 
 def cmd_generate(args) -> int:
@@ -341,6 +341,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--draft-dtype", default=None, choices=["float32", "bfloat16", "float16"],
                    help="draft weight dtype (default: bfloat16 on CPUs with native bf16 and a float32 "
                         "target, else the target's; never changes the output, only speed and tau)")
+    g.add_argument("--linear", default="tuned", choices=["tuned", "stock"],
+                   help="CPU linear layers: 'tuned' uses, per shape and row count, the faster of F.linear "
+                        "and oneDNN's reordered-weight linear as timed on this machine; 'stock' F.linear only")
     from .config import default_config
 
     cpu, gpu = default_config("cpu"), default_config("cuda")

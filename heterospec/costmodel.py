@@ -71,6 +71,7 @@ def fingerprint(engine) -> dict:
         fp.update(_cpu_info())
         fp["threads"] = torch.get_num_threads()
         fp["isa_env"] = {k: os.environ[k] for k in ISA_ENV if os.environ.get(k)}
+        fp["linear"] = getattr(engine, "linear", "stock")
     c = target.config
     fp["target"] = {"hidden": c.hidden_size, "layers": c.num_layers, "vocab": c.vocab_size,
                     "heads": c.num_heads, "kv_heads": c.num_kv_heads}

@@ -37,6 +37,9 @@ from .policy import POLICIES, AcceptanceTables, Eagle3Policy, FittedPolicy, Pape
 from .sampling import make_generator, processed_probs, sample
 
 METHODS = ("heterospec", "eagle3", "autoregressive")
+# Engine(linear=...): "tuned" (CPU: the faster GEMM path per shape and row count, measured),
+# "stock" (F.linear everywhere).
+LINEAR_MODES = ("tuned", "stock")
 
 PromptLike = Union[str, Sequence[int], torch.Tensor]
 
@@ -217,12 +220,17 @@ class Engine:
     ``config``: tree settings; default :func:`heterospec.config.default_config` for the device.
     ``bins``: entropy bins for HeteroSpec; default the calibration file next to the draft, else
     the documented fallback (with a warning).
+    ``linear``: ``"tuned"`` (default) - on CPU every linear layer of both models uses, per row
+    count, the faster of ``F.linear`` and oneDNN's reordered-weight linear as timed on this
+    machine (:mod:`heterospec.models.linear`; the models become :class:`TunedLinear` in place);
+    ``"stock"`` - ``F.linear`` only.
     """
 
     def __init__(self, target, draft=None, *, tokenizer=None, config: Optional[SpecConfig] = None,
                  bins: Optional[EntropyBins] = None, device=None, dtype=None, max_length: Optional[int] = None,
                  attn_backend: str = "auto", draft_dir: Optional[str] = None, policy: str = "fitted",
-                 tables: Optional[AcceptanceTables] = None, cost_model=None):
+                 tables: Optional[AcceptanceTables] = None, cost_model=None, linear: str = "tuned"):
+        from .models.linear import tune_linears, untune_linears
         from .models.target import TargetModel
 
         if isinstance(target, (str, os.PathLike)):
@@ -240,6 +248,8 @@ class Engine:
             raise ValueError(f"Engine: bins must be heterospec EntropyBins, got {type(bins).__name__}")
         if policy not in POLICIES:
             raise ValueError(f"Engine: policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+        if linear not in LINEAR_MODES:
+            raise ValueError(f"Engine: linear must be one of {', '.join(LINEAR_MODES)}, got {linear!r}")
         if tables is not None and not isinstance(tables, AcceptanceTables):
             raise ValueError(f"Engine: tables must be heterospec AcceptanceTables, got {type(tables).__name__}")
         if draft is not None and not all(callable(getattr(draft, m, None)) for m in _DRAFT_METHODS):
@@ -258,6 +268,15 @@ class Engine:
         if draft is not None:
             self._taps = self._check_pair(target, draft)
             draft.to(self.device)
+        # CPU linear layers: per weight shape and row count, the faster of MKL's F.linear and
+        # oneDNN's reordered-weight linear, as measured on this machine (models/linear.py: the
+        # stock path can make verifying 2-16 tokens cost 2-4x one token).
+        self.linear = linear
+        self.linear_report = {}
+        if linear == "tuned" and self.device.type == "cpu":
+            self.linear_report = tune_linears([target, draft])
+        else:
+            untune_linears([target, draft])       # models shared with a tuned engine before
         self.config = config if config is not None else default_config(self.device)
         self.draft_dir = draft_dir
         self._bins = bins

@@ -35,6 +35,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 
 from .config import SpecConfig
@@ -221,7 +222,7 @@ class AcceptanceTables:
     provenance: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self._survival_cache: dict = {}       # (option, bin, depth i, nodes i) -> action_survival
+        self._survival_cache: dict = {}       # (option, actions) -> survival curves (_survival_matrix)
         if not self.options:
             raise ValueError("AcceptanceTables: no binning options")
         if sorted(self.depths) != self.depths or sorted(self.nodes) != self.nodes or self.nodes[0] != 1:
@@ -299,8 +300,9 @@ def plan_cost(cost, batch_size: int, decide_depth: int, probs: Sequence[float], 
 
 
 class _MemoCost:
-    """``cost`` with its answers remembered for one fit (the search asks the same few thousand
-    questions many times; a cost model interpolates in Python on every call). ``draft_ms`` is
+    """``cost`` with its answers remembered (the search asks the same few hundred questions in
+    every fit; a cost model interpolates in Python on every call): for one fit, or in a
+    :class:`FittedPolicy` until its next :meth:`~FittedPolicy.refit`. ``draft_ms`` is
     taken as affine in ``extend_tokens`` from 1 up, as every cost model here is (the draft's
     extend forward is linear in the tokens it extends over): two answers per (B, forwards)."""
 
@@ -377,82 +379,136 @@ def corrected_accept(survival: Sequence[float], position_scale: Sequence[float])
     return total
 
 
+def _survival_matrix(tables: "AcceptanceTables", opt: "BinningOption", actions) -> tuple:
+    """Every (bin, action) survival curve of one option: the lists (:func:`action_survival`) and
+    the same as an array ``[bins, actions, positions]``, zero-padded. Cached on ``tables``."""
+    key = (id(opt), tuple((a[2], a[3]) for a in actions))
+    hit = tables._survival_cache.get(key)
+    if hit is None:
+        lists = [[action_survival(tables, opt, i, a[2], a[3]) for a in actions] for i in range(len(opt.counts))]
+        width = max([len(sv) for row in lists for sv in row] + [1])
+        arr = np.zeros((len(lists), len(actions), width))
+        for i, row in enumerate(lists):
+            for c, sv in enumerate(row):
+                arr[i, c, :len(sv)] = sv
+        hit = tables._survival_cache[key] = (lists, arr)
+    return hit
+
+
+def _corrected_accept_matrix(survival: np.ndarray, position_scale: Sequence[float]) -> np.ndarray:
+    """:func:`corrected_accept` of every curve of ``survival`` (``[..., positions]``) at once."""
+    npos = survival.shape[-1]
+    r = np.array([position_scale[min(j, len(position_scale) - 1)] for j in range(npos)]
+                 if position_scale else np.ones(npos))
+    return np.minimum.accumulate(np.minimum(survival * r, 1.0), axis=-1).sum(axis=-1)
+
+
+def _expected_of_max_rows(values: np.ndarray, probs: np.ndarray, n: int, fn: np.ndarray) -> np.ndarray:
+    """Per row of ``values`` (``[rows, bins]`` integers in ``[0, len(fn))``, bin ``i`` drawn with
+    ``probs[i]``): E[fn[max of ``n`` i.i.d. draws]], from P(max <= t) = P(one draw <= t) ** n."""
+    rows, grid = values.shape[0], len(fn)
+    idx = values + grid * np.arange(rows)[:, None]
+    mass = np.bincount(idx.ravel(), weights=np.broadcast_to(probs, values.shape).ravel(),
+                       minlength=rows * grid).reshape(rows, grid)
+    cdf_n = np.cumsum(mass, axis=1) ** n
+    cdf_n[:, 1:] -= cdf_n[:, :-1].copy()
+    return cdf_n @ fn
+
+
+RAGGED_STEP = 8
+
+
 def _fit_option(tables, opt, cost, B: int, context: int, ragged: bool, max_nodes,
                 position_scale: Sequence[float] = (), probs: Optional[Sequence[float]] = None):
     """Best per-bin actions of one binning option at batch ``B``: ``(actions, evaluation)``.
     ``position_scale`` corrects the tables' acceptance per draft position
-    (:func:`corrected_accept`); ``probs`` replaces the calibration frequencies of the bins."""
+    (:func:`corrected_accept`); ``probs`` replaces the calibration frequencies of the bins.
+
+    The search runs on arrays (a fit happens while requests wait: it must cost far less than a
+    target step): every candidate action of a bin is priced at once, as :func:`plan_cost` would
+    price it. ``cost.draft_ms`` is read at whole forwards and taken as linear between them and
+    affine in ``extend_tokens``, as every cost model here is; a ragged verify at a fractional
+    node count is interpolated between multiples of ``1 / RAGGED_STEP`` (the plan's evaluation
+    is then exact: :func:`plan_cost`)."""
     total = sum(opt.counts)
     actions = _option_actions(tables, opt, max_nodes)
     if total == 0 or not actions:
         return None, None
-    probs = list(probs) if probs is not None else [c / total for c in opt.counts]
-    nb = len(probs)
-    cache = tables._survival_cache
-    surv = []
-    for i in range(nb):
-        row = []
-        for a in actions:
-            key = (id(opt), i, a[2], a[3])
-            sv = cache.get(key)
-            if sv is None:
-                sv = cache[key] = action_survival(tables, opt, i, a[2], a[3])
-            row.append(sv)
-        surv.append(row)
-    acc_tab = [[corrected_accept(sv, position_scale) for sv in row] for row in surv]
+    p = np.array(list(probs) if probs is not None else [c / total for c in opt.counts], dtype=float)
+    nb = len(p)
+    surv, surv_arr = _survival_matrix(tables, opt, actions)
+    acc = _corrected_accept_matrix(surv_arr, position_scale)               # [bins, actions]
+    fwd = np.array([a[0] for a in actions], dtype=float)
+    node_i = np.array([a[3] for a in actions])
+    nodes = np.array([a[1] for a in actions], dtype=float)
+    fi = fwd.astype(int)
+    steps_grid = np.arange(int(fwd.max()) + 1, dtype=float)
+    bins_ix = np.arange(nb)
 
-    def acc(i, c):
-        return acc_tab[i][c]
+    # Ragged: the verify cost of the batch's mean node count, read every 1/RAGGED_STEP node.
+    ragged_grid = np.arange(1.0, float(nodes.max()) + 1e-9, 1.0 / RAGGED_STEP) if ragged else None
+
+    def device(batch):
+        """The cost model at ``batch`` as arrays: draft at whole forwards (1 and 2 tokens
+        extended), verify per node count of the grid (ragged: of ``ragged_grid``)."""
+        d1 = np.array([cost.draft_ms(batch, k, 1.0) for k in steps_grid])
+        d2 = np.array([cost.draft_ms(batch, k, 2.0) for k in steps_grid])
+        verify = np.array([cost.verify_ms(batch, float(n), context)
+                           for n in (ragged_grid if ragged else tables.nodes)])
+        return d1, d2 - d1, verify
+
+    def rates(choices, batch, dev):
+        """Expected tokens/s of each row of ``choices`` (``[rows, bins]`` action indices)."""
+        d1, slope, verify = dev
+        a = acc[bins_ix, choices]
+        mean_new = (a + 1.0) @ p
+        # E[max] of one draw is the mean: batch 1 needs no sort
+        steps = fwd[choices] @ p if batch == 1 else _expected_of_max_rows(fi[choices], p, batch, steps_grid)
+        draft = np.interp(steps, steps_grid, d1) + (mean_new - 1.0) * np.interp(steps, steps_grid, slope)
+        if ragged:   # the linear layers see the batch's real tree tokens: the mean N per request
+            ver = np.interp(nodes[choices] @ p, ragged_grid, verify)
+        elif batch == 1:
+            ver = verify[node_i[choices]] @ p
+        else:        # every request padded to the largest tree of the batch
+            ver = _expected_of_max_rows(node_i[choices], p, batch, verify)
+        return 1e3 * batch * mean_new / (draft + ver)
 
     # Per bin, only the actions no other action dominates (as many accepted drafts or more with
     # no more forwards and no more nodes): the round's tokens rise with the accepted drafts, its
     # time with forwards (the batch's deepest) and nodes, so a dominated action is never needed.
-    where = {(a[2], a[3]): c for c, a in enumerate(actions)}
-    cands = []
-    for i in range(nb):
-        best = {}      # grid point -> the most accepted drafts of an action at or below it
-        keep = []
-        for di in range(len(tables.depths)):
-            for ni in range(len(tables.nodes)):
-                below = max(best.get((di - 1, ni), -1.0), best.get((di, ni - 1), -1.0))
-                c = where.get((di, ni))
-                if c is not None and acc(i, c) > below:
-                    keep.append(c)
-                best[(di, ni)] = below if c is None else max(below, acc(i, c))
-        cands.append(sorted(keep))
-
-    def evaluate(choice, batch):
-        return plan_cost(cost, batch, opt.decide_depth, probs, [actions[c][0] for c in choice],
-                         [actions[c][1] for c in choice], [acc(i, c) for i, c in enumerate(choice)],
-                         context, ragged)
+    no_more = (fwd[None, :] <= fwd[:, None]) & (nodes[None, :] <= nodes[:, None])     # [c, c']
+    np.fill_diagonal(no_more, False)
+    keep = ~(no_more[None] & (acc[:, None, :] >= acc[:, :, None])).any(axis=2)        # [bins, actions]
 
     # Batch 1 separates by bin (Dinkelbach): maximise sum_i p_i (a_i + 1 - lam * ms_i), then
     # lam = tokens / ms, until lam settles. Exact for batch 1; the start for larger batches.
-    unit = [{c: cost.draft_ms(1, actions[c][0], extend_tokens=acc(i, c) + 1) + cost.verify_ms(1, actions[c][1], context)
-             for c in cands[i]} for i in range(nb)]
-    choice, lam = [0] * nb, 0.0
+    dev1 = device(1)
+    unit = dev1[0][fi] + acc * dev1[1][fi] + dev1[2][node_i]                  # [bins, actions] ms
+    choice, lam = np.zeros(nb, dtype=int), 0.0
     for _ in range(20):
-        choice = [max(cands[i], key=lambda c: (acc(i, c) + 1.0 - lam * unit[i][c], -c))
-                  for i in range(nb)]
-        ev = evaluate(choice, 1)
-        new_lam = ev["tokens"] / ev["ms"]
+        choice = np.argmax(np.where(keep, acc + 1.0 - lam * unit, -np.inf), axis=1)   # ties: the first
+        new_lam = float(rates(choice[None], 1, dev1)[0]) / 1e3
         if abs(new_lam - lam) <= 1e-12 * max(1.0, lam):
             break
         lam = new_lam
-    ev = evaluate(choice, B)
-    if B > 1:   # coordinate ascent on the exact batch objective (a local optimum)
-        for _ in range(3):
-            improved = False
-            for i in range(nb):
-                for c in cands[i]:
-                    if c != choice[i]:
-                        trial = choice[:i] + [c] + choice[i + 1:]
-                        tv = evaluate(trial, B)
-                        if tv["tokens_per_s"] > ev["tokens_per_s"] * (1 + 1e-9):
-                            choice, ev, improved = trial, tv, True
-            if not improved:
+    if B > 1:   # steepest ascent on the exact batch objective, one bin's action at a time
+        devB = device(B)
+        best = float(rates(choice[None], B, devB)[0])
+        rows_bin, rows_act = np.nonzero(keep)          # trial row k: bin rows_bin[k] takes rows_act[k]
+        trials = np.repeat(choice[None], len(rows_bin), axis=0)
+        for _ in range(3 * nb):
+            trials[:] = choice
+            trials[np.arange(len(rows_bin)), rows_bin] = rows_act
+            r = rates(trials, B, devB)
+            k = int(np.argmax(r))
+            if not r[k] > best * (1 + 1e-9):
                 break
-    return [actions[c] + (acc(i, c), surv[i][c]) for i, c in enumerate(choice)], ev
+            choice, best = trials[k].copy(), float(r[k])
+    chosen = [int(c) for c in choice]
+    ev = plan_cost(cost, B, opt.decide_depth, list(p), [actions[c][0] for c in chosen],
+                   [actions[c][1] for c in chosen], [float(acc[i, c]) for i, c in enumerate(chosen)],
+                   context, ragged)
+    return [actions[c] + (float(acc[i, c]), surv[i][c]) for i, c in enumerate(chosen)], ev
 
 
 def fit_plan(tables: AcceptanceTables, cost, batch_size: int, context: int = 256, ragged: bool = False,
@@ -474,7 +530,7 @@ def fit_plan(tables: AcceptanceTables, cost, batch_size: int, context: int = 256
     the caller keeps to reuse the options short-listed at batch 1 across batch sizes (valid while
     ``cost`` and the other arguments but ``batch_size`` and the time scales stay the same)."""
     B = batch_size
-    cost = _MemoCost(cost)
+    cost = cost if isinstance(cost, _MemoCost) else _MemoCost(cost)
     plain_ms = cost.plain_ms(B, context) * plain_scale
     plain = {"tokens": float(B), "ms": plain_ms, "tokens_per_s": 1e3 * B / plain_ms}
     bin_freq = bin_freq or {}
@@ -563,6 +619,7 @@ class FittedPolicy(Policy):
         self._last_spec_rate: Dict[int, float] = {}   # tokens/request/s of the last speculative round
         self._last_fit: Dict[int, Tuple[int, Plan]] = {}
         self._shortlist: dict = {}                    # fit_plan's batch-1 option shortlist
+        self._memo = _MemoCost(cost)                  # the cost model's answers, until a refit
         self._time_used: Dict[int, float] = {}
         self._plain_used: Dict[int, float] = {}
         # Where the online state is kept between processes (None: not kept).
@@ -604,7 +661,7 @@ class FittedPolicy(Policy):
         if key not in self._plans and last is not None and self._observed_rounds.get(b, 0) - last[0] < self.REFIT_GAP:
             return last[1]
         if key not in self._plans:
-            plan = fit_plan(self.tables, self.cost, b, c, self.ragged, max_nodes=self.max_nodes,
+            plan = fit_plan(self.tables, self._memo, b, c, self.ragged, max_nodes=self.max_nodes,
                             position_scale=s, time_scale=t, plain_scale=q, bin_freq=f, shortlist=self._shortlist)
             if plan.speculate:            # the plain plan the guard falls back to probes this one
                 plan.alternative.alternative = plan
@@ -701,6 +758,7 @@ class FittedPolicy(Policy):
         self._plans = {}
         self._last_fit = {}
         self._shortlist = {}
+        self._memo = _MemoCost(self.cost)
 
     def time_scale(self, bucket: int) -> float:
         """Observed / predicted speculative round time at this batch bucket, in steps of 0.05

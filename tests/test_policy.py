@@ -11,7 +11,9 @@ from heterospec import Engine, SpecConfig, costmodel
 from heterospec.calibrate import calibrate_policy
 from heterospec.entropy import EntropyBins
 from heterospec.policy import (AcceptanceTables, BinningOption, FittedPolicy, PaperPolicy, Plan, Policy,
-                               fit_plan, paper_actions, plan_cost)
+                               _corrected_accept_matrix, _expected_fn_of_max, _expected_of_max_rows,
+                               _survival_matrix, _option_actions, corrected_accept, fit_plan, paper_actions,
+                               plan_cost)
 from tests.engine_util import OracleDraft, tiny_hf_llama
 
 
@@ -683,6 +685,53 @@ def test_plain_bucket_backs_off_probes_that_keep_losing():
     assert gaps[:5] == [8, 16, 32, 64, 64]            # every probe lost: 4 -> 8 -> ... -> 64 rounds
     first = probes(600, 0.001)                          # speculation now wins: probes every 4 again
     assert first[0] <= 64 and first[2] - first[1] == 4 and policy.plan(1).speculate   # (decided one probe late)
+
+
+def test_array_search_helpers_match_their_scalar_definitions():
+    g = torch.Generator().manual_seed(0)
+    curves = torch.rand(5, 7, 6, generator=g).sort(dim=-1, descending=True).values.double().numpy()
+    for scale in [(), (0.5,), (1.3, 0.9, 0.4), (2.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.05)]:
+        got = _corrected_accept_matrix(curves, scale)
+        want = [corrected_accept(list(c), scale) for row in curves for c in row]
+        assert got.ravel().tolist() == pytest.approx(want, abs=1e-12)
+    fn = torch.rand(9, generator=g).double().numpy()
+    probs = torch.rand(6, generator=g).double()
+    probs = (probs / probs.sum()).numpy()
+    values = torch.randint(0, 9, (20, 6), generator=g).numpy()
+    for n in (1, 2, 5):
+        got = _expected_of_max_rows(values, probs, n, fn)
+        want = [_expected_fn_of_max(list(v), list(probs), n, lambda x: float(fn[x])) for v in values]
+        assert got.tolist() == pytest.approx(want, abs=1e-12)
+
+
+@pytest.mark.parametrize("B", [1, 2, 4, 8])
+def test_fitted_plan_on_shipped_tables_is_a_local_optimum_of_plan_cost(B):
+    """The array search against the scalar objective: on the shipped tables, no bin of the chosen
+    option gains by any other action of the grid (batch 1: the separable optimum is global)."""
+    from heterospec.defaults import DRAFT_ASSET_DIR
+    tables = AcceptanceTables.find(str(DRAFT_ASSET_DIR))
+    assert tables is not None, "the shipped draft has no acceptance tables"
+    cost = LinearCost(a=10.0, b=1.0, c=0.5, e=0.5)
+    plan = fit_plan(tables, cost, B, margin=1.0)
+    plan = plan if plan.speculate else plan.alternative       # the best speculative plan either way
+    opt = tables.options[plan.expected["option"]]
+    probs = [c / sum(opt.counts) for c in opt.counts]
+    acts = _option_actions(tables, opt, None)
+    surv, _ = _survival_matrix(tables, opt, acts)
+    chosen = [next(k for k, a in enumerate(acts) if (a[0], a[1] - 1) == (d, n))
+              for d, n in zip(plan.depth, plan.budget)]
+
+    def tps(choice):
+        return plan_cost(cost, B, opt.decide_depth, probs, [acts[c][0] for c in choice], [acts[c][1] for c in choice],
+                         [corrected_accept(surv[i][c], ()) for i, c in enumerate(choice)], 256, False)["tokens_per_s"]
+
+    best = tps(chosen)
+    assert best == pytest.approx(plan.expected["speculative"]["tokens_per_s"])
+    for i in range(len(chosen)):
+        if probs[i] == 0:
+            continue
+        for c in range(len(acts)):
+            assert tps(chosen[:i] + [c] + chosen[i + 1:]) <= best * (1 + 1e-9), (i, acts[c])
 
 
 def test_shortlist_shared_across_batch_sizes_gives_the_same_plans():

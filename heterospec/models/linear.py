@@ -1,0 +1,214 @@
+"""Linear layers that use, per weight shape and row count, the faster of two CPU GEMM paths.
+
+Speculative decoding rests on one premise: the target verifies a few tokens in about the time it
+decodes one, because a decode step is bound by reading the weights, not by arithmetic. On CPUs
+the stock ``F.linear`` (MKL ``sgemm``) breaks the premise for small row counts: one row takes a
+fast matrix-vector path, but two to sixteen rows take a general GEMM that re-reads the weights
+per block of rows and can cost 2-4x a single row (bench/RESULTS.md, "small-row GEMM"). oneDNN's
+linear with a weight reordered once ahead of time (``torch.ops.mkldnn``, the path PyTorch's
+inductor uses for CPU inference) streams the weights once for such row counts. Which path is
+faster depends on the CPU, the thread count, the shape and the row count, so nothing is assumed:
+:func:`tune_linears` times both per weight shape at row counts 1, 2, 4, ..., 128 on this machine
+and each :class:`TunedLinear` dispatches on the rows of its input. The decisions are cached per
+machine (CPU model and flags, threads, torch version) in the heterospec cache.
+
+A :class:`TunedLinear` is an ``nn.Linear`` (same parameters, same state dict). It falls back to
+``F.linear`` whenever the reordered copy could be stale or unusable: the weight was replaced or
+modified in place since it was reordered, autograd needs the weight's gradient, or the input is
+not on the CPU or not in the weight's dtype.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# Row counts timed per shape; an input with m rows uses the decision of the smallest timed row
+# count >= m (the last for more rows).
+TUNE_ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
+# The reordered path must be this much faster to be used (the stock path is the reference).
+MARGIN = 0.95
+FORMAT = 1
+
+
+def _row_bucket(m: int) -> int:
+    """Index into TUNE_ROWS of the decision used for ``m`` rows."""
+    return min(max(m - 1, 0).bit_length(), len(TUNE_ROWS) - 1)
+
+
+def packed_linear_available() -> bool:
+    """Whether this torch has oneDNN's reordered-weight linear (CPU builds with mkldnn)."""
+    return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+
+def _reorder(weight: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), TUNE_ROWS[-1] // 8)
+
+
+def _packed_forward(x: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+class TunedLinear(nn.Linear):
+    """``nn.Linear`` that runs oneDNN's reordered-weight linear for the row counts where
+    :func:`tune_linears` measured it faster on this machine, ``F.linear`` otherwise."""
+
+    _packed: Optional[torch.Tensor] = None
+    _packed_of: Tuple = ()
+    _use_packed: Tuple[bool, ...] = ()
+
+    def set_packed(self, use_packed: Sequence[bool]) -> None:
+        """Reorder the weight now and use it for the row buckets where ``use_packed`` is True
+        (one entry per TUNE_ROWS); all False drops the reordered copy."""
+        self._use_packed = tuple(bool(u) for u in use_packed)
+        if any(self._use_packed):
+            w = self.weight
+            self._packed = _reorder(w)
+            self._packed_of = (w.data_ptr(), w._version, w.dtype)
+        else:
+            self._packed, self._packed_of = None, ()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        p = self._packed
+        if p is not None and self._use_packed[_row_bucket(x.numel() // self.in_features)]:
+            w = self.weight
+            if ((w.data_ptr(), w._version, w.dtype) == self._packed_of and x.dtype == w.dtype
+                    and x.device.type == "cpu"
+                    and not (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad))):
+                return _packed_forward(x, p, self.bias)
+        return F.linear(x, self.weight, self.bias)
+
+
+def _machine_key() -> dict:
+    from ..costmodel import _cpu_info
+    return {"torch": torch.__version__.split("+")[0], "threads": torch.get_num_threads(), **_cpu_info()}
+
+
+def _cache_file() -> str:
+    from ..defaults import cache_root
+    key = hashlib.sha1(json.dumps(_machine_key(), sort_keys=True).encode()).hexdigest()[:16]
+    return os.path.join(str(cache_root()), "costs", f"linear-{key}.json")
+
+
+def _shape_key(layer: nn.Linear) -> str:
+    w = layer.weight
+    return f"{layer.in_features}x{layer.out_features}-{str(w.dtype).removeprefix('torch.')}-" \
+           f"{'bias' if layer.bias is not None else 'nobias'}"
+
+
+def _best_ms(fn, reps: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return 1e3 * best
+
+
+def time_shape(layer: nn.Linear, rows: Sequence[int] = TUNE_ROWS, budget_s: float = 0.4) -> dict:
+    """Stock vs reordered milliseconds of ``layer``'s shape at each row count (the faster of a
+    few runs each, interleaved), and whether the reordered result matched (the weights and the
+    inputs are random: the layer's own values are not touched)."""
+    w = torch.randn_like(layer.weight, dtype=layer.weight.dtype)
+    b = None if layer.bias is None else torch.randn_like(layer.bias)
+    try:
+        packed = _reorder(w)
+        x = torch.randn(2, layer.in_features, dtype=w.dtype)
+        ok = bool(torch.allclose(_packed_forward(x, packed, b).float(), F.linear(x, w, b).float(),
+                                 rtol=1e-2 if w.dtype != torch.float32 else 1e-4,
+                                 atol=1e-2 if w.dtype != torch.float32 else 1e-4))
+    except RuntimeError as exc:      # e.g. bf16 on a CPU without the instructions oneDNN needs
+        return {"ok": False, "error": str(exc).splitlines()[0][:200]}
+    if not ok:
+        return {"ok": False, "error": "reordered result differs from F.linear"}
+    out = {"ok": True, "rows": list(rows), "stock_ms": [], "packed_ms": []}
+    for m in rows:
+        x = torch.randn(m, layer.in_features, dtype=w.dtype)
+        t0 = time.perf_counter()
+        F.linear(x, w, b)
+        one = max(time.perf_counter() - t0, 1e-6)
+        reps = int(min(7, max(2, budget_s / len(rows) / 2 / one)))
+        s, p = [], []
+        for _ in range(2):                       # interleaved: drift hits both
+            s.append(_best_ms(lambda: F.linear(x, w, b), reps))
+            p.append(_best_ms(lambda: _packed_forward(x, packed, b), reps))
+        out["stock_ms"].append(min(s))
+        out["packed_ms"].append(min(p))
+    return out
+
+
+def decisions(timing: dict) -> List[bool]:
+    """Per TUNE_ROWS bucket: use the reordered path (measured ``MARGIN`` faster)."""
+    if not timing.get("ok"):
+        return [False] * len(TUNE_ROWS)
+    by_rows = dict(zip(timing["rows"], zip(timing["stock_ms"], timing["packed_ms"])))
+    return [r in by_rows and by_rows[r][1] < MARGIN * by_rows[r][0] for r in TUNE_ROWS]
+
+
+_MEMORY: Dict[str, dict] = {}      # this process's timings, per machine file and shape
+
+
+def tune_linears(models: Iterable[Optional[nn.Module]], progress: bool = False) -> dict:
+    """Make every plain ``nn.Linear`` of ``models`` (CPU, float weights; subclasses are left alone) a :class:`TunedLinear` using
+    the reordered path where it was measured faster on this machine. Shapes not yet in the
+    machine's cache file are timed now (a second or two for a 135M model) and saved. Returns
+    ``{shape: {"timing": ..., "packed_rows": [...]}}`` for the shapes seen."""
+    layers = [(name, mod) for model in models if model is not None for name, mod in model.named_modules()
+              if type(mod) in (nn.Linear, TunedLinear) and mod.weight.device.type == "cpu"
+              and mod.weight.dtype in (torch.float32, torch.bfloat16, torch.float16)]
+    if not layers or not packed_linear_available():
+        return {}
+    path = _cache_file()
+    saved = _MEMORY.get(path)
+    if saved is None:
+        saved = {}
+        try:
+            with open(path) as f:
+                d = json.load(f)
+            if d.get("format") == FORMAT and d.get("machine") == _machine_key():
+                saved = d.get("shapes", {})
+        except (OSError, ValueError):
+            pass
+        _MEMORY[path] = saved
+    shapes = {}
+    for _, mod in layers:
+        shapes.setdefault(_shape_key(mod), mod)
+    todo = [k for k in shapes if k not in saved]
+    if todo:
+        from tqdm.auto import tqdm
+        with torch.inference_mode():
+            for k in tqdm(todo, desc="timing linear layers", disable=not progress, unit="shape"):
+                saved[k] = time_shape(shapes[k])
+        try:
+            from .._io import write_json_atomic
+            write_json_atomic(path, {"format": FORMAT, "machine": _machine_key(), "shapes": saved}, indent=1)
+        except OSError:
+            pass                        # an unwritable cache only means timing again next time
+    report = {}
+    for _, mod in layers:
+        k = _shape_key(mod)
+        use = decisions(saved[k])
+        if not isinstance(mod, TunedLinear):
+            mod.__class__ = TunedLinear        # same parameters, same state dict
+        mod.set_packed(use)
+        report[k] = {"timing": saved[k], "packed_rows": [r for r, u in zip(TUNE_ROWS, use) if u]}
+    return report
+
+
+def untune_linears(models: Iterable[Optional[nn.Module]]) -> None:
+    """Back to ``F.linear`` everywhere (drops the reordered copies)."""
+    for model in models:
+        if model is None:
+            continue
+        for mod in model.modules():
+            if isinstance(mod, TunedLinear):
+                mod.set_packed([False] * len(TUNE_ROWS))

@@ -1,0 +1,115 @@
+"""CPU linear layers that pick the faster GEMM path per shape and row count (models/linear.py):
+the reordered path is checked against F.linear, and every situation where the reordered copy
+could be stale or unusable falls back to F.linear."""
+
+import pytest
+import torch
+from torch import nn
+
+from heterospec.models import linear as L
+
+pytestmark = pytest.mark.skipif(not L.packed_linear_available(), reason="torch built without oneDNN")
+
+
+def _tuned(in_f=64, out_f=96, bias=True, use=True):
+    torch.manual_seed(0)
+    lin = nn.Linear(in_f, out_f, bias=bias)
+    ref = nn.Linear(in_f, out_f, bias=bias)
+    ref.load_state_dict(lin.state_dict())
+    lin.__class__ = L.TunedLinear
+    lin.set_packed([use] * len(L.TUNE_ROWS))
+    return lin, ref
+
+
+@pytest.mark.parametrize("shape", [(1, 64), (3, 64), (2, 5, 64), (200, 64), (0, 64)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_reordered_path_matches_f_linear(shape, bias):
+    lin, ref = _tuned(bias=bias)
+    x = torch.randn(*shape)
+    with torch.inference_mode():
+        got, want = lin(x), ref(x)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_row_buckets_pick_the_decision_of_the_next_timed_row_count():
+    assert [L._row_bucket(m) for m in (0, 1, 2, 3, 4, 5, 8, 9, 128, 129, 10_000)] == [0, 0, 1, 2, 2, 3, 3, 4, 7, 7, 7]
+    t = {"ok": True, "rows": list(L.TUNE_ROWS), "stock_ms": [1.0] * 8, "packed_ms": [0.5, 0.96, 1.2, 0.9, 2, 2, 2, 2]}
+    assert L.decisions(t) == [True, False, False, True, False, False, False, False]
+    assert L.decisions({"ok": False}) == [False] * len(L.TUNE_ROWS)
+
+
+def test_stale_or_unusable_reordered_weight_falls_back_to_f_linear(monkeypatch):
+    lin, ref = _tuned()
+    calls = []
+    real = L._packed_forward
+    monkeypatch.setattr(L, "_packed_forward", lambda *a: calls.append(1) or real(*a))
+    x = torch.randn(4, 64)
+    with torch.inference_mode():
+        lin(x)
+    assert calls == [1]
+    with torch.no_grad():                       # modified in place: the copy is stale
+        lin.weight.mul_(2.0)
+        ref.weight.mul_(2.0)
+    with torch.inference_mode():
+        torch.testing.assert_close(lin(x), ref(x))
+    assert calls == [1]
+    lin.weight = nn.Parameter(torch.randn(96, 64))   # replaced
+    with torch.inference_mode():
+        torch.testing.assert_close(lin(x), torch.nn.functional.linear(x, lin.weight, lin.bias))
+    assert calls == [1]
+    lin.set_packed([True] * len(L.TUNE_ROWS))        # re-reordered: used again
+    with torch.inference_mode():
+        lin(x)
+        lin(x.double().float())
+    assert calls == [1, 1, 1]
+    y = lin(x.requires_grad_())                      # autograd needs a gradient: stock path
+    y.sum().backward()
+    assert calls == [1, 1, 1] and x.grad is not None and lin.weight.grad is not None
+    with torch.inference_mode():                     # another dtype: stock path (its own error)
+        with pytest.raises(RuntimeError):
+            lin(torch.randn(4, 64, dtype=torch.float64))
+    assert calls == [1, 1, 1]
+
+
+def test_tuning_converts_plain_linears_in_place_and_keeps_the_state_dict(tmp_path, monkeypatch):
+    monkeypatch.setenv("HETEROSPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(L, "_MEMORY", {})
+
+    class Sub(nn.Linear):
+        pass
+
+    model = nn.Sequential(nn.Linear(32, 48), nn.ReLU(), nn.Linear(48, 32, bias=False), Sub(32, 8))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x = torch.randn(3, 32)
+    with torch.inference_mode():
+        want = model(x)
+    report = L.tune_linears([model, None])
+    assert set(report) == {"32x48-float32-bias", "48x32-float32-nobias"}
+    assert isinstance(model[0], L.TunedLinear) and isinstance(model[2], L.TunedLinear)
+    assert type(model[3]) is Sub                    # subclasses are left alone
+    assert model.state_dict().keys() == before.keys()
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
+    with torch.inference_mode():
+        torch.testing.assert_close(model(x), want, rtol=1e-5, atol=1e-5)
+    saved = list(tmp_path.rglob("linear-*.json"))
+    assert len(saved) == 1                          # timings cached for this machine
+    monkeypatch.setattr(L, "_MEMORY", {})
+    monkeypatch.setattr(L, "time_shape", lambda *a, **k: pytest.fail("timed again despite the cache"))
+    assert L.tune_linears([model]).keys() == report.keys()
+    L.untune_linears([model])
+    assert model[0]._packed is None
+
+
+def test_engine_linear_modes_give_the_same_greedy_tokens():
+    from heterospec import Engine
+    from tests.engine_util import tiny_hf_llama
+    hf = tiny_hf_llama(dtype=torch.float32)
+    with pytest.raises(ValueError, match="linear must be one of"):
+        Engine(hf, linear="fast")
+    outs = {}
+    for mode in ("stock", "tuned"):
+        eng = Engine(hf, linear=mode)
+        assert bool(eng.linear_report) == (mode == "tuned")
+        outs[mode] = eng.generate([1, 2, 3, 4], max_new_tokens=12, method="autoregressive").token_ids
+    assert outs["stock"] == outs["tuned"]
