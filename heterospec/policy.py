@@ -616,7 +616,8 @@ class FittedPolicy(Policy):
         self._observed_rounds: Dict[int, int] = {}    # rounds observed per bucket (refit gap)
         self._since_probe: Dict[int, int] = {}        # plain rounds since the last speculative probe
         self._backoff: Dict[int, int] = {}            # log2 of the speculative probe interval / PROBE_EVERY
-        self._last_spec_rate: Dict[int, float] = {}   # tokens/request/s of the last speculative round
+        self._recent_spec: Dict[int, List[Tuple[float, float]]] = {}   # last PROBE_BURST speculative rounds
+        self._burst: Dict[int, int] = {}              # speculative rounds left in a plain bucket's probe
         self._last_fit: Dict[int, Tuple[int, Plan]] = {}
         self._shortlist: dict = {}                    # fit_plan's batch-1 option shortlist
         self._memo = _MemoCost(cost)                  # the cost model's answers, until a refit
@@ -672,8 +673,8 @@ class FittedPolicy(Policy):
     # The guard (per batch bucket): what speculative rounds and plain steps actually delivered,
     # tokens per request per second, forgotten faster than the corrections (recent rounds count).
     REALIZED_FORGET = 0.97
-    # forgotten counts of speculative rounds and plain steps before the guard may act (about 6 and 3)
-    MIN_REALIZED = (5.0, 2.5)
+    # forgotten counts of speculative rounds and plain steps before the guard may act (5 and 3)
+    MIN_REALIZED = (4.5, 2.5)
 
     def realized(self, bucket: int) -> Optional[Tuple[float, float]]:
         """``(speculative, plain)`` tokens per request per second measured at this bucket, or
@@ -687,12 +688,12 @@ class FittedPolicy(Policy):
         return st_tok / st_s, pl_tok / pl_s
 
     def _last_probe_lost(self, bucket: int) -> bool:
-        """Whether the last speculative round of this bucket delivered fewer tokens per request
-        per second than its plain steps do (measured)."""
-        st, last = self._realized.get(bucket), self._last_spec_rate.get(bucket)
-        if st is None or last is None or st[5] < self.MIN_REALIZED[1] or st[4] <= 0:
+        """Whether the last ``PROBE_BURST`` speculative rounds of this bucket (in a plain bucket:
+        its last probe) delivered fewer tokens per request per second than its plain steps do."""
+        st, recent = self._realized.get(bucket), self._recent_spec.get(bucket)
+        if st is None or not recent or st[5] < self.MIN_REALIZED[1] or st[4] <= 0:
             return False
-        return last < st[3] / st[4]
+        return sum(t for t, _ in recent) / sum(x for _, x in recent) < st[3] / st[4]
 
     def realized_loses(self, bucket: int) -> bool:
         """Whether speculation has delivered fewer tokens per second than plain steps here: then
@@ -723,6 +724,12 @@ class FittedPolicy(Policy):
         return dict(self._freq_used)
 
     PROBE_EVERY = 64          # rounds of a bucket between two rounds of the plan not chosen
+    # A plain bucket's probe of speculation is a burst of this many speculative rounds (enough
+    # for the guard, MIN_REALIZED), before which its speculative measurements are dropped: the
+    # probe measures the workload of now (a new prompt, a new task), not the one that made the
+    # bucket plain - older rounds would outweigh it for as long as the bucket stayed plain.
+    PROBE_BURST = 5
+    MAX_BACKOFF = 2           # a plain bucket probes at least every PROBE_EVERY << MAX_BACKOFF rounds
 
     # Rounds of a speculating bucket that are plain steps besides every PROBE_EVERY-th: plain
     # steps are cheap to probe and the realized-throughput guard needs a few early on.
@@ -737,19 +744,30 @@ class FittedPolicy(Policy):
         plan = self.plan(batch_size, context)
         b = self.bucket(batch_size)
         n = self._rounds[b] = self._rounds.get(b, 0) + 1
+        left = self._burst.get(b, 0)
+        if left > 0:                  # inside a probe burst (the guard is blind while it measures)
+            self._burst[b] = left - 1
+            fitted = self.fitted_plan(batch_size, context)
+            if fitted.speculate or fitted.alternative is not None:
+                return fitted if fitted.speculate else fitted.alternative
         if plan.alternative is None:
             return plan
         if plan.speculate:
             if n % self.PROBE_EVERY == 0 or n in self.EARLY_PLAIN_PROBES:
                 return plan.alternative
             return plan
-        # A plain bucket probes speculation every PROBE_EVERY rounds, twice as long after each
-        # probe that speculation was measured losing before (up to 16x): such a probe costs a
-        # round of several steps' time plus the draft's catch-up over the plain stretch.
+        # A plain bucket probes speculation (a burst of PROBE_BURST rounds) every PROBE_EVERY
+        # rounds, twice as long after each probe that lost (up to 2 ** MAX_BACKOFF times): a
+        # losing probe costs a few steps' time plus the draft's catch-up over the plain stretch.
         since = self._since_probe[b] = self._since_probe.get(b, 0) + 1
         if since >= self.PROBE_EVERY << self._backoff.get(b, 0):
             self._since_probe[b] = 0
-            self._backoff[b] = min(self._backoff.get(b, 0) + 1, 4) if self._last_probe_lost(b) else 0
+            self._backoff[b] = (min(self._backoff.get(b, 0) + 1, self.MAX_BACKOFF)
+                                if self._last_probe_lost(b) else 0)
+            st = self._realized.get(b)
+            if st is not None:
+                st[0] = st[1] = st[2] = 0.0
+            self._burst[b] = self.PROBE_BURST - 1
             return plan.alternative
         return plan
 
@@ -876,7 +894,9 @@ class FittedPolicy(Policy):
             f = self.REALIZED_FORGET
             st[k], st[k + 1], st[k + 2] = st[k] * f + tokens, st[k + 1] * f + seconds, st[k + 2] * f + 1.0
             if plan.speculate:
-                self._last_spec_rate[self.bucket(int(expected["batch_size"]))] = tokens / seconds
+                recent = self._recent_spec.setdefault(self.bucket(int(expected["batch_size"])), [])
+                recent.append((tokens, seconds))
+                del recent[:-self.PROBE_BURST]
         if not plan.speculate:
             predicted_ms = (expected.get("plain") or {}).get("ms")
             if seconds is not None and predicted_ms and "batch_size" in expected:

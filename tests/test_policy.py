@@ -571,8 +571,9 @@ def test_fitted_policy_learns_plain_step_time_and_probes_the_alternative():
         policy.observe(plan, [0], [_as_predicted(plan, 0, r, 30)], seconds=2e-3 * plan.expected["speculative"]["ms"])
     plain = policy.plan(1)
     assert not plain.speculate and plain.alternative is not None and plain.alternative.speculate
-    kinds = [policy.round_plan(1).speculate for _ in range(2 * FittedPolicy.PROBE_EVERY)]
-    assert kinds.count(True) == 2 and kinds[FittedPolicy.PROBE_EVERY - 1]      # the probes
+    kinds = [policy.round_plan(1).speculate for _ in range(2 * (FittedPolicy.PROBE_EVERY + FittedPolicy.PROBE_BURST))]
+    burst = FittedPolicy.PROBE_BURST                # the probes: bursts of speculative rounds
+    assert kinds.count(True) == 2 * burst and all(kinds[FittedPolicy.PROBE_EVERY - 1:][:burst])
     # Plain steps take three times what the cost model said: speculation pays again.
     for _ in range(30):
         policy.observe(plain, [], [], seconds=3e-3 * plain.expected["plain"]["ms"])
@@ -600,7 +601,7 @@ def test_realized_throughput_guard_falls_back_to_plain_steps():
     plain_rounds = [n + 1 for n, k in enumerate(kinds) if not k]
     assert plain_rounds == sorted(FittedPolicy.EARLY_PLAIN_PROBES + (FittedPolicy.PROBE_EVERY,))
     # Speculative rounds take 40 ms for 2 tokens per request (50 tok/s), plain steps 10 ms (100 tok/s).
-    for _ in range(5):
+    for _ in range(4):
         policy.observe(spec, [0], [1], seconds=0.040)
     for _ in range(3):
         policy.observe(spec.alternative, [], [], seconds=0.010)
@@ -656,9 +657,11 @@ def test_draft_catch_up_after_plain_steps_is_not_held_against_speculation():
 
 
 def test_plain_bucket_backs_off_probes_that_keep_losing():
-    """A bucket that decodes plainly probes speculation every PROBE_EVERY rounds; each probe that
-    loses again (fewer tokens per request per second than the plain steps) doubles the interval,
-    up to 16x; a probe that wins brings it back."""
+    """A bucket that decodes plainly probes speculation every PROBE_EVERY rounds with a burst of
+    PROBE_BURST speculative rounds; each probe that loses again (fewer tokens per request per
+    second than the plain steps) doubles the interval, up to 2 ** MAX_BACKOFF times; a probe that
+    wins brings it back, and since a probe counts more than the measurements before it (the
+    workload may have changed), the bucket speculates again within a few probes."""
     tables = _tables(easy_accept=0.7)
     cost = LinearCost(a=10.0, b=1.0, c=0.5, e=0.5)
     policy = FittedPolicy(tables, cost, SpecConfig(top_k=4, depth=1, total_tokens=4))
@@ -666,25 +669,34 @@ def test_plain_bucket_backs_off_probes_that_keep_losing():
     policy.EARLY_PLAIN_PROBES = ()
     spec = policy.plan(1)
     for _ in range(8):        # spec rounds slower than plain steps: the guard makes the bucket plain
-        policy.observe(spec, [0], [0], seconds=0.050)
+        policy.observe(spec, [0], [1], seconds=0.050)
         policy.observe(spec.alternative, [], [], seconds=0.010)
     assert not policy.plan(1).speculate
 
-    def probes(rounds, seconds):
-        out = []
+    def run(rounds, seconds):
+        kinds = []
         for n in range(rounds):
             p = policy.round_plan(1)
+            kinds.append(p.speculate)
             if p.speculate:
-                out.append(n)
-                policy.observe(p, [0], [0], seconds=seconds)
+                policy.observe(p, [0], [1], seconds=seconds)   # accepted as in the tables
             else:
                 policy.observe(p, [], [], seconds=0.010)
-        return out
+        return kinds
 
-    gaps = [b - a for a, b in zip(*(lambda x: (x, x[1:]))(probes(200, 0.050)))]
-    assert gaps[:5] == [8, 16, 32, 64, 64]            # every probe lost: 4 -> 8 -> ... -> 64 rounds
-    first = probes(600, 0.001)                          # speculation now wins: probes every 4 again
-    assert first[0] <= 64 and first[2] - first[1] == 4 and policy.plan(1).speculate   # (decided one probe late)
+    kinds = run(120, 0.050)
+    starts = [n for n, k in enumerate(kinds) if k and (n == 0 or not kinds[n - 1])]
+    assert all(kinds[n:n + policy.PROBE_BURST] == [True] * policy.PROBE_BURST for n in starts[:-1])
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    want = [policy.PROBE_BURST - 1 + (policy.PROBE_EVERY << k) for k in (1, 2, 2, 2)]
+    assert gaps[:4] == want                          # every probe lost: 4 -> 8 -> 16 -> 16 rounds
+    # speculation now wins (4x plain steps); the guard lets it at once, the cost model's time
+    # correction (learned on the slow rounds, forgotten over ~140 rounds) takes a while longer
+    kinds = run(400, 0.005)
+    assert policy.plan(1).speculate and policy._backoff[1] == 0
+    assert not policy.realized_loses(1)
+    # speculating, with a plain probe every 4th round (a plain bucket has stretches of 3+ plain rounds)
+    assert "..." not in "".join("S" if k else "." for k in kinds[-100:])
 
 
 def test_array_search_helpers_match_their_scalar_definitions():
