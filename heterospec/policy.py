@@ -729,6 +729,8 @@ class FittedPolicy(Policy):
     # probe measures the workload of now (a new prompt, a new task), not the one that made the
     # bucket plain - older rounds would outweigh it for as long as the bucket stayed plain.
     PROBE_BURST = 5
+    # ... ended early once its rounds delivered less than this fraction of the plain steps' rate
+    PROBE_ABORT = 0.75
     MAX_BACKOFF = 2           # a plain bucket probes at least every PROBE_EVERY << MAX_BACKOFF rounds
 
     # Rounds of a speculating bucket that are plain steps besides every PROBE_EVERY-th: plain
@@ -741,10 +743,18 @@ class FittedPolicy(Policy):
         while decoding plainly), so that both time corrections stay measured - without it a
         wrong prediction for the mode not chosen would never be seen. A speculating bucket also
         probes plain steps at rounds ``EARLY_PLAIN_PROBES``."""
-        plan = self.plan(batch_size, context)
         b = self.bucket(batch_size)
-        n = self._rounds[b] = self._rounds.get(b, 0) + 1
         left = self._burst.get(b, 0)
+        st = self._realized.get(b)
+        if left > 0 and st is not None and st[2] > 0 and st[4] > 0 and st[5] >= self.MIN_REALIZED[1] \
+                and st[0] / st[1] < self.PROBE_ABORT * st[3] / st[4]:
+            # The probe's rounds so far lose clearly: end it (a burst costs several rounds at a
+            # large batch) and let them count as a full measurement, so the guard acts on it.
+            k = self.MIN_REALIZED[0] / st[2]
+            st[0], st[1], st[2] = st[0] * k, st[1] * k, self.MIN_REALIZED[0]
+            left = self._burst[b] = 0
+        plan = self.plan(batch_size, context)
+        n = self._rounds[b] = self._rounds.get(b, 0) + 1
         if left > 0:                  # inside a probe burst (the guard is blind while it measures)
             self._burst[b] = left - 1
             fitted = self.fitted_plan(batch_size, context)
@@ -789,6 +799,12 @@ class FittedPolicy(Policy):
 
     def _time_ratio(self, sums: Dict[int, List[float]], used_by_bucket: Dict[int, float], bucket: int) -> float:
         obs, pred, n = sums.get(bucket, (0.0, 0.0, 0.0))
+        if n < self.MIN_ROUNDS:
+            # Not measured here yet: the nearest measured batch size's correction (the cost
+            # model's error is mostly the device's, not the batch size's). A batch shrinking
+            # through 16, 12, 8, ... would otherwise start every bucket from the raw model.
+            near = [(abs(math.log2(b) - math.log2(bucket)), b) for b, v in sums.items() if v[2] >= self.MIN_ROUNDS]
+            return used_by_bucket.get(min(near)[1], 1.0) if near else used_by_bucket.get(bucket, 1.0)
         used = used_by_bucket.get(bucket, 1.0)
         if n >= self.MIN_ROUNDS and pred > 0:
             r = min(3.0, max(0.5, obs / pred))

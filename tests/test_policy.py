@@ -554,7 +554,13 @@ def test_fitted_policy_learns_the_devices_round_time():
     later = policy.plan(1)
     assert later.expected["time_scale"] == pytest.approx(2.0)
     assert later.speculate == (ratio / 2.0 >= 1.03)
-    assert policy.time_scale(2) == 1.0            # other batch sizes keep their own measurement
+    # A batch size not measured yet starts from the nearest measured one; then keeps its own.
+    assert policy.time_scale(2) == pytest.approx(2.0)
+    plan2 = policy.plan(2)
+    plan2 = plan2 if plan2.speculate else plan2.alternative
+    for r in range(30):
+        policy.observe(plan2, [0, 0], [1, 1], seconds=1e-3 * plan2.expected["speculative"]["ms"] / 2.0)
+    assert policy.time_scale(2) == pytest.approx(1.0) and policy.time_scale(1) == pytest.approx(2.0)
 
 
 def test_fitted_policy_learns_plain_step_time_and_probes_the_alternative():
@@ -581,7 +587,7 @@ def test_fitted_policy_learns_plain_step_time_and_probes_the_alternative():
     again = policy.plan(1)
     assert again.expected["plain_scale"] == pytest.approx(3.0)
     assert again.speculate == (ratio * 3.0 / 2.0 >= 1.03)
-    assert policy.plain_scale(2) == 1.0
+    assert policy.plain_scale(2) == pytest.approx(3.0)      # unmeasured: the nearest measured
     state = policy.state()
     other = FittedPolicy(tables, cost, SpecConfig(top_k=4, depth=1, total_tokens=4))
     other.load_state(state)
@@ -684,7 +690,7 @@ def test_plain_bucket_backs_off_probes_that_keep_losing():
                 policy.observe(p, [], [], seconds=0.010)
         return kinds
 
-    kinds = run(120, 0.050)
+    kinds = run(120, 0.025)                          # 80 % of the plain rate: whole bursts
     starts = [n for n, k in enumerate(kinds) if k and (n == 0 or not kinds[n - 1])]
     assert all(kinds[n:n + policy.PROBE_BURST] == [True] * policy.PROBE_BURST for n in starts[:-1])
     gaps = [b - a for a, b in zip(starts, starts[1:])]
@@ -697,6 +703,28 @@ def test_plain_bucket_backs_off_probes_that_keep_losing():
     assert not policy.realized_loses(1)
     # speculating, with a plain probe every 4th round (a plain bucket has stretches of 3+ plain rounds)
     assert "..." not in "".join("S" if k else "." for k in kinds[-100:])
+
+
+def test_probe_burst_ends_early_when_speculation_loses_clearly():
+    """A probe burst costs several rounds; when its first round already delivers less than
+    PROBE_ABORT of the plain rate, it ends there and counts as a full (losing) measurement."""
+    tables = _tables(easy_accept=0.7)
+    policy = FittedPolicy(tables, LinearCost(a=10.0, b=1.0, c=0.5, e=0.5), SpecConfig(top_k=4, depth=1, total_tokens=4))
+    policy.PROBE_EVERY = 4
+    policy.EARLY_PLAIN_PROBES = ()
+    spec = policy.plan(1)
+    for _ in range(8):
+        policy.observe(spec, [0], [1], seconds=0.050)
+        policy.observe(spec.alternative, [], [], seconds=0.010)
+    kinds = []
+    for _ in range(40):
+        p = policy.round_plan(1)
+        kinds.append(p.speculate)
+        policy.observe(p, [0] if p.speculate else [], [1] if p.speculate else [],
+                       seconds=0.050 if p.speculate else 0.010)     # 40 % of the plain rate
+    text = "".join("S" if k else "." for k in kinds)
+    assert "SS" not in text and text.count("S") >= 2                 # one round per probe
+    assert policy.realized_loses(1) and policy._backoff[1] == policy.MAX_BACKOFF
 
 
 def test_array_search_helpers_match_their_scalar_definitions():
