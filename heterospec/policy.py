@@ -846,7 +846,9 @@ class FittedPolicy(Policy):
                 "time": {str(b): list(v) for b, v in self._time.items()},
                 "plain": {str(b): list(v) for b, v in self._plain.items()},
                 "time_used": {str(b): v for b, v in self._time_used.items()},
-                "plain_used": {str(b): v for b, v in self._plain_used.items()}}
+                "plain_used": {str(b): v for b, v in self._plain_used.items()},
+                # the guard's sums: the next process starts where this one's guard stood
+                "realized": {str(b): list(v) for b, v in self._realized.items()}}
 
     def save_state(self) -> None:
         """Write :meth:`state` to ``state_path`` (if any); a failed write is not an error."""
@@ -870,6 +872,9 @@ class FittedPolicy(Policy):
             plain_used = {int(b): float(v) for b, v in state.get("plain_used", {}).items()}
             bins = {int(i): [float(x) for x in v] for i, v in state.get("bins", {}).items()}
             bins_used = {int(i): tuple(float(x) for x in v) for i, v in state.get("bins_used", {}).items()}
+            realized = {int(b): [float(x) for x in v] for b, v in state.get("realized", {}).items()}
+            if any(len(v) != 6 or min(v) < 0 for v in realized.values()):
+                return                  # not the guard's sums: start from the tables
             nopt = len(self.tables.options)
             for d in (bins, bins_used):
                 if any(not 0 <= i < nopt or len(v) != len(self.tables.options[i].counts) for i, v in d.items()):
@@ -879,6 +884,7 @@ class FittedPolicy(Policy):
         self._pos_obs, self._pos_pred, self._pos_used = obs, pred, used
         self._time, self._time_used, self._plain, self._plain_used = time_, time_used, plain, plain_used
         self._bin_obs, self._freq_used = bins, bins_used
+        self._realized = realized
         self.refit()
 
     def observe(self, plan: Plan, bins: Sequence[int], accepted: Sequence[int],

@@ -727,6 +727,28 @@ def test_probe_burst_ends_early_when_speculation_loses_clearly():
     assert policy.realized_loses(1) and policy._backoff[1] == policy.MAX_BACKOFF
 
 
+def test_guard_verdict_carries_over_to_the_next_process():
+    """A bucket the guard made plain starts plain in the next process (its saved state), instead
+    of paying the rounds the guard needs before it acts again; a malformed entry is ignored."""
+    tables, cost, cfg = _tables(easy_accept=0.7), LinearCost(a=10.0, b=1.0, c=0.5, e=0.5), \
+        SpecConfig(top_k=4, depth=1, total_tokens=4)
+    policy = FittedPolicy(tables, cost, cfg)
+    spec = policy.plan(1)
+    for _ in range(8):
+        policy.observe(spec, [0], [1], seconds=0.050)
+        policy.observe(spec.alternative, [], [], seconds=0.010)
+    assert not policy.plan(1).speculate
+    fresh = FittedPolicy(tables, cost, cfg)
+    assert fresh.plan(1).speculate
+    fresh.load_state(policy.state())
+    assert not fresh.plan(1).speculate and fresh.realized(1) == policy.realized(1)
+    bad = policy.state()
+    bad["realized"]["1"] = [1.0, 2.0]
+    other = FittedPolicy(tables, cost, cfg)
+    other.load_state(bad)
+    assert other.plan(1).speculate and other.state()["realized"] == {}
+
+
 def test_array_search_helpers_match_their_scalar_definitions():
     g = torch.Generator().manual_seed(0)
     curves = torch.rand(5, 7, 6, generator=g).sort(dim=-1, descending=True).values.double().numpy()
@@ -805,7 +827,7 @@ def test_online_corrections_persist_for_the_next_engine(tmp_path, monkeypatch):
     again, draft2, _ = _tiny_engine(seed=23)
     again.tables = engine.tables
     pol2 = again._policy("heterospec", again.config, "fitted")
-    assert pol2.state() == pol.state()
+    assert pol2.state() == pol.state() and pol2.state()["realized"]      # the guard's sums too
     # A cost model handed over in memory is the caller's: nothing is written for it.
     other, _, _ = _tiny_engine(seed=23)
     other.tables, other.cost_model = engine.tables, cm
