@@ -189,7 +189,7 @@ def _engine(args):
 
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else None)   # from_pretrained maps names
     return Engine.from_pretrained(args.target, args.draft, device=args.device, dtype=dtype, config=args.tree_config,
-                                  draft_dtype=args.draft_dtype, linear=getattr(args, "linear", "tuned"))
+                                  draft_dtype=args.draft_dtype, linear=args.linear)
 
 
 def cmd_generate(args) -> int:

@@ -292,6 +292,25 @@ def test_fitted_policy_from_calibration_is_greedy_lossless(tmp_path):
         assert all(not r.plain for r in hs.stats.records)
 
 
+class _Scripted(Policy):
+    """A policy whose answer to ``plan`` is ``plan`` and whose n-th round (from 1) runs
+    ``rounds(n)``: plans that change within a call, as the fitted policy's probes do."""
+    name = "scripted"
+
+    def __init__(self, plan, rounds):
+        self._plan, self._rounds, self.n = plan, rounds, 0
+
+    def plan(self, batch_size, context=None):
+        return self._plan
+
+    def needs_draft(self, batch_size):
+        return True
+
+    def round_plan(self, batch_size, context=None):
+        self.n += 1
+        return self._rounds(self.n)
+
+
 def test_plain_stretches_between_rounds_are_greedy_lossless():
     """Plain steps inside a speculative call (probes, guard, plain plans) queue the draft's
     pending extend (growing its buffer past the prompt); the next round drafts from all of it.
@@ -302,23 +321,10 @@ def test_plain_stretches_between_rounds_are_greedy_lossless():
     spec = _mixed_plan(edge)
     plain = Plan("plain", speculate=False, decide_depth=0, entropy_k=3, edges=[], depth=[0], budget=[0], binned=False)
 
-    class Stretches(Policy):
-        name = "stretches"
-
-        def __init__(self):
-            self.n = 0
-
-        def plan(self, batch_size, context=None):
-            return spec
-
-        def round_plan(self, batch_size, context=None):
-            self.n += 1
-            return spec if self.n % 8 in (0, 3) else plain
-
     draft.set_prompts(prompts)
     ar = engine.generate_batch(prompts, max_new_tokens=40, method="autoregressive", chat=False)
     draft.set_prompts(prompts)
-    hs = engine.generate_batch(prompts, max_new_tokens=40, method="heterospec", policy=Stretches(), chat=False)
+    hs = engine.generate_batch(prompts, max_new_tokens=40, method="heterospec", policy=_Scripted(spec, lambda n: spec if n % 8 in (0, 3) else plain), chat=False)
     assert [r.token_ids for r in hs] == [r.token_ids for r in ar]
     recs = [r for x in hs for r in x.stats.records]
     assert any(r.plain for r in recs) and any(not r.plain and r.accept_len > 0 for r in recs)
@@ -334,23 +340,7 @@ def test_cache_covers_speculative_probes_of_a_plain_plan():
     plain = Plan("plain", speculate=False, decide_depth=0, entropy_k=3, edges=[], depth=[0], budget=[0],
                  binned=False, alternative=spec)
 
-    class PlainWithProbes(Policy):
-        name = "plain-with-probes"
-
-        def __init__(self):
-            self.n = 0
-
-        def plan(self, batch_size, context=None):
-            return plain
-
-        def needs_draft(self, batch_size):
-            return True
-
-        def round_plan(self, batch_size, context=None):
-            self.n += 1
-            return spec if self.n % 2 == 0 else plain
-
-    pol = PlainWithProbes()
+    pol = _Scripted(plain, lambda n: spec if n % 2 == 0 else plain)
     assert pol.max_tree_nodes(2) == 6
     draft.set_prompts(prompts)
     ar = engine.generate_batch(prompts, max_new_tokens=30, method="autoregressive", chat=False)
