@@ -299,6 +299,12 @@ def measure(engine, quick: bool = True, batch_sizes: Sequence[int] = (1, 2, 4, 8
                 (st.prefix_lens, st.root, st.outputs, st.finished, st.ext_tokens, st.ext_feats, st.ext_num,
                  st.draft_lens, st.target_cache) = s
 
+            # A plain step as the engine runs one between rounds: one token pending for the draft
+            # (with room for the next), not the whole prompt - growing a prompt-long pending extend
+            # copies B x context features per step, which no steady-state step does.
+            st.ext_tokens, st.ext_feats = toks0[:, :8].clone(), feats0[:, :8].clone()
+            st.ext_num = torch.ones(B, dtype=torch.int64, device=dev)
+            st.draft_lens = st.prefix_lens - 1
             s0 = saved()
             plain.append(best_ms(lambda: (engine._decode_one(st, params, None, 10 ** 9, None), restore(s0))))
             bar.update()

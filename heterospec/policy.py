@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -285,13 +286,14 @@ def plan_cost(cost, batch_size: int, decide_depth: int, probs: Sequence[float], 
     nodes (root included) and accepts ``accept[i]`` drafts on average.
 
     The draft loop runs until the deepest request of the batch is done, and (unless the verify
-    forward is ragged) every request is padded to the largest tree of the batch."""
+    forward is ragged) every request is padded to the largest tree of the batch. A request alone
+    (``batch_size`` 1) is neither: its round costs its own bin's verify, in expectation."""
     B = batch_size
     tokens = B * sum(p * (a + 1.0) for p, a in zip(probs, accept))
     mean_new = tokens / B
     steps = _expected_fn_of_max(depth, probs, B, float)
     draft = cost.draft_ms(B, steps, extend_tokens=mean_new)
-    if ragged:   # the linear layers see the batch's real tree tokens: the mean N per request
+    if ragged and B > 1:   # the linear layers see the batch's real tree tokens: the mean N per request
         verify = cost.verify_ms(B, sum(p * n for p, n in zip(probs, nodes)), context)
     else:        # every request padded to the largest tree of the batch
         verify = _expected_fn_of_max(nodes, probs, B, lambda n: cost.verify_ms(B, n, context))
@@ -450,27 +452,29 @@ def _fit_option(tables, opt, cost, B: int, context: int, ragged: bool, max_nodes
 
     def device(batch):
         """The cost model at ``batch`` as arrays: draft at whole forwards (1 and 2 tokens
-        extended), verify per node count of the grid (ragged: of ``ragged_grid``)."""
+        extended), verify per node count of the tables' grid, and (ragged, batch > 1) per
+        node count of ``ragged_grid``."""
         d1 = np.array([cost.draft_ms(batch, k, 1.0) for k in steps_grid])
         d2 = np.array([cost.draft_ms(batch, k, 2.0) for k in steps_grid])
-        verify = np.array([cost.verify_ms(batch, float(n), context)
-                           for n in (ragged_grid if ragged else tables.nodes)])
-        return d1, d2 - d1, verify
+        per_node = np.array([cost.verify_ms(batch, float(n), context) for n in tables.nodes])
+        per_mean = (np.array([cost.verify_ms(batch, float(n), context) for n in ragged_grid])
+                    if ragged and batch > 1 else None)
+        return d1, d2 - d1, per_node, per_mean
 
     def rates(choices, batch, dev):
         """Expected tokens/s of each row of ``choices`` (``[rows, bins]`` action indices)."""
-        d1, slope, verify = dev
+        d1, slope, per_node, per_mean = dev
         a = acc[bins_ix, choices]
         mean_new = (a + 1.0) @ p
         # E[max] of one draw is the mean: batch 1 needs no sort
         steps = fwd[choices] @ p if batch == 1 else _expected_of_max_rows(fi[choices], p, batch, steps_grid)
         draft = np.interp(steps, steps_grid, d1) + (mean_new - 1.0) * np.interp(steps, steps_grid, slope)
-        if ragged:   # the linear layers see the batch's real tree tokens: the mean N per request
-            ver = np.interp(nodes[choices] @ p, ragged_grid, verify)
-        elif batch == 1:
-            ver = verify[node_i[choices]] @ p
+        if per_mean is not None:   # the linear layers see the batch's real tree tokens: the mean N per request
+            ver = np.interp(nodes[choices] @ p, ragged_grid, per_mean)
+        elif batch == 1:           # alone: the request's own bin's verify
+            ver = per_node[node_i[choices]] @ p
         else:        # every request padded to the largest tree of the batch
-            ver = _expected_of_max_rows(node_i[choices], p, batch, verify)
+            ver = _expected_of_max_rows(node_i[choices], p, batch, per_node)
         return 1e3 * batch * mean_new / (draft + ver)
 
     # Per bin, only the actions no other action dominates (as many accepted drafts or more with
@@ -482,6 +486,7 @@ def _fit_option(tables, opt, cost, B: int, context: int, ragged: bool, max_nodes
 
     # Batch 1 separates by bin (Dinkelbach): maximise sum_i p_i (a_i + 1 - lam * ms_i), then
     # lam = tokens / ms, until lam settles. Exact for batch 1; the start for larger batches.
+    # (Each bin's ms is its own verify, read at the tables' node grid, ragged or not.)
     dev1 = device(1)
     unit = dev1[0][fi] + acc * dev1[1][fi] + dev1[2][node_i]                  # [bins, actions] ms
     choice, lam = np.zeros(nb, dtype=int), 0.0
@@ -491,19 +496,31 @@ def _fit_option(tables, opt, cost, B: int, context: int, ragged: bool, max_nodes
         if abs(new_lam - lam) <= 1e-12 * max(1.0, lam):
             break
         lam = new_lam
-    if B > 1:   # steepest ascent on the exact batch objective, one bin's action at a time
+    if B > 1:
+        # Steepest ascent on the exact batch objective, one bin's action at a time, from two
+        # starts: the batch-1 optimum, and the best action taken by every bin alike. In a batch
+        # the deepest request sets the draft's forwards and (padded) the largest tree the verify
+        # width, so lowering one bin alone rarely pays while lowering all of them does: from the
+        # batch-1 start alone the ascent stops on such a ridge.
         devB = device(B)
-        best = float(rates(choice[None], B, devB)[0])
+        uniform = np.repeat(np.arange(len(actions))[:, None], nb, axis=1)
+        starts = [choice, uniform[int(np.argmax(rates(uniform, B, devB)))]]
         rows_bin, rows_act = np.nonzero(keep)          # trial row k: bin rows_bin[k] takes rows_act[k]
         trials = np.repeat(choice[None], len(rows_bin), axis=0)
-        for _ in range(3 * nb):
-            trials[:] = choice
-            trials[np.arange(len(rows_bin)), rows_bin] = rows_act
-            r = rates(trials, B, devB)
-            k = int(np.argmax(r))
-            if not r[k] > best * (1 + 1e-9):
-                break
-            choice, best = trials[k].copy(), float(r[k])
+        best_all = None
+        for choice in starts:
+            best = float(rates(choice[None], B, devB)[0])
+            for _ in range(3 * nb):
+                trials[:] = choice
+                trials[np.arange(len(rows_bin)), rows_bin] = rows_act
+                r = rates(trials, B, devB)
+                k = int(np.argmax(r))
+                if not r[k] > best * (1 + 1e-9):
+                    break
+                choice, best = trials[k].copy(), float(r[k])
+            if best_all is None or best > best_all[0] * (1 + 1e-9):
+                best_all = (best, choice)
+        choice = best_all[1]
     chosen = [int(c) for c in choice]
     ev = plan_cost(cost, B, opt.decide_depth, list(p), [actions[c][0] for c in chosen],
                    [actions[c][1] for c in chosen], [float(acc[i, c]) for i, c in enumerate(chosen)],
@@ -621,6 +638,8 @@ class FittedPolicy(Policy):
         self._last_fit: Dict[int, Tuple[int, Plan]] = {}
         self._shortlist: dict = {}                    # fit_plan's batch-1 option shortlist
         self._memo = _MemoCost(cost)                  # the cost model's answers, until a refit
+        self._fit_s = 0.0                             # seconds spent fitting (the refit budget)
+        self._round_s = 0.0                           # seconds of the rounds observed
         self._time_used: Dict[int, float] = {}
         self._plain_used: Dict[int, float] = {}
         # Where the online state is kept between processes (None: not kept).
@@ -647,23 +666,31 @@ class FittedPolicy(Policy):
             return plan.alternative       # the guard: speculation measured slower than plain steps
         return plan
 
-    # Rounds of a bucket between two refits: a fit takes 50-150 ms (a few plain steps), and the
-    # corrections move often while they settle.
+    # When a bucket whose corrections moved is refitted: as soon as fitting has taken at most
+    # FIT_SHARE of the timed rounds' time (a fit costs a few ms; the first corrections of a
+    # workload move the most and are taken up after a round or two, not after many rounds of a
+    # plan they contradict), and at the latest after REFIT_GAP of its rounds (callers that time
+    # nothing). At least one observed round of the bucket between two of its fits.
+    FIT_SHARE = 0.05
     REFIT_GAP = 16
 
     def fitted_plan(self, batch_size: int, context: Optional[int] = None) -> Plan:
         """The plan the model fits (with the online corrections), before the guard. A bucket
-        keeps its last plan until ``REFIT_GAP`` of its rounds were observed since it was fitted."""
+        keeps its last plan while the fit budget (``FIT_SHARE``, ``REFIT_GAP``) says wait."""
         b = self.bucket(batch_size)
         c = self.context if context is None else 1 << max(8, int(max(context, 1) - 1).bit_length())
         s, t, q, f = self.position_scale(), self.time_scale(b), self.plain_scale(b), self.bin_frequencies()
         key = (b, c, s, t, q, tuple(sorted(f.items())))
         last = self._last_fit.get(b)
-        if key not in self._plans and last is not None and self._observed_rounds.get(b, 0) - last[0] < self.REFIT_GAP:
-            return last[1]
+        if key not in self._plans and last is not None:
+            since = self._observed_rounds.get(b, 0) - last[0]
+            if since < 1 or (since < self.REFIT_GAP and self._fit_s > self.FIT_SHARE * self._round_s):
+                return last[1]
         if key not in self._plans:
+            t0 = time.perf_counter()
             plan = fit_plan(self.tables, self._memo, b, c, self.ragged, max_nodes=self.max_nodes,
                             position_scale=s, time_scale=t, plain_scale=q, bin_freq=f, shortlist=self._shortlist)
+            self._fit_s += time.perf_counter() - t0
             if plan.speculate:            # the plain plan the guard falls back to probes this one
                 plan.alternative.alternative = plan
             self._plans[key] = plan
@@ -909,6 +936,8 @@ class FittedPolicy(Policy):
         if "batch_size" in expected:
             ob = self.bucket(int(expected["batch_size"]))
             self._observed_rounds[ob] = self._observed_rounds.get(ob, 0) + 1
+        if seconds is not None and seconds > 0:
+            self._round_s += seconds
         if seconds is not None and seconds > 0 and "batch_size" in expected and (bins or not plan.speculate):
             st = self._realized.setdefault(self.bucket(int(expected["batch_size"])), [0.0] * 6)
             k = 0 if plan.speculate else 3
