@@ -299,12 +299,16 @@ def measure(engine, quick: bool = True, batch_sizes: Sequence[int] = (1, 2, 4, 8
                 (st.prefix_lens, st.root, st.outputs, st.finished, st.ext_tokens, st.ext_feats, st.ext_num,
                  st.draft_lens, st.target_cache) = s
 
+            def pending(n, room):
+                """The draft's pending extend: the last ``n`` tokens, in arrays ``room`` wide."""
+                st.ext_tokens, st.ext_feats = toks0[:, :room].clone(), feats0[:, :room].clone()
+                st.ext_num = torch.full((B,), n, dtype=torch.int64, device=dev)
+                st.draft_lens = st.prefix_lens - n
+
             # A plain step as the engine runs one between rounds: one token pending for the draft
-            # (with room for the next), not the whole prompt - growing a prompt-long pending extend
+            # (with room for more), not the whole prompt - growing a prompt-long pending extend
             # copies B x context features per step, which no steady-state step does.
-            st.ext_tokens, st.ext_feats = toks0[:, :8].clone(), feats0[:, :8].clone()
-            st.ext_num = torch.ones(B, dtype=torch.int64, device=dev)
-            st.draft_lens = st.prefix_lens - 1
+            pending(1, 8)
             s0 = saved()
             plain.append(best_ms(lambda: (engine._decode_one(st, params, None, 10 ** 9, None), restore(s0))))
             bar.update()
@@ -313,10 +317,7 @@ def measure(engine, quick: bool = True, batch_sizes: Sequence[int] = (1, 2, 4, 8
                 plan = Eagle3Policy(cfg.replace(depth=depth, total_tokens=max(grid))).plan(B)
 
                 def run():
-                    st.ext_tokens = toks0[:, :n].clone()
-                    st.ext_feats = feats0[:, :n].clone()
-                    st.ext_num = torch.full((B,), n, dtype=torch.int64, device=dev)
-                    st.draft_lens = st.prefix_lens - n
+                    pending(n, n)
                     return engine._draft_tree(st, cfg.replace(depth=depth), plan)
                 return run
             d0 = best_ms(draft_at(0, 1))

@@ -503,24 +503,24 @@ def _fit_option(tables, opt, cost, B: int, context: int, ragged: bool, max_nodes
         # width, so lowering one bin alone rarely pays while lowering all of them does: from the
         # batch-1 start alone the ascent stops on such a ridge.
         devB = device(B)
-        uniform = np.repeat(np.arange(len(actions))[:, None], nb, axis=1)
-        starts = [choice, uniform[int(np.argmax(rates(uniform, B, devB)))]]
         rows_bin, rows_act = np.nonzero(keep)          # trial row k: bin rows_bin[k] takes rows_act[k]
-        trials = np.repeat(choice[None], len(rows_bin), axis=0)
-        best_all = None
-        for choice in starts:
-            best = float(rates(choice[None], B, devB)[0])
+        trials = np.empty((len(rows_bin), nb), dtype=int)
+
+        def ascend(start):
+            start, best = start.copy(), float(rates(start[None], B, devB)[0])
             for _ in range(3 * nb):
-                trials[:] = choice
+                trials[:] = start
                 trials[np.arange(len(rows_bin)), rows_bin] = rows_act
                 r = rates(trials, B, devB)
                 k = int(np.argmax(r))
                 if not r[k] > best * (1 + 1e-9):
                     break
-                choice, best = trials[k].copy(), float(r[k])
-            if best_all is None or best > best_all[0] * (1 + 1e-9):
-                best_all = (best, choice)
-        choice = best_all[1]
+                start, best = trials[k].copy(), float(r[k])
+            return best, start
+
+        uniform = np.repeat(np.arange(len(actions))[:, None], nb, axis=1)
+        ends = [ascend(choice), ascend(uniform[int(np.argmax(rates(uniform, B, devB)))])]
+        choice = ends[1][1] if ends[1][0] > ends[0][0] * (1 + 1e-9) else ends[0][1]
     chosen = [int(c) for c in choice]
     ev = plan_cost(cost, B, opt.decide_depth, list(p), [actions[c][0] for c in chosen],
                    [actions[c][1] for c in chosen], [float(acc[i, c]) for i, c in enumerate(chosen)],
@@ -833,7 +833,7 @@ class FittedPolicy(Policy):
             near = [(abs(math.log2(b) - math.log2(bucket)), b) for b, v in sums.items() if v[2] >= self.MIN_ROUNDS]
             return used_by_bucket.get(min(near)[1], 1.0) if near else used_by_bucket.get(bucket, 1.0)
         used = used_by_bucket.get(bucket, 1.0)
-        if n >= self.MIN_ROUNDS and pred > 0:
+        if pred > 0:
             r = min(3.0, max(0.5, obs / pred))
             if abs(r - used) >= self.HYSTERESIS:
                 used = used_by_bucket[bucket] = round(r / 0.05) * 0.05
