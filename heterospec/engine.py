@@ -122,6 +122,12 @@ class _Batch:
     outputs: List[List[int]] = field(default_factory=list)
     finished: List[Optional[str]] = field(default_factory=list)
     stats: List[GenerationStats] = field(default_factory=list)
+    # Row b holds the caller's request rows[b]; the lists below are in the caller's order and
+    # outlive the rows (drop_finished removes finished requests' rows).
+    rows: List[int] = field(default_factory=list)
+    all_outputs: List[List[int]] = field(default_factory=list)
+    all_stats: List[GenerationStats] = field(default_factory=list)
+    all_finished: List[Optional[str]] = field(default_factory=list)
 
     @property
     def size(self) -> int:
@@ -129,6 +135,23 @@ class _Batch:
 
     def active(self) -> List[int]:
         return [b for b, f in enumerate(self.finished) if f is None]
+
+    _PER_ROW = ("prefix_lens", "root", "draft_lens", "ext_tokens", "ext_feats", "ext_num")
+
+    def drop_finished(self) -> None:
+        """Keep only the rows of requests still running, in every per-request tensor and both
+        caches: a finished request's row would otherwise ride along in every later forward."""
+        keep = self.active()
+        idx = torch.tensor(keep, dtype=torch.int64, device=self.root.device)
+        for name in self._PER_ROW:
+            t = getattr(self, name)
+            if t is not None:
+                setattr(self, name, t.index_select(0, idx))
+        self.target_cache.keep_rows(idx)
+        if self.draft_cache is not None:
+            self.draft_cache.keep_rows(idx)
+        self.outputs, self.finished, self.stats, self.rows = (
+            [xs[b] for b in keep] for xs in (self.outputs, self.finished, self.stats, self.rows))
 
 
 @dataclass
@@ -462,6 +485,16 @@ class Engine:
             while st.active():
                 # The policy's plan for the requests still running: a tree, or one plain step.
                 active = st.active()
+                if len(active) < st.size and FittedPolicy.bucket(len(active)) < FittedPolicy.bucket(st.size):
+                    # Finished requests leave the batch once it falls to a smaller batch bucket
+                    # (a copy of both caches: not at every finish), so the later rounds cost, and
+                    # the plan prices, what the requests still running need.
+                    st.drop_finished()
+                    active = st.active()
+                # A static batch ends with its slowest request: the guard judges a round by the
+                # tokens it gave the requests furthest behind (all of them alike in the first round).
+                least = min(len(st.outputs[b]) for b in active)
+                behind = [b for b in active if len(st.outputs[b]) == least]
                 context = sum(st.stats[b].prompt_tokens + len(st.outputs[b]) for b in active) // max(len(active), 1)
                 # Without a draft (the policy planned plain steps for this call) plain steps are
                 # still timed against the plan, so the policy learns what they really cost.
@@ -471,7 +504,8 @@ class Engine:
                     t_plain = time.perf_counter()
                     self._decode_one(st, params, gen, max_new_tokens, stream, record=method != "autoregressive")
                     if plan is not None and hasattr(pol, "observe"):     # plain steps are timed too
-                        pol.observe(plan, [], [], time.perf_counter() - t_plain)
+                        pol.observe(plan, [], [], time.perf_counter() - t_plain,
+                                    progress=_progress(st, behind, least))
                 else:
                     # tokens the draft catches up on this round (a host read: not on static rounds)
                     pending = None if self.static_rounds else float(st.ext_num[active].float().mean())
@@ -485,17 +519,17 @@ class Engine:
                     if hasattr(pol, "observe"):   # the fitted policy learns this workload and device
                         recs = [st.stats[b].records[-1] for b in active]
                         pol.observe(plan, [r.bin for r in recs], [r.accept_len for r in recs],
-                                    time.perf_counter() - t_draft, extend_tokens=pending)
+                                    time.perf_counter() - t_draft, extend_tokens=pending,
+                                    progress=_progress(st, behind, least))
             total = time.perf_counter() - t0
         if isinstance(pol, FittedPolicy):
             pol.save_state()            # what it learned about this workload, for the next process
         results = []
-        for b in range(st.size):
-            s = st.stats[b]
+        for out, s, reason in zip(st.all_outputs, st.all_stats, st.all_finished):
             s.total_s = total
-            s.new_tokens = len(st.outputs[b])
-            text = self.tokenizer.decode(st.outputs[b], skip_special_tokens=True) if self.tokenizer else None
-            results.append(GenerationResult(st.outputs[b], text, s, st.finished[b] or "length"))
+            s.new_tokens = len(out)
+            text = self.tokenizer.decode(out, skip_special_tokens=True) if self.tokenizer else None
+            results.append(GenerationResult(out, text, s, reason or "length"))
         return results
 
     def calibrate(self, prompts: Sequence[PromptLike], max_new_tokens: int = 128, label: str = "tcr",
@@ -601,9 +635,10 @@ class Engine:
         last = logits[:, 0]                                                      # [B, V]
         first = self._pick(last, params, gen)                                     # [B]
 
-        st = _Batch(prefix_lens=lens.clone(), root=first, target_cache=tcache,
-                    outputs=[[] for _ in range(B)], finished=[None] * B,
-                    stats=[GenerationStats(method, prompt_tokens=len(p)) for p in ids])
+        outputs, stats = [[] for _ in range(B)], [GenerationStats(method, prompt_tokens=len(p)) for p in ids]
+        st = _Batch(prefix_lens=lens.clone(), root=first, target_cache=tcache, outputs=list(outputs),
+                    finished=[None] * B, stats=list(stats), rows=list(range(B)), all_outputs=outputs,
+                    all_stats=stats, all_finished=[None] * B)
         if speculative:
             # The draft entry at position p pairs the target feature at p with the token at p + 1.
             st.draft_cache = self.draft.new_cache(B, cache_len)
@@ -885,8 +920,14 @@ class Engine:
             out.extend(chunk)
             if st.finished[b] is None and len(out) >= max_new_tokens:
                 st.finished[b] = "length"
+            st.all_finished[st.rows[b]] = st.finished[b]
             if stream is not None and chunk:
-                stream(b, chunk)
+                stream(st.rows[b], chunk)
+
+
+def _progress(st: _Batch, behind: List[int], before: int) -> float:
+    """Mean tokens a round gave the requests ``behind`` (each had ``before`` tokens out)."""
+    return sum(len(st.outputs[b]) - before for b in behind) / len(behind)
 
 
 def _topk_entropy_of(topk_logprobs: torch.Tensor, K: int, parent: torch.Tensor) -> torch.Tensor:

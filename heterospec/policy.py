@@ -916,7 +916,7 @@ class FittedPolicy(Policy):
 
     def observe(self, plan: Plan, bins: Sequence[int], accepted: Sequence[int],
                 seconds: Optional[float] = None, drafted: Optional[Sequence[int]] = None,
-                extend_tokens: Optional[float] = None) -> None:
+                extend_tokens: Optional[float] = None, progress: Optional[float] = None) -> None:
         """Record a round of ``plan``: for a speculative round each request's bin and accepted
         drafts, and the round's wall time; for a plain step its wall time only. A request counts
         for the positions its bin's action drafted (none when the bin verifies the root only),
@@ -925,7 +925,10 @@ class FittedPolicy(Policy):
         speculative round. After plain steps (or for a request's first round: its prompt) that is
         more than a round of steady speculation extends over; the cost model's price of the
         excess is taken off ``seconds``, so the time corrections and the guard judge steady
-        speculation rather than the one-off catch-up."""
+        speculation rather than the one-off catch-up. ``progress``: the tokens per request the
+        guard credits the round with (default: the mean over the requests, what a continuous
+        batch gains); a static batch ends with its slowest request, and its caller passes the
+        tokens of the requests furthest behind."""
         expected = plan.expected or {}
         if seconds is not None and extend_tokens is not None and plan.speculate and expected.get("speculative"):
             B = int(expected.get("batch_size", 1))
@@ -941,7 +944,10 @@ class FittedPolicy(Policy):
         if seconds is not None and seconds > 0 and "batch_size" in expected and (bins or not plan.speculate):
             st = self._realized.setdefault(self.bucket(int(expected["batch_size"])), [0.0] * 6)
             k = 0 if plan.speculate else 3
-            tokens = sum(a + 1.0 for a in accepted) / len(accepted) if plan.speculate else 1.0
+            if progress is not None:
+                tokens = float(progress)
+            else:
+                tokens = sum(a + 1.0 for a in accepted) / len(accepted) if plan.speculate else 1.0
             f = self.REALIZED_FORGET
             st[k], st[k + 1], st[k + 2] = st[k] * f + tokens, st[k + 1] * f + seconds, st[k + 2] * f + 1.0
             if plan.speculate:

@@ -30,8 +30,13 @@ def tiny_hf_llama(vocab: int = 96, hidden: int = 32, layers: int = 4, heads: int
 
 
 class _Cache:
-    def __init__(self, batch: int):
-        self.batch = batch
+    def __init__(self, draft: "OracleDraft", batch: int):
+        self.draft, self.batch = draft, batch
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        # the oracle keeps each request's committed context on the draft itself
+        self.draft.committed = [self.draft.committed[i] for i in rows.tolist()]
+        self.batch = rows.numel()
 
 
 class OracleDraft(torch.nn.Module):
@@ -72,7 +77,7 @@ class OracleDraft(torch.nn.Module):
 
     def new_cache(self, batch_size, max_length):
         self.committed = [[t] for t in self.first_tokens[:batch_size]]
-        return _Cache(batch_size)
+        return _Cache(self, batch_size)
 
     def extend(self, input_ids, features, cache, prefix_lens, num_new):
         B, n = input_ids.shape

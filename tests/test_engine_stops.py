@@ -9,6 +9,7 @@ accept whole paths.
 
 import pytest
 
+from heterospec.policy import Plan
 from tests.engine_util import stop_position, stops_inside_accepted_path
 from tests.test_engine import _gen, _pair, _prompts
 
@@ -114,3 +115,81 @@ def test_batch_requests_stop_in_different_rounds(oracle):
     for b, s in zip(batch, singles):
         assert [(r.accept_len, r.verified) for r in b.stats.records] == \
                [(r.accept_len, r.verified) for r in s.stats.records]
+
+
+def test_finished_requests_leave_the_batch(oracle, monkeypatch):
+    """Once a batch falls to a smaller batch bucket, the finished requests' rows are dropped from
+    every later forward (the rounds cost what the requests still running need), and outputs,
+    finish reasons and streamed tokens still reach the caller's request index."""
+    engine, draft = oracle
+    prompts = _prompts(engine.target.config.vocab_size, 3, seed=101)    # the layout of the test above
+    n = 14
+    longs = [_reference(engine, draft, p, n) for p in prompts]
+    eos = {longs[0][2], longs[1][7]}
+    rows_seen, streamed = [], {0: [], 1: [], 2: []}
+    forward = engine.target.forward
+
+    def spy(tokens, *args, **kwargs):
+        rows_seen.append(tokens.shape[0])
+        return forward(tokens, *args, **kwargs)
+
+    old = _with_eos(engine, eos)
+    try:
+        draft.set_prompts(prompts)
+        monkeypatch.setattr(engine.target, "forward", spy)
+        batch = engine.generate_batch(prompts, max_new_tokens=n, method="heterospec",
+                                      stream=lambda i, toks: streamed[i].extend(toks))
+    finally:
+        engine.target.config.eos_token_ids = old
+    assert [r.token_ids for r in batch] == [longs[0][:3], longs[1][:8], longs[2]]
+    assert [r.finish_reason for r in batch] == ["eos", "eos", "length"]
+    assert [streamed[i] for i in range(3)] == [r.token_ids for r in batch]
+    # 3 rows until request 0 stops, 2 until request 1 does, then request 2 alone
+    assert rows_seen[0] == 3 and rows_seen[-1] == 1, rows_seen
+    assert rows_seen == sorted(rows_seen, reverse=True) and 2 in rows_seen, rows_seen
+
+
+def test_static_batch_credits_the_requests_furthest_behind():
+    """A static batch ends with its slowest request: the engine tells the policy, for every round
+    (speculative or plain), the mean tokens it gave the requests that had the fewest tokens out,
+    not the batch mean (the guard compares that with plain steps)."""
+    from heterospec.policy import Eagle3Policy
+
+    class Spy(Eagle3Policy):
+        def __init__(self, cfg):
+            super().__init__(cfg)
+            self.progress, self.calls = [], 0
+
+        def round_plan(self, batch_size, context=None):
+            self.calls += 1       # every third round a plain step: both kinds are credited
+            plan = self.plan(batch_size, context)
+            return plan if self.calls % 3 else Plan("spy", speculate=False, decide_depth=0, entropy_k=4,
+                                                     edges=[], depth=[0], budget=[0], binned=False)
+
+        def observe(self, plan, bins, accepted, seconds=None, extend_tokens=None, progress=None):
+            self.progress.append(progress)
+
+    engine, draft = _pair("noisy", seed=7)
+    engine.target.config.eos_token_ids = ()
+    prompts = _prompts(engine.target.config.vocab_size, 4, seed=7)
+    draft.set_prompts(prompts)
+    spy, n = Spy(engine.config), 24
+    batch = engine.generate_batch(prompts, max_new_tokens=n, method="heterospec", policy=spy)
+    # Replay the rounds from each request's records: tokens out before the round, and its gain.
+    out, rec_i, expected, means = [1] * len(prompts), [0] * len(prompts), [], []
+    while any(o < n for o in out):
+        active = [b for b in range(len(prompts)) if out[b] < n]
+        gains = {}
+        for b in active:
+            r = batch[b].stats.records[rec_i[b]]
+            rec_i[b] += 1
+            gains[b] = min(1 if r.plain else r.accept_len + 1, n - out[b])
+        least = min(out[b] for b in active)
+        behind = [b for b in active if out[b] == least]
+        expected.append(sum(gains[b] for b in behind) / len(behind))
+        means.append(sum(gains.values()) / len(gains))
+        for b in active:
+            out[b] += gains[b]
+    assert spy.progress == pytest.approx(expected)
+    assert spy.progress != pytest.approx(means), "precondition: the batch mean differs"
+    assert [r.token_ids for r in batch] == [_reference(engine, draft, p, n) for p in prompts]

@@ -643,6 +643,25 @@ def test_realized_throughput_guard_falls_back_to_plain_steps():
     assert policy.plan(1).speculate
 
 
+def test_guard_judges_a_static_batch_by_the_requests_furthest_behind():
+    """Rounds that gave the batch 2.5 tokens per request (125 tok/s against 100 for plain steps)
+    but its slowest request 1 (50 tok/s): credited with the batch mean the bucket speculates,
+    credited with what the caller says the furthest-behind requests got it decodes plainly."""
+    tables = _tables(easy_accept=0.7)
+    cost = LinearCost(a=10.0, b=1.0, c=0.5, e=0.5)
+    verdicts = []
+    for progress in (None, 1.0):
+        policy = FittedPolicy(tables, cost, SpecConfig(top_k=4, depth=1, total_tokens=4))
+        spec = policy.plan(2)
+        assert spec.speculate
+        for _ in range(5):
+            policy.observe(spec, [0, 1], [3, 0], seconds=0.020, progress=progress)
+            policy.observe(spec.alternative, [], [], seconds=0.010, progress=None if progress is None else 1.0)
+        verdicts.append((policy.realized(2), policy.plan(2).speculate))
+    assert verdicts[0][0] == pytest.approx((125.0, 100.0)) and verdicts[0][1]
+    assert verdicts[1][0] == pytest.approx((50.0, 100.0)) and not verdicts[1][1]
+
+
 def test_fitted_policy_refits_a_bucket_at_most_every_refit_gap_rounds():
     """A fit costs several plain steps: while the corrections settle, a bucket keeps its plan
     for REFIT_GAP observed rounds, then takes up what was learned."""

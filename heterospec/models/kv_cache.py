@@ -86,6 +86,15 @@ class KVCache:
                 f"allocate a larger cache"
             )
 
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """Keep only the requests ``rows`` (int64 [B'], in the new order): the others' slots are
+        freed. A copy of the kept rows; the engine drops finished requests with it, so that a
+        batch's later rounds cost what the requests still running need."""
+        if rows.dim() != 1 or rows.numel() < 1:
+            raise ValueError(f"keep_rows needs a non-empty 1-D index of requests, got shape {list(rows.shape)}")
+        self.k = self.k.index_select(1, rows)
+        self.v = self.v.index_select(1, rows)
+
     def compact(self, accept_path: torch.Tensor, accept_len: torch.Tensor, prefix_lens: torch.Tensor) -> None:
         """cache[l, b, L_b + i] = cache[l, b, L_b + accept_path[b, i]] for i in [0, accept_len[b]]."""
         ops.compact_kv_(self.k, self.v, accept_path, accept_len, prefix_lens)
