@@ -24,6 +24,7 @@ seconds: batch 1 only, larger batches scaled by the target's token curve) and ca
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import time
@@ -118,6 +119,9 @@ class CostModel:
     # -- predictions ------------------------------------------------------------------------------
     def target_ms(self, tokens: float, context: int = 256) -> float:
         per_ctx = [_interp(self.tokens, row, tokens) for row in self.target]
+        # A longer context never costs less: a noisy lower value measured at a longer context
+        # would extrapolate towards zero (every ratio to this curve with it).
+        per_ctx = list(itertools.accumulate(per_ctx, max))
         return _interp(self.contexts, per_ctx, context) if len(self.contexts) > 1 else per_ctx[0]
 
     def _per_batch(self, values: Sequence[float], B: int, scale_rows: int) -> float:

@@ -485,15 +485,17 @@ class Engine:
             while st.active():
                 # The policy's plan for the requests still running: a tree, or one plain step.
                 active = st.active()
-                if len(active) < st.size and FittedPolicy.bucket(len(active)) < FittedPolicy.bucket(st.size):
+                least = min(len(st.outputs[b]) for b in active)
+                if (len(active) < st.size and FittedPolicy.bucket(len(active)) < FittedPolicy.bucket(st.size)
+                        and max_new_tokens - least >= COMPACT_MIN_LEFT):
                     # Finished requests leave the batch once it falls to a smaller batch bucket
-                    # (a copy of both caches: not at every finish), so the later rounds cost, and
-                    # the plan prices, what the requests still running need.
+                    # and has rounds enough left to repay the copy of both caches (about a
+                    # round's time), so the later rounds cost, and the plan prices, what the
+                    # requests still running need.
                     st.drop_finished()
                     active = st.active()
                 # A static batch ends with its slowest request: the guard judges a round by the
                 # tokens it gave the requests furthest behind (all of them alike in the first round).
-                least = min(len(st.outputs[b]) for b in active)
                 behind = [b for b in active if len(st.outputs[b]) == least]
                 context = sum(st.stats[b].prompt_tokens + len(st.outputs[b]) for b in active) // max(len(active), 1)
                 # Without a draft (the policy planned plain steps for this call) plain steps are
@@ -923,6 +925,12 @@ class Engine:
             st.all_finished[st.rows[b]] = st.finished[b]
             if stream is not None and chunk:
                 stream(st.rows[b], chunk)
+
+
+# Tokens the longest-running request must still have to come before finished requests are
+# dropped from a batch: a compaction costs about one round, dropping a quarter of the rows or
+# more saves a part of every later round.
+COMPACT_MIN_LEFT = 16
 
 
 def _progress(st: _Batch, behind: List[int], before: int) -> float:

@@ -727,7 +727,15 @@ class FittedPolicy(Policy):
         the bucket decodes plainly whatever the model says (its probes keep measuring both), so
         that a model error never makes HeteroSpec slower than plain decoding for long."""
         r = self.realized(bucket)
-        return r is not None and r[0] < r[1]
+        if r is None:
+            # Not measured here yet: the verdict of the largest smaller bucket that was, if it
+            # lost (speculation gains less as the batch grows: each request's tree adds rows
+            # to a forward that is less and less bound by reading the weights). A bucket that
+            # inherits a loss decodes plainly and probes, as if it had measured it.
+            below = [b for b in self._realized if b < bucket and self.realized(b) is not None]
+            r = self.realized(max(below)) if below else None
+            return r is not None and r[0] < r[1]
+        return r[0] < r[1]
 
     FREQ_PRIOR = 32.0         # the calibration frequencies count as this many requests
     FREQ_HYSTERESIS = 0.05    # total variation before the frequencies in use move

@@ -118,9 +118,13 @@ def test_batch_requests_stop_in_different_rounds(oracle):
 
 
 def test_finished_requests_leave_the_batch(oracle, monkeypatch):
-    """Once a batch falls to a smaller batch bucket, the finished requests' rows are dropped from
-    every later forward (the rounds cost what the requests still running need), and outputs,
-    finish reasons and streamed tokens still reach the caller's request index."""
+    """Once a batch falls to a smaller batch bucket (with tokens enough left to repay the copy),
+    the finished requests' rows are dropped from every later forward (the rounds cost what the
+    requests still running need), and outputs, finish reasons and streamed tokens still reach
+    the caller's request index."""
+    import heterospec.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "COMPACT_MIN_LEFT", 1)
     engine, draft = oracle
     prompts = _prompts(engine.target.config.vocab_size, 3, seed=101)    # the layout of the test above
     n = 14
@@ -147,6 +151,17 @@ def test_finished_requests_leave_the_batch(oracle, monkeypatch):
     # 3 rows until request 0 stops, 2 until request 1 does, then request 2 alone
     assert rows_seen[0] == 3 and rows_seen[-1] == 1, rows_seen
     assert rows_seen == sorted(rows_seen, reverse=True) and 2 in rows_seen, rows_seen
+    # With fewer tokens left than COMPACT_MIN_LEFT the copy would not pay: the rows stay.
+    monkeypatch.setattr(engine_module, "COMPACT_MIN_LEFT", n)
+    rows_seen.clear()
+    old = _with_eos(engine, eos)
+    try:
+        draft.set_prompts(prompts)
+        again = engine.generate_batch(prompts, max_new_tokens=n, method="heterospec")
+    finally:
+        engine.target.config.eos_token_ids = old
+    assert [r.token_ids for r in again] == [r.token_ids for r in batch]
+    assert set(rows_seen) == {3}, rows_seen
 
 
 def test_static_batch_credits_the_requests_furthest_behind():

@@ -216,6 +216,13 @@ def test_cost_model_curves_interpolate():
     assert cm.verify_ms(2, 1, 128) == pytest.approx(11.0 + 3.0 / 3.0)      # B interpolated
     # Longer context: scaled by the target curve's context ratio at the same tokens.
     assert cm.verify_ms(1, 8, 512) == pytest.approx(18.0 * 21.0 / 17.0)
+    # A longer context measured faster (noise) is raised to the shorter's: extrapolating its
+    # slope would price long contexts near zero (and every ratio to them with it).
+    noisy = costmodel.CostModel(fingerprint={}, tokens=[1, 8], contexts=[32, 64],
+                                target=[[10.0, 17.0], [6.0, 9.0]], batch_sizes=[1], plain=[10.0],
+                                draft=[[2.0, 1.0, 0.5]], nodes=[1, 8], verify=[[11.0, 18.0]], tree_top_k=4)
+    assert noisy.target_ms(1, 256) == pytest.approx(10.0) and noisy.target_ms(8, 64) == pytest.approx(17.0)
+    assert noisy.plain_ms(1, 256) == pytest.approx(10.0) and noisy.verify_ms(1, 8, 256) == pytest.approx(18.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -636,7 +643,12 @@ def test_realized_throughput_guard_falls_back_to_plain_steps():
     fitted = policy.fitted_plan(1)
     assert not guarded.speculate and fitted.speculate and guarded.alternative is fitted
     assert policy.needs_draft(1)                                         # the draft stays loaded
-    assert policy.plan(2).speculate                                      # other buckets: their own
+    # A larger bucket not measured yet inherits the loss; one measured itself has its own verdict.
+    assert not policy.plan(2).speculate and policy.fitted_plan(2).speculate
+    for _ in range(5):
+        policy.observe(policy.fitted_plan(2), [0, 0], [3, 3], seconds=0.015)
+        policy.observe(policy.fitted_plan(2).alternative, [], [], seconds=0.010)
+    assert policy.plan(2).speculate and policy.plan(3).speculate        # 3 inherits from 2: it won
     # Speculation turns fast (probe rounds): the bucket speculates again.
     for _ in range(60):
         policy.observe(spec, [0], [3], seconds=0.015)
