@@ -304,7 +304,7 @@ def cmd_batch_sweep(args) -> int:
     prompts = [p.text for ps in sets.values() for p in ps]
     engine = _engine(args)
     batch_sweep(engine, prompts, batch_sizes=args.batch_sizes, methods=args.methods,
-                max_new_tokens=args.max_new_tokens, out_dir=args.out)
+                max_new_tokens=args.max_new_tokens, out_dir=args.out, repeats=args.repeats)
     return 0
 
 
@@ -437,6 +437,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--methods", nargs="+", default=list(BENCH_METHODS[::-1]), choices=list(BENCH_METHODS))
     s.add_argument("--max-new-tokens", type=_positive_int, default=64)
     s.add_argument("--seed", type=_seed, default=0)
+    s.add_argument("--repeats", type=_positive_int, default=1,
+                   help="run the sweep this many times, interleaved; report medians (paired ratios)")
     s.add_argument("--out", default="bench/out", help="directory for the JSON, table and plots")
     _add_model_args(s)
     s.set_defaults(func=cmd_batch_sweep)

@@ -418,3 +418,44 @@ def test_train_draft_numbers_are_checked_when_parsed(argv, msg, capsys):
         train_main(argv)
     assert e.value.code == 2
     assert re.search(msg, capsys.readouterr().err)
+
+
+def test_batch_sweep_repeats_report_paired_medians(monkeypatch):
+    """With repeats, a row's tokens/s is the median of its calls and its ratio the median of the
+    per-repeat ratios to the autoregressive call of the same repeat (a slow moment of the machine
+    slows both calls of a repeat: pairing cancels it)."""
+    import types
+
+    import heterospec.bench as bench
+
+    clock = [0.0]
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+    # seconds per call, per (method, repeat): repeat 1 is a slow moment of the machine for both
+    secs = {("autoregressive", 0): 1.0, ("eagle3", 0): 0.8, ("autoregressive", 1): 3.0, ("eagle3", 1): 2.0,
+            ("autoregressive", 2): 1.0, ("eagle3", 2): 1.25}
+    seen = []
+
+    def generate_batch(prompts, max_new_tokens, method, policy=None):
+        if max_new_tokens == 8:             # the warm-up calls
+            return []
+        rep = sum(1 for m in seen if m == method)
+        seen.append(method)
+        clock[0] += secs[(method, rep)] * len(prompts)
+        rec = types.SimpleNamespace(accept_len=1 if method == "eagle3" else 0, plain=False)
+        return [types.SimpleNamespace(token_ids=[1] * 10, stats=types.SimpleNamespace(records=[rec]))
+                for _ in prompts]
+
+    eng = types.SimpleNamespace(generate_batch=generate_batch, device=torch.device("cpu"),
+                                target=types.SimpleNamespace(lm_head=types.SimpleNamespace(
+                                    weight=torch.zeros(1))))
+    out = bench.batch_sweep(eng, ["a", "b"], batch_sizes=[2], methods=["autoregressive", "eagle3"],
+                            max_new_tokens=10, out_dir=None, progress=False, repeats=3)
+    assert len(out["calls"]) == 6 and out["repeats"] == 3
+    row = {r["method"]: r for r in out["rows"]}
+    # eagle3 per repeat: 1.25x, 1.5x, 0.8x the autoregressive call -> median 1.25x
+    assert row["eagle3"]["vs_autoregressive"] == pytest.approx(1.25)
+    assert row["eagle3"]["tokens_per_s"] == pytest.approx(20 / 2.5)      # median of 20/1.6, 20/4, 20/2.5
+    assert row["autoregressive"]["vs_autoregressive"] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="repeats must be an integer >= 1"):
+        bench.batch_sweep(eng, ["a", "b"], batch_sizes=[2], methods=["autoregressive"], out_dir=None,
+                          progress=False, repeats=0)
