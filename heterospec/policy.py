@@ -421,10 +421,13 @@ RAGGED_STEP = 8
 
 
 def _fit_option(tables, opt, cost, B: int, context: int, ragged: bool, max_nodes,
-                position_scale: Sequence[float] = (), probs: Optional[Sequence[float]] = None):
+                position_scale: Sequence[float] = (), probs: Optional[Sequence[float]] = None,
+                quick: bool = False):
     """Best per-bin actions of one binning option at batch ``B``: ``(actions, evaluation)``.
     ``position_scale`` corrects the tables' acceptance per draft position
     (:func:`corrected_accept`); ``probs`` replaces the calibration frequencies of the bins.
+    ``quick`` (batch > 1): no ascent, only ``(None, {"tokens_per_s": ...})`` of the better of its
+    two starts (what :func:`fit_plan` short-lists options by).
 
     The search runs on arrays (a fit happens while requests wait: it must cost far less than a
     target step): every candidate action of a bin is priced at once, as :func:`plan_cost` would
@@ -503,6 +506,10 @@ def _fit_option(tables, opt, cost, B: int, context: int, ragged: bool, max_nodes
         # width, so lowering one bin alone rarely pays while lowering all of them does: from the
         # batch-1 start alone the ascent stops on such a ridge.
         devB = device(B)
+        uniform = np.repeat(np.arange(len(actions))[:, None], nb, axis=1)
+        uniform_rates = rates(uniform, B, devB)
+        if quick:
+            return None, {"tokens_per_s": max(float(rates(choice[None], B, devB)[0]), float(uniform_rates.max()))}
         rows_bin, rows_act = np.nonzero(keep)          # trial row k: bin rows_bin[k] takes rows_act[k]
         trials = np.empty((len(rows_bin), nb), dtype=int)
 
@@ -518,8 +525,7 @@ def _fit_option(tables, opt, cost, B: int, context: int, ragged: bool, max_nodes
                 start, best = trials[k].copy(), float(r[k])
             return best, start
 
-        uniform = np.repeat(np.arange(len(actions))[:, None], nb, axis=1)
-        ends = [ascend(choice), ascend(uniform[int(np.argmax(rates(uniform, B, devB)))])]
+        ends = [ascend(choice), ascend(uniform[int(np.argmax(uniform_rates))])]
         choice = ends[1][1] if ends[1][0] > ends[0][0] * (1 + 1e-9) else ends[0][1]
     chosen = [int(c) for c in choice]
     ev = plan_cost(cost, B, opt.decide_depth, list(p), [actions[c][0] for c in chosen],
@@ -543,9 +549,11 @@ def fit_plan(tables: AcceptanceTables, cost, batch_size: int, context: int = 256
     speculative round time on this device, ``plain_scale`` the same for plain steps
     (:meth:`FittedPolicy.observe`); ``bin_freq``: per option index, the bin frequencies of this
     workload (instead of the calibration ones). The returned plan carries the best plan of the
-    other kind as ``alternative`` (None when no speculative action exists). ``shortlist``: a dict
-    the caller keeps to reuse the options short-listed at batch 1 across batch sizes (valid while
-    ``cost`` and the other arguments but ``batch_size`` and the time scales stay the same)."""
+    other kind as ``alternative`` (None when no speculative action exists). At batch > 1 the
+    (costlier) batch search runs on a shortlist: the 3 options best at batch 1 and the 3 whose
+    search starts (the batch-1 optimum, the best action for all bins alike) are fastest at this
+    batch size. ``shortlist``: a dict the caller keeps to reuse them (valid while ``cost`` and the
+    other arguments but ``batch_size`` and the time scales stay the same)."""
     B = batch_size
     cost = cost if isinstance(cost, _MemoCost) else _MemoCost(cost)
     plain_ms = cost.plain_ms(B, context) * plain_scale
@@ -553,21 +561,22 @@ def fit_plan(tables: AcceptanceTables, cost, batch_size: int, context: int = 256
     bin_freq = bin_freq or {}
     options = list(range(len(tables.options)))
 
-    def fit(i, batch):
+    def fit(i, batch, quick=False):
         return _fit_option(tables, tables.options[i], cost, batch, context, ragged, max_nodes,
-                           position_scale, bin_freq.get(i))
+                           position_scale, bin_freq.get(i), quick)
 
-    if B > 1:   # the batch search is costlier: keep the options that were best alone
+    def best3(batch, quick=False):
+        scored = [(e["tokens_per_s"], i) for i, e in ((i, fit(i, batch, quick)[1]) for i in options) if e is not None]
+        return [i for _, i in sorted(scored, key=lambda t: (-t[0], t[1]))[:3]]
+
+    if B > 1:   # the batch search is costlier: only the options best alone or starting best here
+        shortlist = {} if shortlist is None else shortlist
         key = (context, ragged, max_nodes, tuple(position_scale), tuple(sorted(bin_freq.items())))
-        if shortlist is None or key not in shortlist:
-            scored = [(e["tokens_per_s"], i) for i, e in ((i, fit(i, 1)[1]) for i in options) if e is not None]
-            picked = [i for _, i in sorted(scored, key=lambda t: (-t[0], t[1]))[:3]]
-            if shortlist is None:
-                options = picked
-            else:
-                shortlist[key] = picked
-        if shortlist is not None:
-            options = shortlist[key]
+        if key not in shortlist:
+            shortlist[key] = best3(1)
+        if key + (B,) not in shortlist:
+            shortlist[key + (B,)] = sorted(set(shortlist[key]) | set(best3(B, quick=True)))
+        options = shortlist[key + (B,)]
     best, best_eval = None, None
     for i in options:
         acts, ev = fit(i, B)

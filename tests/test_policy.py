@@ -856,8 +856,8 @@ class _SmallRowCost:
 def test_fitted_plan_beats_every_action_taken_by_all_bins(B, ragged):
     """Per-bin actions can only add to one action for every bin (EAGLE-3's fixed tree is one of
     them): on the shipped tables, the fitted plan is at least as fast as the best uniform action
-    under the same objective, ragged or padded, at every batch size (within 0.1 %: at batch > 1
-    only the options short-listed at batch 1 are searched)."""
+    under the same objective, ragged or padded, at every batch size (at batch > 1 the shortlist
+    holds every option whose best uniform action is among the 3 fastest there)."""
     tables = _shipped_tables()
     for cost in (LinearCost(a=10.0, b=1.0, c=0.5, e=0.5), _SmallRowCost()):
         plan = fit_plan(tables, cost, B, margin=1.0, ragged=ragged)
@@ -869,7 +869,7 @@ def test_fitted_plan_beats_every_action_taken_by_all_bins(B, ragged):
                 acc = [sum(action_survival(tables, opt, i, di, ni)) for i in range(len(probs))]
                 uni = plan_cost(cost, B, opt.decide_depth, probs, [d] * len(probs), [n] * len(probs), acc, 256,
                                 ragged)["tokens_per_s"]
-                assert got >= uni * (1 - 1e-3), (type(cost).__name__, opt.label, opt.decide_depth, d, n, got, uni)
+                assert got >= uni * (1 - 1e-9), (type(cost).__name__, opt.label, opt.decide_depth, d, n, got, uni)
 
 
 @pytest.mark.parametrize("ragged", [False, True])
@@ -908,7 +908,7 @@ def test_shortlist_shared_across_batch_sizes_gives_the_same_plans():
         a = fit_plan(tables, cost, B, shortlist=shortlist)
         b = fit_plan(tables, cost, B)
         assert (a.speculate, a.depth, a.budget, a.expected) == (b.speculate, b.depth, b.budget, b.expected)
-    assert len(shortlist) == 1
+    assert len(shortlist) == 4      # the batch-1 ranking once, and one shortlist per batch size
 
 
 def test_online_corrections_persist_for_the_next_engine(tmp_path, monkeypatch):
