@@ -208,3 +208,35 @@ def test_static_batch_credits_the_requests_furthest_behind():
     assert spy.progress == pytest.approx(expected)
     assert spy.progress != pytest.approx(means), "precondition: the batch mean differs"
     assert [r.token_ids for r in batch] == [_reference(engine, draft, p, n) for p in prompts]
+
+
+def test_dropping_finished_requests_with_the_eagle3_draft(monkeypatch):
+    """The same with a real (random) EAGLE-3 draft: its KV cache and pending extend lose the
+    finished rows, and every request still decodes what it decodes alone."""
+    import heterospec.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "COMPACT_MIN_LEFT", 1)
+    engine, _ = _pair("eagle3-random", seed=11)
+    engine.target.config.eos_token_ids = ()
+    prompts = _prompts(engine.target.config.vocab_size, 4, seed=11)
+    n = 12
+    longs = [engine.generate(p, max_new_tokens=n, method="autoregressive").token_ids for p in prompts]
+    # the EOS: request 1's 4th token, if it occurs in no other request before their ends
+    eos = longs[1][3]
+    assert longs[1].index(eos) == 3 and all(eos not in seq for i, seq in enumerate(longs) if i != 1), \
+        "precondition: the chosen EOS stops request 1 only"
+    engine.target.config.eos_token_ids = [eos]
+    rows_seen = []
+    forward = engine.draft.extend
+
+    def spy(input_ids, *args, **kwargs):
+        rows_seen.append(input_ids.shape[0])
+        return forward(input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(engine.draft, "extend", spy)
+    for method in ("eagle3", "heterospec"):
+        rows_seen.clear()
+        out = engine.generate_batch(prompts, max_new_tokens=n, method=method)
+        assert [r.token_ids for r in out] == [longs[0], longs[1][:4], longs[2], longs[3]], method
+        assert [r.finish_reason for r in out] == ["length", "eos", "length", "length"]
+        assert rows_seen[0] == 4 and 3 in rows_seen, (method, rows_seen)
