@@ -73,6 +73,9 @@ def fingerprint(engine) -> dict:
         fp["threads"] = torch.get_num_threads()
         fp["isa_env"] = {k: os.environ[k] for k in ISA_ENV if os.environ.get(k)}
         fp["linear"] = getattr(engine, "linear", "stock")
+        if fp["linear"] == "tuned":
+            from .models.linear import FORMAT as linear_format
+            fp["linear_format"] = linear_format     # how the linears' paths were chosen
     c = target.config
     fp["target"] = {"hidden": c.hidden_size, "layers": c.num_layers, "vocab": c.vocab_size,
                     "heads": c.num_heads, "kv_heads": c.num_kv_heads}

@@ -72,6 +72,22 @@ def test_stale_or_unusable_reordered_weight_falls_back_to_f_linear(monkeypatch):
     assert calls == [1, 1, 1]
 
 
+def test_shapes_are_timed_cache_cold():
+    """A decode step reads every weight from memory: the copies visited in turn while timing a
+    shape add up to COLD_FACTOR x the last-level cache (capped), one copy when it alone is larger."""
+    llc = 32 << 20
+    for nbytes in (4 << 10, 1 << 20, 3 << 20, 20 << 20, 64 << 20, 200 << 20):
+        n = L.cold_copies(nbytes, llc)
+        assert 1 <= n <= L.MAX_COPIES
+        assert n * nbytes >= L.COLD_FACTOR * llc or n == L.MAX_COPIES
+        assert n == 1 or (n - 1) * nbytes < L.COLD_FACTOR * llc      # no more than needed
+    assert L.cold_copies(200 << 20, llc) == 1 and L.cold_copies(4 << 10, llc) == L.MAX_COPIES
+    assert L.last_level_cache_bytes() > 0
+    t = L.time_shape(nn.Linear(64, 96, bias=False), rows=(1, 4), budget_s=0.01, copies=3)
+    assert t["ok"] and t["copies"] == 3 and len(t["stock_ms"]) == len(t["packed_ms"]) == 2
+    assert all(v > 0 for v in t["stock_ms"] + t["packed_ms"])
+
+
 def test_tuning_converts_plain_linears_in_place_and_keeps_the_state_dict(tmp_path, monkeypatch):
     monkeypatch.setenv("HETEROSPEC_CACHE", str(tmp_path))
     monkeypatch.setattr(L, "_MEMORY", {})

@@ -12,6 +12,12 @@ faster depends on the CPU, the thread count, the shape and the row count, so not
 and each :class:`TunedLinear` dispatches on the rows of its input. The decisions are cached per
 machine (CPU model and flags, threads, torch version) in the heterospec cache.
 
+Timing is *cache-cold*: in a decode step every weight is read once, from memory, since a model's
+weights do not fit the last-level cache. A shape timed by calling one small weight over and over
+times it from cache instead, where the stock matrix-vector path wins at one row; from memory the
+reordered path streams faster (AVX-512 EPYC: a one-token step 52 -> 41 ms). So each shape is timed
+over enough copies of its weight, visited in turn, to exceed the last-level cache.
+
 A :class:`TunedLinear` is an ``nn.Linear`` (same parameters, same state dict). It falls back to
 ``F.linear`` whenever the reordered copy could be stale or unusable: the weight was replaced or
 modified in place since it was reordered, autograd needs the weight's gradient, or the input is
@@ -20,8 +26,10 @@ not on the CPU or not in the weight's dtype.
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
+import math
 import os
 import time
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
@@ -35,7 +43,10 @@ from torch import nn
 TUNE_ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
 # The reordered path must be this much faster to be used (the stock path is the reference).
 MARGIN = 0.95
-FORMAT = 1
+FORMAT = 2                 # 2: cache-cold timing (1 timed one cached weight)
+# Weight copies cycled while timing one shape add up to this many times the last-level cache.
+COLD_FACTOR = 2
+MAX_COPIES = 64
 
 
 def _row_bucket(m: int) -> int:
@@ -104,20 +115,50 @@ def _shape_key(layer: nn.Linear) -> str:
            f"{'bias' if layer.bias is not None else 'nobias'}"
 
 
-def _best_ms(fn, reps: int) -> float:
-    fn()
+def last_level_cache_bytes() -> int:
+    """Size of the largest CPU cache (Linux sysfs), 32 MiB where it cannot be read."""
+    best = 0
+    for d in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
+        try:
+            with open(os.path.join(d, "size")) as f:
+                txt = f.read().strip().upper()
+        except OSError:
+            continue
+        mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(txt[-1:], 1)
+        try:
+            best = max(best, int(txt.rstrip("KMG")) * mult)
+        except ValueError:
+            continue
+    return best or 32 << 20
+
+
+def cold_copies(weight_bytes: int, llc_bytes: Optional[int] = None) -> int:
+    """Copies of a weight to cycle through so that each call reads it from memory: together
+    ``COLD_FACTOR`` times the last-level cache (1 when one copy alone is that large)."""
+    llc = last_level_cache_bytes() if llc_bytes is None else llc_bytes
+    return int(min(MAX_COPIES, max(1, math.ceil(COLD_FACTOR * llc / max(weight_bytes, 1)))))
+
+
+def _best_ms(fns: Sequence, reps: int) -> float:
+    """Fastest mean milliseconds per call of one pass over ``fns`` (each a call on its own
+    weight copy), after a warm-up pass."""
+    for fn in fns:
+        fn()
     best = float("inf")
     for _ in range(reps):
         t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
+        for fn in fns:
+            fn()
+        best = min(best, (time.perf_counter() - t0) / len(fns))
     return 1e3 * best
 
 
-def time_shape(layer: nn.Linear, rows: Sequence[int] = TUNE_ROWS, budget_s: float = 0.4) -> dict:
+def time_shape(layer: nn.Linear, rows: Sequence[int] = TUNE_ROWS, budget_s: float = 0.4,
+               copies: Optional[int] = None) -> dict:
     """Stock vs reordered milliseconds of ``layer``'s shape at each row count (the faster of a
-    few runs each, interleaved), and whether the reordered result matched (the weights and the
-    inputs are random: the layer's own values are not touched)."""
+    few runs each, interleaved), cache-cold (``copies`` weights visited in turn, default
+    :func:`cold_copies`), and whether the reordered result matched (the weights and the inputs
+    are random: the layer's own values are not touched)."""
     w = torch.randn_like(layer.weight, dtype=layer.weight.dtype)
     b = None if layer.bias is None else torch.randn_like(layer.bias)
     try:
@@ -130,17 +171,22 @@ def time_shape(layer: nn.Linear, rows: Sequence[int] = TUNE_ROWS, budget_s: floa
         return {"ok": False, "error": str(exc).splitlines()[0][:200]}
     if not ok:
         return {"ok": False, "error": "reordered result differs from F.linear"}
-    out = {"ok": True, "rows": list(rows), "stock_ms": [], "packed_ms": []}
+    n = cold_copies(w.numel() * w.element_size()) if copies is None else max(1, int(copies))
+    ws = [w] + [torch.randn_like(w) for _ in range(n - 1)]
+    ps = [packed] + [_reorder(wi) for wi in ws[1:]]
+    out = {"ok": True, "rows": list(rows), "copies": n, "stock_ms": [], "packed_ms": []}
     for m in rows:
         x = torch.randn(m, layer.in_features, dtype=w.dtype)
         t0 = time.perf_counter()
         F.linear(x, w, b)
         one = max(time.perf_counter() - t0, 1e-6)
-        reps = int(min(7, max(2, budget_s / len(rows) / 2 / one)))
+        reps = int(min(7, max(2, budget_s / len(rows) / 2 / (one * n))))
+        stock = [lambda wi=wi: F.linear(x, wi, b) for wi in ws]
+        reord = [lambda pi=pi: _packed_forward(x, pi, b) for pi in ps]
         s, p = [], []
         for _ in range(2):                       # interleaved: drift hits both
-            s.append(_best_ms(lambda: F.linear(x, w, b), reps))
-            p.append(_best_ms(lambda: _packed_forward(x, packed, b), reps))
+            s.append(_best_ms(stock, reps))
+            p.append(_best_ms(reord, reps))
         out["stock_ms"].append(min(s))
         out["packed_ms"].append(min(p))
     return out
