@@ -72,6 +72,31 @@ def test_stale_or_unusable_reordered_weight_falls_back_to_f_linear(monkeypatch):
     assert calls == [1, 1, 1]
 
 
+def test_pad_decisions_pad_up_to_a_faster_larger_row_count():
+    # two rows slower than four (oneDNN's kernels on the AVX-512 EPYC): pad 2 -> 4; one row is
+    # not 5 % slower than four: no pad; 8 rows would need 16 (reach 1) or 32 (reach 2)
+    t = {"ok": True, "rows": list(L.TUNE_ROWS), "stock_ms": [1.0, 2.0, 2.0, 3.0, 4.0, 5.0, 9.0, 16.0],
+         "packed_ms": [0.9, 1.5, 0.88, 2.5, 2.0, 1.0, 8.0, 15.0]}
+    assert L.pad_decisions(t) == [0, 4, 0, 32, 32, 0, 0, 0]
+    assert L.pad_decisions(t, reach=1) == [0, 4, 0, 16, 32, 0, 0, 0]
+    assert L.pad_decisions({"ok": False}) == [0] * len(L.TUNE_ROWS)
+
+
+@pytest.mark.parametrize("shape", [(1, 64), (2, 64), (1, 2, 64), (3, 64), (0, 64)])
+def test_padded_rows_give_f_linear_results(shape):
+    lin, ref = _tuned(bias=True)
+    lin.set_packed([True] * len(L.TUNE_ROWS), [4, 4, 8, 0, 0, 0, 0, 0])
+    x = torch.randn(*shape)
+    with torch.inference_mode():
+        got, want = lin(x), ref(x)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="pad_rows"):
+        lin.set_packed([False] * len(L.TUNE_ROWS), [4] + [0] * (len(L.TUNE_ROWS) - 1))
+    with pytest.raises(ValueError, match="pad_rows"):
+        lin.set_packed([True] * len(L.TUNE_ROWS), [4])
+
+
 def test_shapes_are_timed_cache_cold():
     """A decode step reads every weight from memory: the copies visited in turn while timing a
     shape add up to COLD_FACTOR x the last-level cache (capped), one copy when it alone is larger."""

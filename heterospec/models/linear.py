@@ -18,6 +18,12 @@ times it from cache instead, where the stock matrix-vector path wins at one row;
 reordered path streams faster (AVX-512 EPYC: a one-token step 52 -> 41 ms). So each shape is timed
 over enough copies of its weight, visited in turn, to exceed the last-level cache.
 
+Some row counts run slower than a larger one: oneDNN's two-row kernel streams the weights slower
+than its four-row kernel on the AVX-512 EPYC (every shape, float32 and bfloat16), so verifying a
+two-token tree cost more than a four-token one. Where the reordered path at the next one or two
+timed row counts is measured faster, the input is padded with zero rows up to that count and the
+extra output rows dropped (:func:`pad_decisions`).
+
 A :class:`TunedLinear` is an ``nn.Linear`` (same parameters, same state dict). It falls back to
 ``F.linear`` whenever the reordered copy could be stale or unusable: the weight was replaced or
 modified in place since it was reordered, autograd needs the weight's gradient, or the input is
@@ -43,7 +49,7 @@ from torch import nn
 TUNE_ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
 # The reordered path must be this much faster to be used (the stock path is the reference).
 MARGIN = 0.95
-FORMAT = 2                 # 2: cache-cold timing (1 timed one cached weight)
+FORMAT = 3      # 3: padded row counts; 2: cache-cold timing; 1: one cached weight timed
 # Weight copies cycled while timing one shape add up to this many times the last-level cache.
 COLD_FACTOR = 2
 MAX_COPIES = 64
@@ -75,11 +81,18 @@ class TunedLinear(nn.Linear):
     _packed: Optional[torch.Tensor] = None
     _packed_of: Tuple = ()
     _use_packed: Tuple[bool, ...] = ()
+    _pad_rows: Tuple[int, ...] = ()
 
-    def set_packed(self, use_packed: Sequence[bool]) -> None:
+    def set_packed(self, use_packed: Sequence[bool], pad_rows: Optional[Sequence[int]] = None) -> None:
         """Reorder the weight now and use it for the row buckets where ``use_packed`` is True
-        (one entry per TUNE_ROWS); all False drops the reordered copy."""
+        (one entry per TUNE_ROWS); all False drops the reordered copy. ``pad_rows`` (per bucket,
+        0 = none) pads a packed bucket's input with zero rows up to that many rows."""
         self._use_packed = tuple(bool(u) for u in use_packed)
+        pad = [0] * len(self._use_packed) if pad_rows is None else [int(r) for r in pad_rows]
+        if len(pad) != len(self._use_packed) or any(r and not u for r, u in zip(pad, self._use_packed)):
+            raise ValueError(f"set_packed: pad_rows {pad} must have one entry per bucket, non-zero "
+                             f"only where the packed path is used ({list(self._use_packed)})")
+        self._pad_rows = tuple(pad)
         if any(self._use_packed):
             w = self.weight
             self._packed = _reorder(w)
@@ -89,11 +102,18 @@ class TunedLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         p = self._packed
-        if p is not None and self._use_packed[_row_bucket(x.numel() // self.in_features)]:
+        rows = x.numel() // self.in_features if self.in_features else 0
+        bucket = _row_bucket(rows)
+        if p is not None and self._use_packed[bucket]:
             w = self.weight
             if ((w.data_ptr(), w._version, w.dtype) == self._packed_of and x.dtype == w.dtype
                     and x.device.type == "cpu"
                     and not (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad))):
+                pad = self._pad_rows[bucket] if self._pad_rows else 0
+                if pad > rows > 0:
+                    xp = x.new_zeros(pad, self.in_features)
+                    xp[:rows] = x.reshape(rows, self.in_features)
+                    return _packed_forward(xp, p, self.bias)[:rows].reshape(*x.shape[:-1], self.out_features)
                 return _packed_forward(x, p, self.bias)
         return F.linear(x, self.weight, self.bias)
 
@@ -200,6 +220,24 @@ def decisions(timing: dict) -> List[bool]:
     return [r in by_rows and by_rows[r][1] < MARGIN * by_rows[r][0] for r in TUNE_ROWS]
 
 
+def pad_decisions(timing: dict, reach: int = 2) -> List[int]:
+    """Per TUNE_ROWS bucket: the row count to pad the input to (0 = none), where the reordered
+    path at one of the next ``reach`` timed row counts was measured ``MARGIN`` faster than the
+    best path at this bucket's own row count."""
+    if not timing.get("ok"):
+        return [0] * len(TUNE_ROWS)
+    by_rows = dict(zip(timing["rows"], zip(timing["stock_ms"], timing["packed_ms"])))
+    out = []
+    for i, r in enumerate(TUNE_ROWS):
+        best, pad = min(by_rows[r]) if r in by_rows else float("inf"), 0
+        for j in range(i + 1, min(i + 1 + reach, len(TUNE_ROWS))):
+            rj = TUNE_ROWS[j]
+            if rj in by_rows and by_rows[rj][1] < MARGIN * best:
+                best, pad = by_rows[rj][1], rj
+        out.append(pad)
+    return out
+
+
 _MEMORY: Dict[str, dict] = {}      # this process's timings, per machine file and shape
 
 
@@ -242,11 +280,13 @@ def tune_linears(models: Iterable[Optional[nn.Module]], progress: bool = False) 
     report = {}
     for _, mod in layers:
         k = _shape_key(mod)
-        use = decisions(saved[k])
+        pad = pad_decisions(saved[k])
+        use = [u or bool(p) for u, p in zip(decisions(saved[k]), pad)]
         if not isinstance(mod, TunedLinear):
             mod.__class__ = TunedLinear        # same parameters, same state dict
-        mod.set_packed(use)
-        report[k] = {"timing": saved[k], "packed_rows": [r for r, u in zip(TUNE_ROWS, use) if u]}
+        mod.set_packed(use, pad)
+        report[k] = {"timing": saved[k], "packed_rows": [r for r, u in zip(TUNE_ROWS, use) if u],
+                     "padded_rows": {r: p for r, p in zip(TUNE_ROWS, pad) if p}}
     return report
 
 
