@@ -186,11 +186,19 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, 
     """q: [B, Tq, Hq, D]; k, v: [B, Tk, Hkv, D]; mask: [B, Tq, Tk] bool (True = attend).
 
     Returns [B, Tq, Hq, D]. Every query row must see at least one key.
+
+    On CPU a bfloat16 / float16 attention runs in float32 (inputs upcast, output cast back):
+    PyTorch's CPU flash kernel in bf16 is 4-5x slower than in float32 at one query row (a decode
+    step) and no faster at tree sizes, and float32 accumulates more exactly. One rule for every
+    query length, so the one-token and the tree forward round alike.
     """
+    dtype = q.dtype
+    if q.device.type == "cpu" and dtype in (torch.bfloat16, torch.float16):
+        q, k, v = q.float(), k.float(), v.float()
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     gqa = q.shape[1] != k.shape[1]
     o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], scale=scale, enable_gqa=gqa)
-    return o.transpose(1, 2)
+    return o.transpose(1, 2).to(dtype)
 
 
 def expand_kv_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
