@@ -284,7 +284,8 @@ def cmd_costs(args) -> int:
     from . import costmodel
 
     engine = _engine(args)
-    cm = costmodel.measure(engine, quick=args.quick, batch_sizes=args.batch_sizes)
+    passes = args.passes if args.passes is not None else (1 if args.quick else 2)
+    cm = costmodel.measure(engine, quick=args.quick, batch_sizes=args.batch_sizes, passes=passes)
     path = args.out or costmodel.cache_path(cm.fingerprint)
     cm.save(path)
     print(f"wrote {path}")
@@ -446,6 +447,9 @@ def build_parser() -> argparse.ArgumentParser:
     m = add("costs", help="measure this device's cost model (used by the fitted HeteroSpec policy)")
     m.add_argument("--batch-sizes", nargs="+", type=_positive_int, default=[1, 2, 4, 8, 16])
     m.add_argument("--quick", action="store_true", help="batch 1 and a short token grid only (seconds)")
+    m.add_argument("--passes", type=_positive_int, default=None,
+                   help="measure everything this many times, keep each entry's fastest (a slow "
+                        "minute of a shared machine distorts one pass; default: 2, 1 with --quick)")
     m.add_argument("--out", help="file to write (default: the user cache, where the engine looks)")
     _add_model_args(m)
     m.set_defaults(func=cmd_costs)

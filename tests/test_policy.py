@@ -202,6 +202,33 @@ def test_cost_model_measures_the_engines_phases_in_steady_state(monkeypatch):
         assert cm.plain_ms(B) > 0 and cm.verify_ms(B, 3) > 0 and cm.draft_ms(B, 2, 2.0) > 0
 
 
+def test_cost_model_passes_keep_each_entrys_fastest(monkeypatch):
+    """A slow minute inflates the entries measured in it: with passes > 1 every entry is the
+    fastest of its passes (not the faster pass as a whole)."""
+    slow_then_fast = [
+        dict(target=[[40.0, 41.0]], plain=[53.0, 45.0], draft=[[2.0, 1.5, 0.1], [3.0, 2.0, 0.2]],
+             verify=[[57.0, 50.0], [60.0, 62.0]]),
+        dict(target=[[44.0, 39.0]], plain=[40.0, 47.0], draft=[[2.5, 1.0, 0.1], [2.0, 2.5, 0.3]],
+             verify=[[41.0, 52.0], [58.0, 70.0]]),
+    ]
+    calls = []
+
+    def once(engine, **kw):
+        calls.append(kw["desc"])
+        return costmodel.CostModel(fingerprint={}, tokens=[1, 2], contexts=[256], batch_sizes=[1, 2],
+                                   nodes=[1, 2], tree_top_k=4, **slow_then_fast[len(calls) - 1])
+
+    monkeypatch.setattr(costmodel, "_measure_once", once)
+    cm = costmodel.measure(object(), passes=2, progress=False)
+    assert len(calls) == 2 and "pass 2/2" in calls[1]
+    assert cm.target == [[40.0, 39.0]] and cm.plain == [40.0, 45.0]
+    assert cm.draft == [[2.0, 1.0, 0.1], [2.0, 2.0, 0.2]] and cm.verify == [[41.0, 50.0], [58.0, 62.0]]
+    assert cm.provenance["passes"] == 2
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="passes must be an integer >= 1"):
+            costmodel.measure(object(), passes=bad)
+
+
 def test_cost_model_curves_interpolate():
     cm = costmodel.CostModel(fingerprint={}, tokens=[1, 8, 16], contexts=[128, 512],
                              target=[[10.0, 17.0, 25.0], [12.0, 21.0, 33.0]], batch_sizes=[1, 4],
