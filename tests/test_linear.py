@@ -154,3 +154,12 @@ def test_engine_linear_modes_give_the_same_greedy_tokens():
         assert bool(eng.linear_report) == (mode == "tuned")
         outs[mode] = eng.generate([1, 2, 3, 4], max_new_tokens=12, method="autoregressive").token_ids
     assert outs["stock"] == outs["tuned"]
+
+
+def test_an_emulated_isa_is_timed_as_another_machine(monkeypatch):
+    for k in ("MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "HETEROSPEC_CPU_SCALAR"):
+        monkeypatch.delenv(k, raising=False)
+    native = L._cache_file()
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    monkeypatch.setenv("MKL_ENABLE_INSTRUCTIONS", "AVX2")
+    assert L._cache_file() != native and L._machine_key()["isa_env"]["ONEDNN_MAX_CPU_ISA"] == "AVX2"

@@ -119,8 +119,12 @@ class TunedLinear(nn.Linear):
 
 
 def _machine_key() -> dict:
-    from ..costmodel import _cpu_info
-    return {"torch": torch.__version__.split("+")[0], "threads": torch.get_num_threads(), **_cpu_info()}
+    from ..costmodel import ISA_ENV, _cpu_info
+    key = {"torch": torch.__version__.split("+")[0], "threads": torch.get_num_threads(), **_cpu_info()}
+    isa = {k: os.environ[k] for k in ISA_ENV if os.environ.get(k)}
+    if isa:                  # an emulated smaller ISA (MKL / oneDNN capped) is another machine
+        key["isa_env"] = isa
+    return key
 
 
 def _cache_file() -> str:
