@@ -712,15 +712,40 @@ class FittedPolicy(Policy):
     # forgotten counts of speculative rounds and plain steps before the guard may act (5 and 3)
     MIN_REALIZED = (4.5, 2.5)
 
+    # The guard's prior: the model's current prediction for the bucket's speculative plan (with
+    # the online corrections) counts as this many speculative rounds. Without it a handful of
+    # unlucky rounds decided alone: five rounds that accept nothing happen 8 % of the time at an
+    # acceptance of 0.4, and a short warm-up call that met them turned speculation off for the
+    # next PROBE_EVERY rounds (batch sweeps: 64 plain rounds in a fresh process's first call at
+    # batch 1, where speculation gives 1.3x). A real loss outweighs the prior within a few rounds.
+    GUARD_PRIOR_ROUNDS = 3.0
+
+    def _speculative_prior(self, bucket: int) -> Optional[Tuple[float, float]]:
+        """(tokens per request, seconds) of one round of the bucket's last fitted speculative
+        plan as the model predicts it, or None before a fit."""
+        last = self._last_fit.get(bucket)
+        if last is None:
+            return None
+        plan = last[1] if last[1].speculate else last[1].alternative
+        exp = (plan.expected or {}) if plan is not None and plan.speculate else {}
+        spec, B = exp.get("speculative") or {}, exp.get("batch_size")
+        if not B or not spec.get("ms") or spec.get("tokens") is None:
+            return None
+        return float(spec["tokens"]) / float(B), 1e-3 * float(spec["ms"])
+
     def realized(self, bucket: int) -> Optional[Tuple[float, float]]:
         """``(speculative, plain)`` tokens per request per second measured at this bucket, or
-        None until both were measured ``MIN_REALIZED`` times."""
+        None until both were measured ``MIN_REALIZED`` times. The speculative rate includes
+        ``GUARD_PRIOR_ROUNDS`` rounds of the model's prediction."""
         st = self._realized.get(bucket)
         if st is None:
             return None
         st_tok, st_s, st_n, pl_tok, pl_s, pl_n = st
         if st_n < self.MIN_REALIZED[0] or pl_n < self.MIN_REALIZED[1] or st_s <= 0 or pl_s <= 0:
             return None
+        prior = self._speculative_prior(bucket)
+        if prior is not None:
+            st_tok, st_s = st_tok + self.GUARD_PRIOR_ROUNDS * prior[0], st_s + self.GUARD_PRIOR_ROUNDS * prior[1]
         return st_tok / st_s, pl_tok / pl_s
 
     def _last_probe_lost(self, bucket: int) -> bool:

@@ -665,7 +665,14 @@ def test_realized_throughput_guard_falls_back_to_plain_steps():
         policy.observe(spec.alternative, [], [], seconds=0.010)
     assert policy.realized(1) is None and policy.plan(1).speculate        # not enough rounds yet
     policy.observe(spec, [0], [1], seconds=0.040)
-    assert policy.realized(1) == pytest.approx((50.0, 100.0))
+    # measured 50 tok/s, plus the model's own prediction as GUARD_PRIOR_ROUNDS rounds
+    f, n = FittedPolicy.REALIZED_FORGET, FittedPolicy.GUARD_PRIOR_ROUNDS
+    measured_n = sum(f ** i for i in range(5))
+    prior_tok, prior_s = policy._speculative_prior(1)
+    assert prior_tok / prior_s > 100.0                                   # the model says speculate
+    want = (2.0 * measured_n + n * prior_tok) / (0.040 * measured_n + n * prior_s)
+    assert policy.realized(1) == pytest.approx((want, 100.0))
+    assert want < 100.0
     guarded = policy.plan(1)
     fitted = policy.fitted_plan(1)
     assert not guarded.speculate and fitted.speculate and guarded.alternative is fitted
@@ -680,6 +687,28 @@ def test_realized_throughput_guard_falls_back_to_plain_steps():
     for _ in range(60):
         policy.observe(spec, [0], [3], seconds=0.015)
     assert policy.plan(1).speculate
+
+
+def test_guard_is_not_turned_by_a_few_unlucky_rounds_but_by_a_real_loss():
+    """Five speculative rounds that accepted nothing (8 % likely at an acceptance of 0.4) and
+    ran 10 % slower than a plain step: the model's prediction (a clear win) outweighs them; the
+    same loss kept up turns the bucket plain within a few more rounds."""
+    tables = _tables(easy_accept=0.7)
+    cost = LinearCost(a=10.0, b=1.0, c=0.5, e=0.5)
+    policy = FittedPolicy(tables, cost, SpecConfig(top_k=4, depth=1, total_tokens=4))
+    spec = policy.plan(1)
+    assert spec.speculate
+    for _ in range(5):
+        policy.observe(spec, [0], [0], seconds=0.011)                    # 1 token in 11 ms
+    for _ in range(3):
+        policy.observe(spec.alternative, [], [], seconds=0.010)          # 1 token in 10 ms
+    assert policy.realized(1) is not None and policy.plan(1).speculate
+    rounds = 0
+    while policy.plan(1).speculate:
+        policy.observe(spec, [0], [0], seconds=0.011)
+        rounds += 1
+        assert rounds < 40, "a sustained loss never turned the bucket plain"
+    assert rounds >= 2
 
 
 def test_guard_judges_a_static_batch_by_the_requests_furthest_behind():
@@ -697,8 +726,14 @@ def test_guard_judges_a_static_batch_by_the_requests_furthest_behind():
             policy.observe(spec, [0, 1], [3, 0], seconds=0.020, progress=progress)
             policy.observe(spec.alternative, [], [], seconds=0.010, progress=None if progress is None else 1.0)
         verdicts.append((policy.realized(2), policy.plan(2).speculate))
-    assert verdicts[0][0] == pytest.approx((125.0, 100.0)) and verdicts[0][1]
-    assert verdicts[1][0] == pytest.approx((50.0, 100.0)) and not verdicts[1][1]
+        prior_tok, prior_s = policy._speculative_prior(2)
+        measured = sum(FittedPolicy.REALIZED_FORGET ** i for i in range(5))
+        tok = 2.5 if progress is None else 1.0
+        n = FittedPolicy.GUARD_PRIOR_ROUNDS           # the model's prediction, as rounds
+        want = (tok * measured + n * prior_tok) / (0.020 * measured + n * prior_s)
+        assert verdicts[-1][0] == pytest.approx((want, 100.0))
+    assert verdicts[0][0][0] > 100.0 and verdicts[0][1]
+    assert verdicts[1][0][0] < 100.0 and not verdicts[1][1]
 
 
 def test_fitted_policy_refits_a_bucket_at_most_every_refit_gap_rounds():
