@@ -713,16 +713,19 @@ class FittedPolicy(Policy):
     MIN_REALIZED = (4.5, 2.5)
 
     # The guard's prior: the model's current prediction for the bucket's speculative plan (with
-    # the online corrections) counts as this many speculative rounds. Without it a handful of
-    # unlucky rounds decided alone: five rounds that accept nothing happen 8 % of the time at an
-    # acceptance of 0.4, and a short warm-up call that met them turned speculation off for the
-    # next PROBE_EVERY rounds (batch sweeps: 64 plain rounds in a fresh process's first call at
-    # batch 1, where speculation gives 1.3x). A real loss outweighs the prior within a few rounds.
+    # the online corrections) counts as GUARD_PRIOR_ROUNDS / B speculative rounds at batch B.
+    # Without it a handful of unlucky rounds decided alone: five rounds that accept nothing
+    # happen 8 % of the time at an acceptance of 0.4, and a short warm-up call that met them
+    # turned speculation off for the next PROBE_EVERY rounds (batch sweeps: 64 plain rounds in a
+    # fresh process's first call at batch 1, where speculation gives 1.3x). The noise it guards
+    # against is a round's accepted length, whose mean over B requests varies as 1 / B; a prior
+    # of the same weight at every batch size kept an optimistic model speculating for many more
+    # losing rounds at batch 4-16 (measured: 0.92-0.94x autoregressive there against 0.97-1.04x).
     GUARD_PRIOR_ROUNDS = 3.0
 
-    def _speculative_prior(self, bucket: int) -> Optional[Tuple[float, float]]:
-        """(tokens per request, seconds) of one round of the bucket's last fitted speculative
-        plan as the model predicts it, or None before a fit."""
+    def _speculative_prior(self, bucket: int) -> Optional[Tuple[float, float, float]]:
+        """(tokens per request, seconds, weight in rounds) of one round of the bucket's last
+        fitted speculative plan as the model predicts it, or None before a fit."""
         last = self._last_fit.get(bucket)
         if last is None:
             return None
@@ -731,12 +734,12 @@ class FittedPolicy(Policy):
         spec, B = exp.get("speculative") or {}, exp.get("batch_size")
         if not B or not spec.get("ms") or spec.get("tokens") is None:
             return None
-        return float(spec["tokens"]) / float(B), 1e-3 * float(spec["ms"])
+        return float(spec["tokens"]) / float(B), 1e-3 * float(spec["ms"]), self.GUARD_PRIOR_ROUNDS / float(B)
 
     def realized(self, bucket: int) -> Optional[Tuple[float, float]]:
         """``(speculative, plain)`` tokens per request per second measured at this bucket, or
         None until both were measured ``MIN_REALIZED`` times. The speculative rate includes
-        ``GUARD_PRIOR_ROUNDS`` rounds of the model's prediction."""
+        ``GUARD_PRIOR_ROUNDS / B`` rounds of the model's prediction."""
         st = self._realized.get(bucket)
         if st is None:
             return None
@@ -745,7 +748,8 @@ class FittedPolicy(Policy):
             return None
         prior = self._speculative_prior(bucket)
         if prior is not None:
-            st_tok, st_s = st_tok + self.GUARD_PRIOR_ROUNDS * prior[0], st_s + self.GUARD_PRIOR_ROUNDS * prior[1]
+            tok, sec, rounds = prior
+            st_tok, st_s = st_tok + rounds * tok, st_s + rounds * sec
         return st_tok / st_s, pl_tok / pl_s
 
     def _last_probe_lost(self, bucket: int) -> bool:

@@ -666,9 +666,10 @@ def test_realized_throughput_guard_falls_back_to_plain_steps():
     assert policy.realized(1) is None and policy.plan(1).speculate        # not enough rounds yet
     policy.observe(spec, [0], [1], seconds=0.040)
     # measured 50 tok/s, plus the model's own prediction as GUARD_PRIOR_ROUNDS rounds
-    f, n = FittedPolicy.REALIZED_FORGET, FittedPolicy.GUARD_PRIOR_ROUNDS
+    f = FittedPolicy.REALIZED_FORGET
     measured_n = sum(f ** i for i in range(5))
-    prior_tok, prior_s = policy._speculative_prior(1)
+    prior_tok, prior_s, n = policy._speculative_prior(1)
+    assert n == FittedPolicy.GUARD_PRIOR_ROUNDS                         # batch 1: the whole prior
     assert prior_tok / prior_s > 100.0                                   # the model says speculate
     want = (2.0 * measured_n + n * prior_tok) / (0.040 * measured_n + n * prior_s)
     assert policy.realized(1) == pytest.approx((want, 100.0))
@@ -726,10 +727,10 @@ def test_guard_judges_a_static_batch_by_the_requests_furthest_behind():
             policy.observe(spec, [0, 1], [3, 0], seconds=0.020, progress=progress)
             policy.observe(spec.alternative, [], [], seconds=0.010, progress=None if progress is None else 1.0)
         verdicts.append((policy.realized(2), policy.plan(2).speculate))
-        prior_tok, prior_s = policy._speculative_prior(2)
+        prior_tok, prior_s, n = policy._speculative_prior(2)
+        assert n == FittedPolicy.GUARD_PRIOR_ROUNDS / 2          # a round's mean over 2 requests
         measured = sum(FittedPolicy.REALIZED_FORGET ** i for i in range(5))
         tok = 2.5 if progress is None else 1.0
-        n = FittedPolicy.GUARD_PRIOR_ROUNDS           # the model's prediction, as rounds
         want = (tok * measured + n * prior_tok) / (0.020 * measured + n * prior_s)
         assert verdicts[-1][0] == pytest.approx((want, 100.0))
     assert verdicts[0][0][0] > 100.0 and verdicts[0][1]
