@@ -156,6 +156,16 @@ def test_step_costs_save_load_and_frozen_borrowing(tmp_path):
         StepCosts.load(str(tmp_path / "bad.json"))
 
 
+def test_default_memory_fraction_gives_the_engine_the_same_memory_on_any_node():
+    from heterospec.vllm_plugin.__main__ import CPU_MEMORY_BUDGET_GIB, default_memory_fraction
+    gib = 1 << 30
+    for node in (9.34 * gib, 24 * gib, 64 * gib):
+        f = default_memory_fraction(int(node))
+        assert f * node == pytest.approx(CPU_MEMORY_BUDGET_GIB * gib, rel=0.01)
+    assert default_memory_fraction(2 * gib) == 0.9 and default_memory_fraction(1 << 50) == 0.05
+    assert 0.05 <= default_memory_fraction() <= 0.9                  # this machine
+
+
 def test_wrong_version_guard():
     calls = []
 

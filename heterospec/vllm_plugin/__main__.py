@@ -22,6 +22,33 @@ def _paths() -> dict:
     return {"target": str(default_target_dir()), "draft": str(default_draft_dir())}
 
 
+# What one engine of the built-in pair needs on CPU: float32 weights (~0.6 GiB), activations and
+# a KV cache for a few sequences of --max-model-len.
+CPU_MEMORY_BUDGET_GIB = 3.5
+
+
+def default_memory_fraction(node_bytes: int | None = None) -> float:
+    """vLLM's ``gpu_memory_utilization`` for a CPU engine: on CPU vLLM takes it as the fraction
+    of NUMA node 0's memory that the engine may use, weights included. A fixed fraction fits one
+    machine only (0.15 of a 9.3 GiB node left no room for the KV cache, 0.15 of 24 GiB did), so
+    the fraction gives the engine ``CPU_MEMORY_BUDGET_GIB`` of this machine's node (at most 90 %)."""
+    if node_bytes is None:
+        node_bytes = 0
+        try:
+            with open("/sys/devices/system/node/node0/meminfo") as f:
+                for line in f:
+                    if "MemTotal:" in line:
+                        node_bytes = int(line.split()[-2]) * 1024
+        except (OSError, ValueError, IndexError):
+            pass
+        if node_bytes <= 0:
+            try:
+                node_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+            except (OSError, ValueError, AttributeError):
+                return 0.15
+    return round(min(0.9, max(0.05, CPU_MEMORY_BUDGET_GIB * (1 << 30) / node_bytes)), 3)
+
+
 def _generate(args) -> int:
     from vllm import LLM, SamplingParams
 
@@ -42,7 +69,9 @@ def _generate(args) -> int:
         extra["heterospec"] = json.loads(args.options)
     llm = LLM(model=target, speculative_config=spec, additional_config=extra, dtype=args.dtype,
               max_model_len=args.max_model_len, max_num_seqs=max_seqs, enforce_eager=True, seed=0,
-              gpu_memory_utilization=args.memory_fraction, async_scheduling=False, disable_log_stats=False)
+              gpu_memory_utilization=(args.memory_fraction if args.memory_fraction is not None
+                                      else default_memory_fraction()),
+              async_scheduling=False, disable_log_stats=False)
 
     def spec_counters() -> dict:
         """vLLM's own speculative-decoding counters (drafts, draft tokens, accepted tokens)."""
@@ -98,8 +127,9 @@ def main(argv=None) -> int:
     g.add_argument("--draft", default=None)
     g.add_argument("--dtype", default="float32")
     g.add_argument("--max-model-len", type=int, default=2048)
-    g.add_argument("--memory-fraction", type=float, default=0.15,
-                   help="vLLM's gpu_memory_utilization (on CPU: the fraction of RAM for the KV cache)")
+    g.add_argument("--memory-fraction", type=float, default=None,
+                   help="vLLM's gpu_memory_utilization (on CPU: the fraction of NUMA node 0's memory "
+                        f"for the engine; default: {CPU_MEMORY_BUDGET_GIB} GiB of it)")
     args = p.parse_args(argv)
     if args.command == "paths":
         paths = _paths()
