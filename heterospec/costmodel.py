@@ -230,7 +230,7 @@ def measure(engine, quick: bool = True, batch_sizes: Sequence[int] = (1, 2, 4, 8
     ``passes``: the whole measurement this many times, every entry the fastest of its passes.
     Within a pass each entry is the fastest of ``repeats`` runs taken back to back, so a slow
     minute of a shared machine inflates the entries measured in it, and the curves' shapes with
-    them (seen: a one-token step timed 30 % above a two-token verify); a second pass minutes
+    them (seen: a one-token step timed well above a two-token verify); a second pass minutes
     later takes most of that out.
     """
     if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:

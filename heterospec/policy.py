@@ -716,11 +716,11 @@ class FittedPolicy(Policy):
     # the online corrections) counts as GUARD_PRIOR_ROUNDS / B speculative rounds at batch B.
     # Without it a handful of unlucky rounds decided alone: five rounds that accept nothing
     # happen 8 % of the time at an acceptance of 0.4, and a short warm-up call that met them
-    # turned speculation off for the next PROBE_EVERY rounds (batch sweeps: 64 plain rounds in a
-    # fresh process's first call at batch 1, where speculation gives 1.3x). The noise it guards
+    # turned speculation off for the next PROBE_EVERY rounds (batch sweeps: a fresh process's
+    # first call at batch 1 decoded plainly where speculation pays). The noise it guards
     # against is a round's accepted length, whose mean over B requests varies as 1 / B; a prior
     # of the same weight at every batch size kept an optimistic model speculating for many more
-    # losing rounds at batch 4-16 (measured: 0.92-0.94x autoregressive there against 0.97-1.04x).
+    # losing rounds at batch 4-16 (bench/RESULTS.md, the guard's prior).
     GUARD_PRIOR_ROUNDS = 3.0
 
     def _speculative_prior(self, bucket: int) -> Optional[Tuple[float, float, float]]:

@@ -188,8 +188,8 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, 
     Returns [B, Tq, Hq, D]. Every query row must see at least one key.
 
     On CPU a bfloat16 / float16 attention runs in float32 (inputs upcast, output cast back):
-    PyTorch's CPU flash kernel in bf16 is 4-5x slower than in float32 at one query row (a decode
-    step) and no faster at tree sizes, and float32 accumulates more exactly. One rule for every
+    PyTorch's CPU flash kernel in bf16 is several times slower than in float32 at one query row (a
+    decode step) and no faster at tree sizes (bench/RESULTS.md), and float32 accumulates more exactly. One rule for every
     query length, so the one-token and the tree forward round alike.
     """
     dtype = q.dtype

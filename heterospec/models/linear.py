@@ -15,12 +15,12 @@ machine (CPU model and flags, threads, torch version) in the heterospec cache.
 Timing is *cache-cold*: in a decode step every weight is read once, from memory, since a model's
 weights do not fit the last-level cache. A shape timed by calling one small weight over and over
 times it from cache instead, where the stock matrix-vector path wins at one row; from memory the
-reordered path streams faster (AVX-512 EPYC: a one-token step 52 -> 41 ms). So each shape is timed
+reordered path streams faster (bench/RESULTS.md, sixth session). So each shape is timed
 over enough copies of its weight, visited in turn, to exceed the last-level cache.
 
-Some row counts run slower than a larger one: oneDNN's two-row kernel streams the weights slower
-than its four-row kernel on the AVX-512 EPYC (every shape, float32 and bfloat16), so verifying a
-two-token tree cost more than a four-token one. Where the reordered path at the next one or two
+Some row counts run slower than a larger one: oneDNN's two-row kernel can stream the weights
+slower than its four-row kernel (seen on an AVX-512 EPYC, every shape), so verifying a two-token
+tree cost more than a four-token one. Where the reordered path at the next one or two
 timed row counts is measured faster, the input is padded with zero rows up to that count and the
 extra output rows dropped (:func:`pad_decisions`).
 

@@ -30,7 +30,7 @@ CPU_MEMORY_BUDGET_GIB = 3.5
 def default_memory_fraction(node_bytes: int | None = None) -> float:
     """vLLM's ``gpu_memory_utilization`` for a CPU engine: on CPU vLLM takes it as the fraction
     of NUMA node 0's memory that the engine may use, weights included. A fixed fraction fits one
-    machine only (0.15 of a 9.3 GiB node left no room for the KV cache, 0.15 of 24 GiB did), so
+    machine only (on a small node it left no room for the KV cache), so
     the fraction gives the engine ``CPU_MEMORY_BUDGET_GIB`` of this machine's node (at most 90 %)."""
     if node_bytes is None:
         node_bytes = 0
