@@ -58,6 +58,11 @@ def _cpu_info() -> dict:
     return {"cpu": model, "cpu_flags": flags}
 
 
+def isa_env() -> dict:
+    """The environment variables that cap the instruction set (an emulated smaller CPU)."""
+    return {k: os.environ[k] for k in ISA_ENV if os.environ.get(k)}
+
+
 def fingerprint(engine) -> dict:
     """Where and for what a cost model is valid."""
     target, draft = engine.target, engine.draft
@@ -71,7 +76,7 @@ def fingerprint(engine) -> dict:
     else:
         fp.update(_cpu_info())
         fp["threads"] = torch.get_num_threads()
-        fp["isa_env"] = {k: os.environ[k] for k in ISA_ENV if os.environ.get(k)}
+        fp["isa_env"] = isa_env()
         fp["linear"] = getattr(engine, "linear", "stock")
         if fp["linear"] == "tuned":
             from .models.linear import FORMAT as linear_format

@@ -32,6 +32,7 @@ not on the CPU or not in the weight's dtype.
 
 from __future__ import annotations
 
+import functools
 import glob
 import hashlib
 import json
@@ -119,9 +120,9 @@ class TunedLinear(nn.Linear):
 
 
 def _machine_key() -> dict:
-    from ..costmodel import ISA_ENV, _cpu_info
+    from ..costmodel import _cpu_info, isa_env
     key = {"torch": torch.__version__.split("+")[0], "threads": torch.get_num_threads(), **_cpu_info()}
-    isa = {k: os.environ[k] for k in ISA_ENV if os.environ.get(k)}
+    isa = isa_env()
     if isa:                  # an emulated smaller ISA (MKL / oneDNN capped) is another machine
         key["isa_env"] = isa
     return key
@@ -139,6 +140,7 @@ def _shape_key(layer: nn.Linear) -> str:
            f"{'bias' if layer.bias is not None else 'nobias'}"
 
 
+@functools.lru_cache(maxsize=None)
 def last_level_cache_bytes() -> int:
     """Size of the largest CPU cache (Linux sysfs), 32 MiB where it cannot be read."""
     best = 0
