@@ -397,11 +397,15 @@ def _survival_matrix(tables: "AcceptanceTables", opt: "BinningOption", actions) 
     return hit
 
 
-def _corrected_accept_matrix(survival: np.ndarray, position_scale: Sequence[float]) -> np.ndarray:
-    """:func:`corrected_accept` of every curve of ``survival`` (``[..., positions]``) at once."""
+def _corrected_accept_matrix(survival: np.ndarray, position_scale: Sequence[float],
+                             bin_scale: Optional[Sequence[float]] = None) -> np.ndarray:
+    """:func:`corrected_accept` of every curve of ``survival`` (``[..., positions]``) at once;
+    ``bin_scale`` (``survival`` ``[bins, actions, positions]``): a further factor per bin."""
     npos = survival.shape[-1]
     r = np.array([position_scale[min(j, len(position_scale) - 1)] for j in range(npos)]
                  if position_scale else np.ones(npos))
+    if bin_scale is not None:
+        r = r[None, None, :] * np.asarray(bin_scale, dtype=float)[:, None, None]
     return np.minimum.accumulate(np.minimum(survival * r, 1.0), axis=-1).sum(axis=-1)
 
 
@@ -422,10 +426,11 @@ RAGGED_STEP = 8
 
 def _fit_option(tables, opt, cost, B: int, context: int, ragged: bool, max_nodes,
                 position_scale: Sequence[float] = (), probs: Optional[Sequence[float]] = None,
-                quick: bool = False):
+                quick: bool = False, bin_scale: Optional[Sequence[float]] = None):
     """Best per-bin actions of one binning option at batch ``B``: ``(actions, evaluation)``.
     ``position_scale`` corrects the tables' acceptance per draft position
-    (:func:`corrected_accept`); ``probs`` replaces the calibration frequencies of the bins.
+    (:func:`corrected_accept`), ``bin_scale`` further per bin; ``probs`` replaces the calibration
+    frequencies of the bins.
     ``quick`` (batch > 1): no ascent, only ``(None, {"tokens_per_s": ...})`` of the better of its
     two starts (what :func:`fit_plan` short-lists options by).
 
@@ -442,7 +447,9 @@ def _fit_option(tables, opt, cost, B: int, context: int, ragged: bool, max_nodes
     p = np.array(list(probs) if probs is not None else [c / total for c in opt.counts], dtype=float)
     nb = len(p)
     surv, surv_arr = _survival_matrix(tables, opt, actions)
-    acc = _corrected_accept_matrix(surv_arr, position_scale)               # [bins, actions]
+    if bin_scale is not None and len(bin_scale) != nb:
+        bin_scale = None
+    acc = _corrected_accept_matrix(surv_arr, position_scale, bin_scale)    # [bins, actions]
     fwd = np.array([a[0] for a in actions], dtype=float)
     node_i = np.array([a[3] for a in actions])
     nodes = np.array([a[1] for a in actions], dtype=float)
@@ -537,7 +544,8 @@ def _fit_option(tables, opt, cost, B: int, context: int, ragged: bool, max_nodes
 def fit_plan(tables: AcceptanceTables, cost, batch_size: int, context: int = 256, ragged: bool = False,
              max_nodes: Optional[int] = None, margin: float = PLAIN_MARGIN,
              position_scale: Sequence[float] = (), time_scale: float = 1.0, plain_scale: float = 1.0,
-             bin_freq: Optional[Dict[int, Sequence[float]]] = None, shortlist: Optional[dict] = None) -> Plan:
+             bin_freq: Optional[Dict[int, Sequence[float]]] = None, shortlist: Optional[dict] = None,
+             bin_scale: Optional[Dict[int, Sequence[float]]] = None) -> Plan:
     """The plan that maximises expected tokens/s at ``batch_size`` under ``cost``.
 
     Every binning option of ``tables`` (where ``H(P*)`` is read, its K, the CART label) gets its
@@ -548,7 +556,8 @@ def fit_plan(tables: AcceptanceTables, cost, batch_size: int, context: int = 256
     ratio of observed to predicted acceptance on this workload; ``time_scale``: of observed to predicted
     speculative round time on this device, ``plain_scale`` the same for plain steps
     (:meth:`FittedPolicy.observe`); ``bin_freq``: per option index, the bin frequencies of this
-    workload (instead of the calibration ones). The returned plan carries the best plan of the
+    workload (instead of the calibration ones); ``bin_scale``: per option index, a factor per bin
+    on the position-corrected acceptance (observed / predicted, per bin). The returned plan carries the best plan of the
     other kind as ``alternative`` (None when no speculative action exists). At batch > 1 the
     (costlier) batch search runs on a shortlist: the 3 options best at batch 1 and the 3 whose
     search starts (the batch-1 optimum, the best action for all bins alike) are fastest at this
@@ -559,11 +568,12 @@ def fit_plan(tables: AcceptanceTables, cost, batch_size: int, context: int = 256
     plain_ms = cost.plain_ms(B, context) * plain_scale
     plain = {"tokens": float(B), "ms": plain_ms, "tokens_per_s": 1e3 * B / plain_ms}
     bin_freq = bin_freq or {}
+    bin_scale = bin_scale or {}
     options = list(range(len(tables.options)))
 
     def fit(i, batch, quick=False):
         return _fit_option(tables, tables.options[i], cost, batch, context, ragged, max_nodes,
-                           position_scale, bin_freq.get(i), quick)
+                           position_scale, bin_freq.get(i), quick, bin_scale.get(i))
 
     def best3(batch, quick=False):
         scored = [(e["tokens_per_s"], i) for i, e in ((i, fit(i, batch, quick)[1]) for i in options) if e is not None]
@@ -571,7 +581,8 @@ def fit_plan(tables: AcceptanceTables, cost, batch_size: int, context: int = 256
 
     if B > 1:   # the batch search is costlier: only the options best alone or starting best here
         shortlist = {} if shortlist is None else shortlist
-        key = (context, ragged, max_nodes, tuple(position_scale), tuple(sorted(bin_freq.items())))
+        key = (context, ragged, max_nodes, tuple(position_scale), tuple(sorted(bin_freq.items())),
+               tuple(sorted((i, tuple(v)) for i, v in bin_scale.items())))
         if key not in shortlist:
             shortlist[key] = best3(1)
         if key + (B,) not in shortlist:
@@ -596,6 +607,7 @@ def fit_plan(tables: AcceptanceTables, cost, batch_size: int, context: int = 256
                      depth=[a[0] for a in acts], budget=[a[1] - 1 for a in acts],
                      expected={"plain": plain, "speculative": best_eval, "batch_size": B, "label": opt.label,
                                "option": opt_i, "bin_freq": list(bin_freq[opt_i]) if opt_i in bin_freq else None,
+                               "bin_scale": list(bin_scale[opt_i]) if opt_i in bin_scale else None,
                                **scales},
                      predicted_accept=[a[4] for a in acts], survival=[list(a[5]) for a in acts])
     if best_eval["tokens_per_s"] < margin * plain["tokens_per_s"]:
@@ -637,6 +649,11 @@ class FittedPolicy(Policy):
         # frequencies in use (moved by FREQ_HYSTERESIS or more).
         self._bin_obs: Dict[int, List[float]] = {}
         self._freq_used: Dict[int, Tuple[float, ...]] = {}
+        # Per binning option, bin and draft position: how often a request accepted it vs. the
+        # tables' prediction (forgotten sums, as the position scale's), and the factors in use
+        # (see bin_scale).
+        self._bin_acc: Dict[int, List[List[float]]] = {}
+        self._bin_scale_used: Dict[int, Tuple[float, ...]] = {}
         # Per bucket: speculative tokens/request, seconds, rounds; plain the same (the guard).
         self._realized: Dict[int, List[float]] = {}
         self._observed_rounds: Dict[int, int] = {}    # rounds observed per bucket (refit gap)
@@ -689,7 +706,8 @@ class FittedPolicy(Policy):
         b = self.bucket(batch_size)
         c = self.context if context is None else 1 << max(8, int(max(context, 1) - 1).bit_length())
         s, t, q, f = self.position_scale(), self.time_scale(b), self.plain_scale(b), self.bin_frequencies()
-        key = (b, c, s, t, q, tuple(sorted(f.items())))
+        g = self.bin_scale()
+        key = (b, c, s, t, q, tuple(sorted(f.items())), tuple(sorted(g.items())))
         last = self._last_fit.get(b)
         if key not in self._plans and last is not None:
             since = self._observed_rounds.get(b, 0) - last[0]
@@ -698,7 +716,8 @@ class FittedPolicy(Policy):
         if key not in self._plans:
             t0 = time.perf_counter()
             plan = fit_plan(self.tables, self._memo, b, c, self.ragged, max_nodes=self.max_nodes,
-                            position_scale=s, time_scale=t, plain_scale=q, bin_freq=f, shortlist=self._shortlist)
+                            position_scale=s, time_scale=t, plain_scale=q, bin_freq=f, shortlist=self._shortlist,
+                            bin_scale=g)
             self._fit_s += time.perf_counter() - t0
             if plan.speculate:            # the plain plan the guard falls back to probes this one
                 plan.alternative.alternative = plan
@@ -907,6 +926,32 @@ class FittedPolicy(Policy):
 
     HYSTERESIS = 0.1          # a scale in use changes only when the measurement moved this much
 
+    # The position scale corrects every bin alike; where the tables' bins are off by different
+    # amounts on this workload (e.g. the easy bins as calibrated, the hard ones far below: vLLM's
+    # drafter on chat prompts), one scale per position makes the easy bins look as bad as the
+    # average and the policy drafts too little where it pays. Per bin: its accepted drafts over
+    # what the tables with the position scale in use predict for its rounds (once that is
+    # MIN_OBSERVED or more), shrunk towards 1 by BIN_PRIOR predicted acceptances, within [0.25, 4], in steps of 0.05 moved by HYSTERESIS.
+    # Where the position scale explains a bin's rounds, its factor is 1.
+    BIN_PRIOR = 8.0
+
+    def bin_scale(self) -> Dict[int, Tuple[float, ...]]:
+        """Per binning option this workload has run: a factor per bin on the position-corrected
+        acceptance (1 for a bin with no observations)."""
+        pos = self.position_scale()
+        for i, sums in self._bin_acc.items():
+            used = list(self._bin_scale_used.get(i) or [1.0] * len(sums))
+            for b, (obs_j, pred_j) in enumerate(sums):
+                obs = sum(obs_j)
+                pred = sum(x * pos[min(j, len(pos) - 1)] for j, x in enumerate(pred_j))
+                if pred < self.MIN_OBSERVED:      # as the position scale: measured enough first
+                    continue
+                r = min(4.0, max(0.25, (obs + self.BIN_PRIOR) / (pred + self.BIN_PRIOR)))
+                if abs(r - used[b]) >= self.HYSTERESIS:
+                    used[b] = round(r / 0.05) * 0.05
+            self._bin_scale_used[i] = tuple(used)
+        return dict(self._bin_scale_used)
+
     MIN_OBSERVED = 10.0       # predicted acceptances of a position before its own scale applies
     FORGET = 0.995            # per round: a half-life of about 140 rounds
 
@@ -916,6 +961,8 @@ class FittedPolicy(Policy):
                              "used": list(self._pos_used)},
                 "bins": {str(i): list(v) for i, v in self._bin_obs.items()},
                 "bins_used": {str(i): list(v) for i, v in self._freq_used.items()},
+                "bin_accept": {str(i): [list(x) for x in v] for i, v in self._bin_acc.items()},
+                "bin_scale_used": {str(i): list(v) for i, v in self._bin_scale_used.items()},
                 "time": {str(b): list(v) for b, v in self._time.items()},
                 "plain": {str(b): list(v) for b, v in self._plain.items()},
                 "time_used": {str(b): v for b, v in self._time_used.items()},
@@ -946,10 +993,17 @@ class FittedPolicy(Policy):
             bins = {int(i): [float(x) for x in v] for i, v in state.get("bins", {}).items()}
             bins_used = {int(i): tuple(float(x) for x in v) for i, v in state.get("bins_used", {}).items()}
             realized = {int(b): [float(x) for x in v] for b, v in state.get("realized", {}).items()}
+            npos = len(self._pos_used)
+            bin_acc = {int(i): [[[float(x) for x in row] for row in pair] for pair in v]
+                       for i, v in state.get("bin_accept", {}).items()}
+            bin_scale_used = {int(i): tuple(float(x) for x in v)
+                              for i, v in state.get("bin_scale_used", {}).items()}
+            if any(len(pair) != 2 or any(len(row) != npos for row in pair) for v in bin_acc.values() for pair in v):
+                return                  # not these sums: start from the tables
             if any(len(v) != 6 or min(v) < 0 for v in realized.values()):
                 return                  # not the guard's sums: start from the tables
             nopt = len(self.tables.options)
-            for d in (bins, bins_used):
+            for d in (bins, bins_used, bin_acc, bin_scale_used):
                 if any(not 0 <= i < nopt or len(v) != len(self.tables.options[i].counts) for i, v in d.items()):
                     return              # measured with other tables: start from these
         except (KeyError, TypeError, ValueError, AttributeError):
@@ -957,6 +1011,7 @@ class FittedPolicy(Policy):
         self._pos_obs, self._pos_pred, self._pos_used = obs, pred, used
         self._time, self._time_used, self._plain, self._plain_used = time_, time_used, plain, plain_used
         self._bin_obs, self._freq_used = bins, bins_used
+        self._bin_acc, self._bin_scale_used = bin_acc, bin_scale_used
         self._realized = realized
         self.refit()
 
@@ -1029,9 +1084,21 @@ class FittedPolicy(Policy):
                     for k in range(len(obs)):
                         obs[k] *= self.FORGET
                     obs[b] += 1.0
+        npos = len(self._pos_obs)
+        sums = self._bin_acc.setdefault(opt_i, [[[0.0] * npos, [0.0] * npos] for _ in range(plan.num_bins)]) \
+            if opt_i is not None and 0 <= opt_i < len(self.tables.options) \
+            and len(self.tables.options[opt_i].counts) == plan.num_bins else None
         for r, (b, a) in enumerate(zip(bins, accepted)):
             if 0 <= b < plan.num_bins:
                 n = len(self._pos_obs) if drafted is None else int(drafted[r])
+                if sums is not None and plan.survival[b][:n]:
+                    for obs_j, pred_j in sums:
+                        for j in range(npos):
+                            obs_j[j] *= self.FORGET
+                            pred_j[j] *= self.FORGET
+                    for j, sj in enumerate(plan.survival[b][:min(n, npos)]):
+                        sums[b][0][j] += 1.0 if a > j else 0.0
+                        sums[b][1][j] += sj
                 for j, sj in enumerate(plan.survival[b][:n]):
                     self._pos_obs[j] = self._pos_obs[j] * self.FORGET + (1.0 if a > j else 0.0)
                     self._pos_pred[j] = self._pos_pred[j] * self.FORGET + sj

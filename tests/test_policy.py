@@ -2,6 +2,7 @@
 batched rounds whose requests take different actions (lossless, greedy and sampled)."""
 
 import itertools
+import json
 import math
 import warnings
 
@@ -1042,3 +1043,38 @@ def test_chain_tables_for_vllm(tmp_path):
                 for d in range(6):
                     assert (t[d] <= d + 1 + 1e-9).all()
                     assert torch.allclose(t[d, d + 2:], t[d, d + 1].expand(t[d, d + 2:].shape))
+
+
+def test_bin_scale_keeps_an_easy_bin_easy_when_another_bin_fails():
+    """The tables say bin 1 accepts 0.6 per layer; on this workload it accepts nothing, while
+    bin 0 accepts as calibrated. The position scale alone drags both bins down (it is one ratio
+    per position); the per-bin factor gives bin 0 back its acceptance and bin 1 its failure."""
+    tables = _tables(easy_accept=0.9, hard_accept=0.6, counts=(50, 50))
+    cost = LinearCost(a=10.0, b=1.0, c=0.5, e=0.5)
+
+    def run(with_bins):
+        policy = FittedPolicy(tables, cost, SpecConfig(top_k=4, depth=1, total_tokens=4))
+        if not with_bins:
+            policy.bin_scale = lambda: {}
+        for r in range(300):
+            plan = policy.plan(1)
+            if not plan.speculate:
+                plan = plan.alternative
+            b = r % 2
+            n = len(plan.survival[b])
+            accepted = 0 if b == 1 or r % 20 == 0 else n       # bin 0: ~0.9 of rounds accept all
+            policy.observe(plan, [b], [accepted])
+        return policy, policy.plan(1)
+
+    policy, plan = run(True)
+    scale = policy.bin_scale()[0]
+    assert scale[0] >= 1.0 and scale[1] <= 0.5
+    _, without = run(False)
+    assert plan.speculate
+    # bin 0's predicted acceptance is back near what it delivers; without the factors it is not
+    assert plan.predicted_accept[0] > 1.2 * without.predicted_accept[0]
+    assert plan.predicted_accept[1] <= 0.1
+    # the state round-trips (the engine keeps it between processes)
+    again = FittedPolicy(tables, cost, SpecConfig(top_k=4, depth=1, total_tokens=4))
+    again.load_state(json.loads(json.dumps(policy.state())))
+    assert again.bin_scale() == policy.bin_scale()

@@ -3,15 +3,20 @@
 vLLM runs the target, samples, and then calls the proposer; the time from the end of one
 ``propose`` call to the start of the next is everything the target side of one step cost
 (scheduling, the forward over the step's tokens, rejection sampling, bookkeeping), and the time
-inside ``propose`` is the draft's. Per batch-size bucket two lines are fitted by exponentially
-two-time-scale updates (:class:`_Line`):
+inside ``propose`` is the draft's. Per batch-size bucket three quantities are learned:
 
-    target_ms(B, T)       = a_B + s_B * (T - B)      T = tokens in the target forward
+    plain_ms(B)           = p_B                      a step without drafts
+    target_ms(B, T)       = a_B + s_B * (T - B) / B  a step verifying drafts, T = tokens in its forward
     draft_ms(B, steps)    = f_B + g_B * steps        steps = draft forwards after the first
 
-and exposed with the interface :func:`heterospec.policy.fit_plan` expects of a cost model
-(``plain_ms``, ``verify_ms``, ``draft_ms``), so the fitted policy is the same one our own engine
-uses. vLLM packs the requests of a step without padding, so verification is ragged.
+The speculative line has its own intercept ``a_B`` rather than the plain step's: a step that
+verifies drafts also runs the rejection sampler and the drafts' bookkeeping, a fixed cost that a
+line through the plain steps would charge to the first draft tokens as a steep slope, and then
+extrapolate to longer chains (bench/RESULTS.md, vLLM step costs by K). Each line is fitted to
+forgotten means of the steps per x (:class:`_Line`) and exposed with the interface
+:func:`heterospec.policy.fit_plan` expects of a cost model (``plain_ms``, ``verify_ms``,
+``draft_ms``), so the fitted policy is the same one our own engine uses. vLLM packs the requests
+of a step without padding, so verification is ragged.
 """
 
 from __future__ import annotations
@@ -23,71 +28,89 @@ from ..policy import FittedPolicy
 
 
 class _Line:
-    """y = level + slope * x, learned online on two time scales.
+    """y = level + slope * x, fitted to exponentially forgotten means of y per value of x.
 
-    Until the slope is identified (two distinct x seen) the points are kept and fitted by least
-    squares. After that each point updates the slope from its distance to the current level
-    (points with x > 0 only) and then the level from ``y - slope * x`` (every point). A long run
-    at one x (e.g. plain steps, x = 0) moves the level - the step cost drifts as contexts grow -
-    but leaves the slope alone, which a forgetting least-squares fit would drag towards the
-    level's drift."""
+    x is rounded to ``RESOLUTION``; each value keeps the mean of its points (the median of its
+    first ``FIRST`` points, so that a first step that paid a one-off cost does not set it; then
+    an exponential mean that follows drift within ~10 points). The line is the least-squares fit
+    through those means, each weighted by its points up to ``WEIGHT_CAP``: a value of x seen
+    rarely (the long chains of an easy bin) counts as much as one seen in most steps once it was
+    measured a few times. An online update of level and slope from each point cannot tell them
+    apart when nearly every point has the same x (most steps draft one token): they drifted
+    together until the slope was far from the steps' real cost per token."""
 
-    LEVEL_KEEP = 0.9       # per point: the level follows drift within ~10 points
-    SLOPE_KEEP = 0.95      # per point with x > 0
+    RESOLUTION = 0.25
+    FIRST = 5
+    KEEP = 0.9
+    WEIGHT_CAP = 8.0
 
     def __init__(self) -> None:
         self.level: Optional[float] = None
         self.slope: Optional[float] = None
         self.n = 0
-        self._points: list = []
+        self.means: Dict[float, list] = {}      # x -> [mean y, points, first points]
 
     def add(self, x: float, y: float) -> None:
         self.n += 1
-        if self.slope is None:
-            self._points.append((x, y))
-            xs = [p[0] for p in self._points]
-            if max(xs) - min(xs) > 1e-9:
-                m = len(xs)
-                mx, my = sum(xs) / m, sum(p[1] for p in self._points) / m
-                sxx = sum((p[0] - mx) ** 2 for p in self._points)
-                self.slope = max(0.0, sum((p[0] - mx) * (p[1] - my) for p in self._points) / sxx)
-                self.level = my - self.slope * mx
-                self._points = []
-            else:
-                self.level = sum(p[1] for p in self._points) / len(self._points)
+        key = round(float(x) / self.RESOLUTION) * self.RESOLUTION
+        m = self.means.setdefault(key, [float(y), 0, []])
+        m[1] += 1
+        if len(m[2]) < self.FIRST:
+            m[2].append(float(y))
+            ys = sorted(m[2])
+            m[0] = 0.5 * (ys[(len(ys) - 1) // 2] + ys[len(ys) // 2])
+        else:
+            m[0] = self.KEEP * m[0] + (1.0 - self.KEEP) * float(y)
+        self._fit()
+
+    def _fit(self) -> None:
+        pts = [(x, m[0], min(float(m[1]), self.WEIGHT_CAP)) for x, m in self.means.items()]
+        w = sum(p[2] for p in pts)
+        mx, my = sum(p[0] * p[2] for p in pts) / w, sum(p[1] * p[2] for p in pts) / w
+        sxx = sum(p[2] * (p[0] - mx) ** 2 for p in pts)
+        if len(pts) < 2 or sxx <= 1e-12:
+            self.level, self.slope = my, None
             return
-        if x > 0:
-            sample = (y - self.level) / x
-            self.slope = max(0.0, self.SLOPE_KEEP * self.slope + (1 - self.SLOPE_KEEP) * sample)
-        self.level = self.LEVEL_KEEP * self.level + (1 - self.LEVEL_KEEP) * (y - self.slope * x)
+        self.slope = max(0.0, sum(p[2] * (p[0] - mx) * (p[1] - my) for p in pts) / sxx)
+        self.level = my - self.slope * mx
+
+    @property
+    def ready(self) -> bool:
+        """The slope is identified: two values of x were measured."""
+        return self.slope is not None
+
+    @property
+    def known(self) -> bool:
+        """A level was measured (a line whose x never varied predicts that level)."""
+        return self.level is not None
 
     def at(self, x: float) -> Optional[float]:
         if self.level is None:
             return None
         return max(1e-3, self.level + (self.slope or 0.0) * x)
 
-    @property
-    def ready(self) -> bool:
-        return self.slope is not None
-
     def to_list(self) -> list:
-        return [self.level, self.slope, self.n]
+        return [[x, m[0], m[1], m[2]] for x, m in sorted(self.means.items())]
 
     @classmethod
     def from_list(cls, v) -> "_Line":
         line = cls()
-        level, slope, n = v
-        line.level = None if level is None else float(level)
-        line.slope = None if slope is None else float(slope)
-        line.n = int(n)
+        for x, mean, count, first in v:
+            line.means[float(x)] = [float(mean), int(count), [float(y) for y in first]]
+            line.n += int(count)
+        if line.means:
+            line._fit()
         return line
 
 
 class StepCosts:
-    """Per batch bucket: the target step vs. its tokens and the draft vs. its forwards."""
+    """Per batch bucket: plain steps, speculative steps vs. their tokens, the draft vs. its forwards."""
+
+    FORMAT = 2     # format 1: one line through plain and speculative steps, updated per point
 
     def __init__(self) -> None:
-        self.target: Dict[int, _Line] = {}
+        self.plain: Dict[int, _Line] = {}       # x = 0 always: the level
+        self.target: Dict[int, _Line] = {}      # x = draft tokens per request (> 0)
         self.draft: Dict[int, _Line] = {}
         self.frozen = False          # True: no learning; a bucket never measured borrows the nearest one
 
@@ -97,7 +120,7 @@ class StepCosts:
 
     def _line(self, table: Dict[int, _Line], batch_size: int) -> _Line:
         b = self.bucket(batch_size)
-        if self.frozen and not (b in table and table[b].ready):
+        if self.frozen and not (b in table and table[b].known):
             near = self.nearest_ready(batch_size)
             if near is not None:
                 return table[near]
@@ -105,32 +128,42 @@ class StepCosts:
 
     # -- learning ----------------------------------------------------------------------------
     def add_target(self, batch_size: int, tokens: int, ms: float) -> None:
-        self._line(self.target, batch_size).add(float(tokens - batch_size) / batch_size, ms)
+        """A step whose target forward ran ``tokens`` tokens (``batch_size`` of them: no drafts)."""
+        x = float(tokens - batch_size) / batch_size
+        if x <= 0:
+            self._line(self.plain, batch_size).add(0.0, ms)
+        else:
+            self._line(self.target, batch_size).add(x, ms)
 
     def add_draft(self, batch_size: int, steps: int, ms: float) -> None:
         self._line(self.draft, batch_size).add(float(steps), ms)
 
     def predict_target(self, batch_size: int, tokens: int) -> Optional[float]:
-        line = self.target.get(self.bucket(batch_size))
-        return None if line is None else line.at(float(tokens - batch_size) / batch_size)
+        x = float(tokens - batch_size) / batch_size
+        line = (self.plain if x <= 0 else self.target).get(self.bucket(batch_size))
+        return None if line is None else line.at(max(0.0, x))
 
-    def state(self, batch_size: int) -> Tuple[int, int, bool, bool]:
-        """(target observations, draft observations, target slope known, draft slope known)."""
-        t = self.target.get(self.bucket(batch_size))
-        d = self.draft.get(self.bucket(batch_size))
-        return (t.n if t else 0, d.n if d else 0, bool(t and t.ready), bool(d and d.ready))
+    def state(self, batch_size: int) -> Tuple[int, int, int, bool, bool]:
+        """(plain steps, speculative steps, draft calls observed, speculative slope known, draft
+        slope known)."""
+        b = self.bucket(batch_size)
+        p, t, d = self.plain.get(b), self.target.get(b), self.draft.get(b)
+        return (p.n if p else 0, t.n if t else 0, d.n if d else 0, bool(t and t.ready), bool(d and d.ready))
 
     # -- saved between processes -------------------------------------------------------------
     def to_dict(self) -> dict:
-        return {"format": 1, "target": {str(b): v.to_list() for b, v in self.target.items()},
-                "draft": {str(b): v.to_list() for b, v in self.draft.items()}}
+        return {"format": self.FORMAT,
+                **{name: {str(b): v.to_list() for b, v in getattr(self, name).items()}
+                   for name in ("plain", "target", "draft")}}
 
     @classmethod
     def from_dict(cls, d: dict) -> "StepCosts":
         c = cls()
         try:
-            c.target = {int(b): _Line.from_list(v) for b, v in d["target"].items()}
-            c.draft = {int(b): _Line.from_list(v) for b, v in d["draft"].items()}
+            if d.get("format") != cls.FORMAT:
+                raise ValueError(f"format {d.get('format')!r}, this version reads format {cls.FORMAT}")
+            for name in ("plain", "target", "draft"):
+                setattr(c, name, {int(b): _Line.from_list(v) for b, v in d[name].items()})
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ValueError(f"not a saved vLLM step-cost model: {e}") from None
         return c
@@ -145,8 +178,9 @@ class StepCosts:
             return cls.from_dict(json.load(f))
 
     def nearest_ready(self, batch_size: int) -> Optional[int]:
-        """The bucket closest to ``batch_size``'s with both lines known (frozen costs)."""
-        ready = [b for b in self.target if self.target[b].ready and b in self.draft and self.draft[b].ready]
+        """The bucket closest to ``batch_size``'s with all three costs measured (frozen costs)."""
+        ready = [b for b in self.plain if self.plain[b].known and b in self.target and self.target[b].known
+                 and b in self.draft and self.draft[b].known]
         if not ready:
             return None
         want = self.bucket(batch_size)
@@ -154,11 +188,13 @@ class StepCosts:
 
     # -- the cost-model interface of heterospec.policy.fit_plan ------------------------------
     def plain_ms(self, batch_size: int, context: int = 0) -> float:
-        return self._line(self.target, batch_size).at(0.0) or 1.0
+        return self._line(self.plain, batch_size).at(0.0) or 1.0
 
     def verify_ms(self, batch_size: int, nodes: float, context: int = 0) -> float:
         """Target step with ``nodes`` tokens per request (root included) on average."""
-        return self._line(self.target, batch_size).at(float(nodes) - 1.0) or 1.0
+        if nodes <= 1.0:
+            return self.plain_ms(batch_size, context)
+        return self._line(self.target, batch_size).at(float(nodes) - 1.0) or self.plain_ms(batch_size, context)
 
     def draft_ms(self, batch_size: int, steps: float, extend_tokens: float = 1.0) -> float:
         return self._line(self.draft, batch_size).at(float(steps)) or 0.0

@@ -6,8 +6,10 @@ single-token forward per further draft token. :class:`HeteroSpecProposer` keeps 
 decides, once per step, between the first forward and the loop:
 
 1. **Plain steps.** When the fitted plan for this batch size says speculation does not pay
-   (``Plan.speculate`` false), the drafter does not run at all and every request gets no draft:
-   the step costs what vLLM's autoregressive step costs.
+   (``Plan.speculate`` false), the drafter does not run (except over a prefill) and every
+   request gets no draft: the step costs what vLLM's autoregressive step costs. Plain steps
+   inside speculation (probes, the guard) run the draft's first forward only (``WARM``, see
+   :meth:`HeteroSpecProposer._keep_warm`).
 2. **Entropy bins.** Otherwise, after the first forward, each request's Top-K entropy of the
    draft distribution (``torch.ops.heterospec.topk_entropy``, the first node of HeteroSpec's
    meta-path) selects its bin, and the bin's action its draft length ``k`` (0 .. the configured
@@ -21,10 +23,10 @@ model learned from vLLM's own steps (:class:`StepCosts`). A batch-size bucket is
 cheapest steps first (:meth:`HeteroSpecProposer._explore_plan`), and briefly again every
 ``REEXPLORE`` steps.
 
-A step that drafts nothing leaves the draft's KV cache without the entries of that step's
-tokens (like vLLM's own proposers when they are skipped); acceptance after a long plain stretch
-is then lower until those positions leave the context window of what matters. The output is
-unaffected: every draft token is verified by the target.
+A step whose drafter does not run leaves the draft's KV cache without the entries of that
+step's tokens; acceptance stays lower for the rest of those requests. That is why plain steps
+are warm wherever the plan may soon draft. The output is unaffected either way: every draft
+token is verified by the target.
 """
 
 from __future__ import annotations
@@ -47,7 +49,10 @@ logger = init_logger("vllm.heterospec")
 
 REEXPLORE = 256          # steps of a bucket between two short exploration bursts
 EXPLORE_PLAIN = 3        # plain steps timed before a bucket drafts at all
+EXPLORE_SPEC = 2         # 1-token steps timed before the bound check (their median is the level)
 REFIT_EVERY = 32         # timed steps of a bucket between two policy refits
+PLAIN, WARM, SPECULATE = 0, 1, 2   # what a step does with the drafter: skip it, first forward only, draft
+TRACE_ENV = "HETEROSPEC_VLLM_TRACE"   # a file: one JSON line per step (batch, tokens, times, plan)
 
 
 class HeteroSpecProposer(EagleProposer):
@@ -93,6 +98,7 @@ class HeteroSpecProposer(EagleProposer):
         self._prev_plan: Optional[Plan] = None       # the plan of the previous step (plain too)
         self._prev_draft_ms = 0.0                     # its draft time
         self._decision = None
+        self._trace = open(os.environ[TRACE_ENV], "a") if os.environ.get(TRACE_ENV) else None
         logger.info("HeteroSpec: per-request draft lengths 0..%d from %d-bin chain tables (%s); step costs %s (%s)",
                     self.max_draft, len(self.tables.options[0].edges) + 1, self.tables.provenance.get("date", "?"),
                     self.costs_path, "learning" if self.learn else "frozen")
@@ -101,24 +107,25 @@ class HeteroSpecProposer(EagleProposer):
     def _explore_plan(self, b: int) -> Optional[Plan]:
         """The plan of an exploration step at bucket ``b``, or None once its costs are known.
 
-        Cheapest first: plain steps (the level, free), one step drafting 1 token per request (the
-        target's cost per extra token), and only if the plan is still worth drafting with the
-        draft's loop taken as free (an optimistic bound) a step drafting 2 (the draft's cost per
-        forward). A bucket where speculation cannot pay is therefore settled after one drafting
-        step. Every ``REEXPLORE`` steps one 1-token step refreshes the target's slope."""
+        Cheapest first: plain steps (the plain level, free), one step drafting 1 token per
+        request (the speculative step's level and the draft's first forward), and only if the
+        plan is still worth drafting with the speculative line flat and the draft's loop free (an
+        optimistic bound) steps drafting 2 (the slopes of both lines). A bucket where
+        speculation cannot pay is therefore settled after one drafting step. Every ``REEXPLORE``
+        steps one 1-token step refreshes the low end of the speculative line."""
         if not self.learn:
             return None
-        n_target, _, t_ready, d_ready = self.costs.state(b)
+        n_plain, n_spec, _, t_ready, d_ready = self.costs.state(b)
         seen = self.seen.get(b, 0)
-        if n_target < EXPLORE_PLAIN:
+        if n_plain < EXPLORE_PLAIN:
             return Plan("explore-plain", speculate=False, binned=False)
-        if not t_ready or (seen >= REEXPLORE and seen % REEXPLORE == 0):
+        if n_spec < EXPLORE_SPEC or (seen >= REEXPLORE and seen % REEXPLORE == 0):
             return self._chain_plan("explore", 1)
-        if not d_ready and self.max_draft >= 2:      # (with K = 1 the draft never loops)
+        if not (t_ready and d_ready) and self.max_draft >= 2:     # (with K = 1 the slopes never matter)
             if b not in self.bound_checked:
                 self.bound_checked.add(b)
                 self.policy.refit()
-            if self.policy.plan(b).speculate:      # worth drafting even if the loop were free
+            if self.policy.plan(b).speculate:      # worth drafting even if longer chains were free
                 return self._chain_plan("explore", 2)
         return None
 
@@ -151,14 +158,15 @@ class HeteroSpecProposer(EagleProposer):
     # -- timing and acceptance of the step that just ran -------------------------------------
     def _observe_step(self, batch_size: int, num_tokens: int, max_query_len: int,
                       num_rejected: Optional[torch.Tensor], now: float) -> None:
+        if self._trace is not None:
+            self._trace_step(batch_size, num_tokens, max_query_len, num_rejected, now)
         if not self.learn:                 # frozen: plans depend on the batch and the entropies only
             return
         step_s = None                      # the whole previous step (draft + target), if clean
         if self._step_end is not None and max_query_len <= 1 + self.max_draft:   # no prefill in it
             ms = 1e3 * (now - self._step_end)
             pred = self.costs.predict_target(batch_size, num_tokens)
-            ready = self.costs.state(batch_size)[2]
-            if pred is None or not ready or ms < 3.0 * pred:        # else: the engine was idle
+            if pred is None or ms < 3.0 * pred:        # else: the engine was idle
                 self.costs.add_target(batch_size, num_tokens, ms)
                 b = self.costs.bucket(batch_size)
                 self.timed_since_fit[b] = self.timed_since_fit.get(b, 0) + 1
@@ -180,24 +188,47 @@ class HeteroSpecProposer(EagleProposer):
             if bins:
                 self.policy.observe(plan, bins, accepted, seconds=step_s, drafted=drafted)
 
+    def _trace_step(self, batch_size, num_tokens, max_query_len, num_rejected, now) -> None:
+        """One JSON line for the step that just ran: its plan, draft lengths, draft and target
+        milliseconds, tokens in the target forward, and the drafts the target rejected."""
+        import json
+        rec = {"batch": batch_size, "tokens": num_tokens, "max_query_len": max_query_len,
+               "plan": self._prev_plan.name if self._prev_plan is not None else None,
+               "k": [k for _, k in self._prev.values()], "draft_ms": round(self._prev_draft_ms, 3),
+               "target_ms": None if self._step_end is None else round(1e3 * (now - self._step_end), 3),
+               "rejected": None if num_rejected is None or not self._prev else num_rejected.tolist()}
+        self._trace.write(json.dumps(rec) + "\n")
+        self._trace.flush()
+
     # -- vLLM's hooks ------------------------------------------------------------------------
     def propose(self, num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
                 next_token_ids, token_indices_to_sample, common_attn_metadata, sampling_metadata,
                 mm_embed_inputs=None, num_rejected_tokens_gpu=None, slot_mappings=None):
         now = time.perf_counter()
         batch_size = common_attn_metadata.batch_size()
-        self._observe_step(batch_size, int(common_attn_metadata.num_actual_tokens),
-                           int(common_attn_metadata.max_query_len), num_rejected_tokens_gpu, now)
+        max_query_len = int(common_attn_metadata.max_query_len)
+        self._observe_step(batch_size, int(common_attn_metadata.num_actual_tokens), max_query_len,
+                           num_rejected_tokens_gpu, now)
         req_ids = list(self.hs_runner.input_batch.req_ids[:batch_size])
         limit = min(int(num_speculative_tokens), self.max_draft)
         plan = self._plan(batch_size)
-        speculate = plan.speculate and limit > 0
-        if self.tp_group is not None:
-            flag = torch.tensor([int(speculate)], device=self.device)
-            speculate = bool(self.tp_group.broadcast(flag, src=0)[0].item())
-        if speculate and not plan.speculate:     # another TP rank's plan: this rank follows rank 0
+        prefill = max_query_len > 1 + self.max_draft
+        mode = SPECULATE if plan.speculate and limit > 0 else \
+            WARM if limit > 0 and (prefill or self._keep_warm(batch_size, plan)) else PLAIN
+        if self.tp_group is not None:            # every rank runs rank 0's forwards
+            flag = torch.tensor([mode], device=self.device)
+            mode = int(self.tp_group.broadcast(flag, src=0)[0].item())
+        if mode == SPECULATE and not plan.speculate:     # another TP rank's plan: this rank follows rank 0
             plan = self._chain_plan("follow", 1)
-        if not speculate:
+        if mode != SPECULATE:
+            if mode == WARM:   # the draft's KV cache gets this step's tokens; the step stays plain
+                super().propose(0, target_token_ids, target_positions, target_hidden_states, next_token_ids,
+                                token_indices_to_sample, common_attn_metadata, sampling_metadata,
+                                mm_embed_inputs=mm_embed_inputs, num_rejected_tokens_gpu=num_rejected_tokens_gpu,
+                                slot_mappings=slot_mappings)
+                self.num_speculative_tokens = self.max_draft
+            # (a warm forward is not charged to the plain step: the guard compares speculation
+            # with what plain decoding costs)
             self._prev, self._prev_plan, self._prev_draft_ms = {}, plan, 0.0
             self._step_end = time.perf_counter()
             return [[] for _ in range(batch_size)]
@@ -212,7 +243,7 @@ class HeteroSpecProposer(EagleProposer):
         self._decision = None
         self.num_speculative_tokens = self.max_draft
         bins, ks = decided if decided is not None else ([0] * batch_size, [min(limit, 1)] * batch_size)
-        if self.learn:
+        if self.learn and not prefill:      # (a prefill's first forward runs over the prompt)
             self.costs.add_draft(batch_size, max(0, drafts.shape[1] - 1), draft_ms)
         rows = drafts.tolist()
         out: List[List[int]] = [row[:k] for row, k in zip(rows, ks)]
@@ -220,6 +251,24 @@ class HeteroSpecProposer(EagleProposer):
         self._prev_plan, self._prev_draft_ms = plan, draft_ms
         self._step_end = time.perf_counter()
         return out
+
+    def _keep_warm(self, batch_size: int, plan: Plan) -> bool:
+        """Whether a plain step runs the draft's first forward anyway (``WARM``).
+
+        vLLM's draft keeps its own KV cache, written only by the draft's forwards: a step that
+        skips the drafter leaves a hole at that step's positions in every request, and the
+        draft attends over the holes for the rest of the request (its acceptance fell the
+        longer plain stretches lasted). Plain steps inside speculation (the policy's probes,
+        the guard's fallback, exploration) therefore run the first forward, a small share of a
+        step at the batch sizes where speculation pays; a bucket whose fitted plan is plain
+        decodes as vLLM's autoregressive steps do, drafter off. Steps with a prefill always
+        run it (``propose``): a prompt the draft never saw is a hole of its own."""
+        if plan.name.startswith("explore"):
+            return True
+        b = self.costs.bucket(batch_size)
+        if b not in self.planned:
+            return True
+        return self.policy.fitted_plan(batch_size).speculate
 
     def _sample_draft_tokens(self, hidden_states, sampling_metadata):
         tokens, probs = super()._sample_draft_tokens(hidden_states, sampling_metadata)
