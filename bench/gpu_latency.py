@@ -17,7 +17,8 @@
    configurations (entropy bin forced), EAGLE-3 and the autoregressive step, on the 8B shape with a
    random EAGLE-3 draft (Eagle3Draft.for_target, 32k draft vocabulary) and on a SmolLM2-135M-
    shaped random pair (or, with --pair default, the real built-in pair). The split wraps each
-   component with a device sync (so the parts add up); the unwrapped round time is reported too.
+   component with a device sync (so the parts add up); the unwrapped round time is reported too,
+   and the round with its two halves replayed as CUDA graphs (heterospec.graphs, the CUDA default).
 
 Random weights: latencies are representative, acceptance is not (a random draft is rejected
 almost always), so every round here verifies a full tree and commits one token.
@@ -42,6 +43,7 @@ if ROOT not in sys.path:
 
 import heterospec  # noqa: E402
 from heterospec import ops  # noqa: E402
+from heterospec._checks import sync_free  # noqa: E402
 from heterospec.config import OFFICIAL, SamplingParams, SpecConfig  # noqa: E402
 from heterospec.entropy import EntropyBins  # noqa: E402
 from heterospec.models.attention import GraphFlashInfer, flashinfer_available  # noqa: E402
@@ -306,6 +308,23 @@ def step_split(engine, prompt, rounds=10, warmup=2, configs=None) -> list:
                     one_round()
             _sync(dev)
             total = (time.perf_counter() - t0) / rounds
+            # The same rounds replayed as CUDA graphs (heterospec.graphs; the engine's CUDA default).
+            graphed = []
+            if policy is not None and engine.round_graphs is not None and engine.static_rounds:
+                def graph_round():
+                    with sync_free():
+                        tree = engine._draft_half(st, cfg, policy)
+                        verdict = engine._verify_half(st, tree, policy, params, gen)
+                    engine._commit(st, tree, verdict, n_tok, None, 0.0, 0.0)
+
+                for _ in range(warmup + 1):          # eager once, then capture
+                    graph_round()
+                _sync(dev)
+                for _ in range(rounds):
+                    t0 = time.perf_counter()
+                    graph_round()
+                    _sync(dev)
+                    graphed.append(time.perf_counter() - t0)
         parts = {k: 1e3 * v / rounds for k, v in timer.totals.items()}
         python = max(0.0, 1e3 * total - sum(parts.values()))
         recs = st.stats[0].records[-rounds:]
@@ -315,7 +334,8 @@ def step_split(engine, prompt, rounds=10, warmup=2, configs=None) -> list:
         rows.append(dict(config=name, depth=depth, nodes=verified, round_ms=round(1e3 * statistics.median(plain), 3),
                          split_total_ms=round(1e3 * total, 3), draft_ms=round(parts["draft"], 3),
                          verify_ms=round(parts["verify"], 3), ops_ms=round(parts["ops"], 3),
-                         python_ms=round(python, 3), python_frac=round(python / (1e3 * total), 3)))
+                         python_ms=round(python, 3), python_frac=round(python / (1e3 * total), 3),
+                         graph_round_ms=round(1e3 * statistics.median(graphed), 3) if graphed else None))
     return rows
 
 
@@ -342,11 +362,12 @@ def latency_markdown(rows) -> str:
 
 def split_markdown(rows) -> str:
     out = ["| config | tree layers | verified nodes | round ms (plain) | split total ms | draft | verify | ops "
-           "| Python | Python % |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "| Python | Python % | round ms (CUDA graphs) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
+        g = r.get("graph_round_ms")
         out.append(f"| {r['config']} | {r['depth']} | {r['nodes']} | {r['round_ms']:.2f} | {r['split_total_ms']:.2f} | "
                    f"{r['draft_ms']:.2f} | {r['verify_ms']:.2f} | {r['ops_ms']:.2f} | {r['python_ms']:.2f} | "
-                   f"{100 * r['python_frac']:.0f} |")
+                   f"{100 * r['python_frac']:.0f} | {'-' if g is None else f'{g:.2f}'} |")
     return "\n".join(out)
 
 

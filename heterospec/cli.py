@@ -189,7 +189,7 @@ def _engine(args):
 
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else None)   # from_pretrained maps names
     return Engine.from_pretrained(args.target, args.draft, device=args.device, dtype=dtype, config=args.tree_config,
-                                  draft_dtype=args.draft_dtype, linear=args.linear)
+                                  draft_dtype=args.draft_dtype, linear=args.linear, cuda_graphs=args.cuda_graphs)
 
 
 def cmd_generate(args) -> int:
@@ -345,6 +345,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--linear", default="tuned", choices=["tuned", "stock"],
                    help="CPU linear layers: 'tuned' uses, per shape and row count, the faster of F.linear "
                         "and oneDNN's reordered-weight linear as timed on this machine; 'stock' F.linear only")
+    g.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", default=None,
+                   help="CUDA: run every round eagerly instead of replaying its draft and verification as "
+                        "CUDA graphs (default on CUDA: graphs; the output is the same)")
     from .config import default_config
 
     cpu, gpu = default_config("cpu"), default_config("cuda")

@@ -33,8 +33,10 @@ from . import ops
 from ._checks import sync_free
 from .config import SamplingParams, SpecConfig, _as_int, default_config
 from .entropy import EntropyBins
+from .graphs import RoundGraphs
 from .policy import POLICIES, AcceptanceTables, Eagle3Policy, FittedPolicy, PaperPolicy, Plan, Policy
 from .sampling import make_generator, processed_probs, sample
+from .timing import StageTimer
 
 METHODS = ("heterospec", "eagle3", "autoregressive")
 # Engine(linear=...): "tuned" (CPU: the faster GEMM path per shape and row count, measured),
@@ -119,6 +121,7 @@ class _Batch:
     ext_tokens: Optional[torch.Tensor] = None   # [B, n] tokens of the pending draft extend
     ext_feats: Optional[torch.Tensor] = None    # [B, n, 3H] target features paired with them
     ext_num: Optional[torch.Tensor] = None      # [B] valid entries per request
+    host_lens: List[int] = field(default_factory=list)   # prefix_lens as the host knows them
     outputs: List[List[int]] = field(default_factory=list)
     finished: List[Optional[str]] = field(default_factory=list)
     stats: List[GenerationStats] = field(default_factory=list)
@@ -150,8 +153,8 @@ class _Batch:
         self.target_cache.keep_rows(idx)
         if self.draft_cache is not None:
             self.draft_cache.keep_rows(idx)
-        self.outputs, self.finished, self.stats, self.rows = (
-            [xs[b] for b in keep] for xs in (self.outputs, self.finished, self.stats, self.rows))
+        self.outputs, self.finished, self.stats, self.rows, self.host_lens = (
+            [xs[b] for b in keep] for xs in (self.outputs, self.finished, self.stats, self.rows, self.host_lens))
 
 
 @dataclass
@@ -247,12 +250,15 @@ class Engine:
     count, the faster of ``F.linear`` and oneDNN's reordered-weight linear as timed on this
     machine (:mod:`heterospec.models.linear`; the models become :class:`TunedLinear` in place);
     ``"stock"`` - ``F.linear`` only.
+    ``cuda_graphs``: replay each round's draft and verification as CUDA graphs, one pair per
+    configuration (:mod:`heterospec.graphs`); default on for CUDA, unavailable elsewhere.
     """
 
     def __init__(self, target, draft=None, *, tokenizer=None, config: Optional[SpecConfig] = None,
                  bins: Optional[EntropyBins] = None, device=None, dtype=None, max_length: Optional[int] = None,
                  attn_backend: str = "auto", draft_dir: Optional[str] = None, policy: str = "fitted",
-                 tables: Optional[AcceptanceTables] = None, cost_model=None, linear: str = "tuned"):
+                 tables: Optional[AcceptanceTables] = None, cost_model=None, linear: str = "tuned",
+                 cuda_graphs: Optional[bool] = None):
         from .models.linear import tune_linears, untune_linears
         from .models.target import TargetModel
 
@@ -318,6 +324,14 @@ class Engine:
         # read inside the draft steps and the verify forward, and one packed device-to-host read
         # per round in _commit. On CPU, host reads are cheap and early exits save compute.
         self.static_rounds = self.device.type == "cuda"
+        # CUDA graphs of those rounds' two halves, captured per configuration (graphs.py).
+        if cuda_graphs is not None and not isinstance(cuda_graphs, bool):
+            raise ValueError(f"Engine: cuda_graphs must be True, False or None, got {cuda_graphs!r}")
+        if cuda_graphs is None:
+            cuda_graphs = self.device.type == "cuda"
+        self.round_graphs = RoundGraphs(self.device) if cuda_graphs else None
+        # batch size -> SplitTreeAttention (a FlashInfer target's replayed verification)
+        self.split_attention_factory, self._split = None, {}
         limit = int(getattr(target.config, "max_position_embeddings", 0) or 0) or 4096
         rotary = getattr(target, "rotary", None)
         if getattr(rotary, "exact_length", None):
@@ -512,12 +526,14 @@ class Engine:
                     # tokens the draft catches up on this round (a host read: not on static rounds)
                     pending = None if self.static_rounds else float(st.ext_num[active].float().mean())
                     t_draft = time.perf_counter()
+                    # Draft / verify split: CUDA events, read after the round's one host read.
+                    timer = StageTimer(self.device)
                     with sync_free() if self.static_rounds else contextlib.nullcontext():
-                        tree = self._draft_tree(st, cfg, plan)
-                        t_verify = time.perf_counter()
-                        verdict = self._verify(st, tree, plan, params, gen)
-                    t_end = time.perf_counter()
-                    self._commit(st, tree, verdict, max_new_tokens, stream, t_verify - t_draft, t_end - t_verify)
+                        tree = self._draft_half(st, cfg, plan)
+                        timer.mark("draft")
+                        verdict = self._verify_half(st, tree, plan, params, gen)
+                        timer.mark("verify")
+                    self._commit(st, tree, verdict, max_new_tokens, stream, timer)
                     if hasattr(pol, "observe"):   # the fitted policy learns this workload and device
                         recs = [st.stats[b].records[-1] for b in active]
                         pol.observe(plan, [r.bin for r in recs], [r.accept_len for r in recs],
@@ -638,7 +654,8 @@ class Engine:
         first = self._pick(last, params, gen)                                     # [B]
 
         outputs, stats = [[] for _ in range(B)], [GenerationStats(method, prompt_tokens=len(p)) for p in ids]
-        st = _Batch(prefix_lens=lens.clone(), root=first, target_cache=tcache, outputs=list(outputs),
+        st = _Batch(prefix_lens=lens.clone(), root=first, target_cache=tcache, host_lens=[len(p) for p in ids],
+                    outputs=list(outputs),
                     finished=[None] * B, stats=list(stats), rows=list(range(B)), all_outputs=outputs,
                     all_stats=stats, all_finished=[None] * B)
         if speculative:
@@ -670,6 +687,7 @@ class Engine:
         logits, feats = self.target(st.root[:, None], st.prefix_lens[:, None], st.target_cache, st.prefix_lens,
                                     None, None, return_features=drafting, taps=self._taps if drafting else None)
         st.prefix_lens += 1
+        st.host_lens = [n + 1 for n in st.host_lens]
         st.root = self._pick(logits[:, 0], params, gen)
         if drafting:   # entry ext_num[b]: the old root's feature, paired with the new token
             B, n = st.ext_tokens.shape
@@ -696,6 +714,76 @@ class Engine:
                                              tcr=1, pstar_rank=0, pstar_accepted=False, draft_s=0.0,
                                              verify_s=dt, plain=True))
         self._emit(st, [[int(t)] for t in st.root.tolist()], max_new_tokens, stream)
+
+    # -- one round's two halves: eagerly, or replayed as CUDA graphs --------------------------------
+    def _draft_half(self, st: _Batch, cfg: SpecConfig, plan: Plan) -> _Tree:
+        """The draft half of a round (:meth:`_draft_tree`); with CUDA graphs, replayed per
+        configuration. The pending extend is padded to a multiple of ``_EXTEND_BUCKET`` columns so
+        that a few plain steps between rounds do not need graphs of their own."""
+        graphs = self.round_graphs if self.static_rounds else None
+        if graphs is None:
+            return self._draft_tree(st, cfg, plan)
+        graphs.bind_storage(st.target_cache.k, st.draft_cache.k)
+        B, n, F = st.ext_feats.shape
+        W = -(-n // _EXTEND_BUCKET) * _EXTEND_BUCKET
+        tcache, dcache = st.target_cache, st.draft_cache
+        plan.prepare(self.device)
+
+        def draft(ext_tokens, ext_feats, ext_num, draft_lens, prefix_lens, root):
+            half = _Batch(prefix_lens=prefix_lens, root=root, target_cache=tcache, draft_cache=dcache,
+                          draft_lens=draft_lens, ext_tokens=ext_tokens, ext_feats=ext_feats, ext_num=ext_num)
+            tree = self._draft_tree(half, cfg, plan)
+            return [getattr(tree, f) for f in _TREE_TENSORS] + [half.draft_lens]
+
+        out = graphs.run(("draft", _plan_key(plan), cfg.top_k, cfg.pstar_pool), draft,
+                         [st.ext_tokens, st.ext_feats, st.ext_num, st.draft_lens, st.prefix_lens, st.root],
+                         shapes=[(B, W), (B, W, F), None, None, None, None], keep=(plan,))
+        st.draft_lens = out[-1]
+        return _Tree(**dict(zip(_TREE_TENSORS, out[:-1])))
+
+    def _verify_half(self, st: _Batch, tree: _Tree, plan: Plan, params: SamplingParams, gen) -> "_Verdict":
+        """The verification half of a round (:meth:`_verify`); with CUDA graphs, replayed per
+        configuration. The sdpa backend is captured as it is; with FlashInfer (whose custom-mask
+        plan depends on the tree) the replayed forward attends in two passes
+        (:class:`~heterospec.models.attention.SplitTreeAttention`), the prefix pass planned here."""
+        done = torch.tensor([f is not None for f in st.finished], device=self.device)
+        graphs = self.round_graphs if self.static_rounds else None
+        attn = self._split_attention(st.size) if graphs is not None else None
+        if graphs is None or (attn is None and self.target.backend.name != "sdpa"):
+            return self._verify(st, tree, plan, params, gen, done)
+        tcache = st.target_cache
+        if attn is not None:     # FlashInfer's prefix pass is planned here, on the host, every round
+            c = self.target.config
+            attn.host_plan(st.host_lens, plan.max_nodes + 1, c.num_heads, tcache, c.head_dim ** -0.5)
+
+        def verify(*args):
+            *tree_args, root, prefix_lens, done_ = args
+            half = _Batch(prefix_lens=prefix_lens, root=root, target_cache=tcache)
+            v = self._verify(half, _Tree(**dict(zip(_TREE_TENSORS, tree_args))), plan, params, gen, done_, attn)
+            return ([getattr(v, f) for f in _VERDICT_TENSORS] +
+                    [half.ext_tokens, half.ext_feats, half.ext_num, half.draft_lens])
+
+        key = ("verify", plan.max_nodes, params.greedy, params.temperature, params.top_p, params.top_k, id(gen),
+               id(attn))
+        out = graphs.run(key, verify, [getattr(tree, f) for f in _TREE_TENSORS] + [st.root, st.prefix_lens, done],
+                         generator=gen, keep=(plan, gen, attn))
+        nv = len(_VERDICT_TENSORS)
+        st.ext_tokens, st.ext_feats, st.ext_num, st.draft_lens = out[nv:]
+        return _Verdict(**dict(zip(_VERDICT_TENSORS, out[:nv])))
+
+    def _split_attention(self, batch_size: int):
+        """The CUDA-graph verification's attention for a FlashInfer target (None: the target's own
+        backend is captured as it is), one per batch size."""
+        factory = self.split_attention_factory
+        if factory is None and self.target.backend.name == "flashinfer":
+            from .models.attention import FlashInferPrefixPass, SplitTreeAttention
+            factory = self.split_attention_factory = (
+                lambda B: SplitTreeAttention(FlashInferPrefixPass(self.device, B)))
+        if factory is None:
+            return None
+        if batch_size not in self._split:
+            self._split[batch_size] = factory(batch_size)
+        return self._split[batch_size]
 
     # -- draft ------------------------------------------------------------------------------------
     def _draft_tree(self, st: _Batch, cfg: SpecConfig, plan: Plan, trace_ks: Sequence[int] = ()) -> _Tree:
@@ -802,10 +890,12 @@ class Engine:
         return base + layer_local.argmax(dim=1)
 
     # -- verify -----------------------------------------------------------------------------------
-    def _verify(self, st: _Batch, tree: _Tree, plan: Plan, params: SamplingParams, gen):
+    def _verify(self, st: _Batch, tree: _Tree, plan: Plan, params: SamplingParams, gen,
+                done: Optional[torch.Tensor] = None, attn=None):
         B, dev = st.size, self.device
         budget = tree.budget.clone()
-        done = torch.tensor([f is not None for f in st.finished], device=dev)
+        if done is None:
+            done = torch.tensor([f is not None for f in st.finished], device=dev)
         budget = torch.where(done, torch.zeros_like(budget), budget)   # finished requests: root only
         tree_cand, tree_parents, num_nodes = ops.select_tree_nodes(
             tree.scores, tree.parents, budget, plan.max_nodes)
@@ -819,7 +909,7 @@ class Engine:
             tree_parents, num_nodes, st.prefix_lens)
         logits, feats = self.target(tree_tokens, positions, st.target_cache, st.prefix_lens, tree_mask,
                                     num_nodes, return_features=True, taps=self._taps,
-                                    ragged=self.ragged_verify and not self.static_rounds)
+                                    ragged=self.ragged_verify and not self.static_rounds, attn=attn)
         top1, invalid = None, None
         if params.greedy:
             top1 = logits.argmax(dim=-1)
@@ -859,7 +949,9 @@ class Engine:
 
     # -- commit -----------------------------------------------------------------------------------
     def _commit(self, st: _Batch, tree: _Tree, v: "_Verdict", max_new_tokens: int, stream,
-                draft_s: float, verify_s: float) -> None:
+                draft_s: Union[float, StageTimer], verify_s: float = 0.0) -> None:
+        """Emit the round's tokens and record it. ``draft_s``: the draft's seconds, or the round's
+        :class:`StageTimer` with "draft" and "verify" marks (read after the host read below)."""
         accept_len, bonus = v.accept_len, v.bonus
         B, T = v.tree_tokens.shape
         # The round's one read of the device: every integer it needs in one copy, every float in
@@ -869,6 +961,9 @@ class Engine:
                           v.accept_path.reshape(-1), v.tree_tokens.reshape(-1), v.tree_cand.reshape(-1)]).tolist()
         floats = torch.cat([tree.entropy.float(),
                             tree.scores.gather(1, v.tree_cand.clamp(min=0)).reshape(-1)]).tolist()
+        if isinstance(draft_s, StageTimer):
+            laps = draft_s.laps()
+            draft_s, verify_s = laps["draft"], laps["verify"]
         acc, bon, nn, depth, bins, pstar, bad = (ints[i * B:(i + 1) * B] for i in range(7))
         rest = ints[7 * B:]
         paths, toks, cands = ([rest[(j * B + b) * T:(j * B + b + 1) * T] for b in range(B)] for j in range(3))
@@ -904,6 +999,7 @@ class Engine:
                                          draft_s=draft_s, verify_s=verify_s))
         running = torch.tensor([b in active for b in range(st.size)], device=self.device)
         st.prefix_lens = st.prefix_lens + torch.where(running, accept_len + 1, torch.zeros_like(accept_len))
+        st.host_lens = [n + (acc[b] + 1 if b in active else 0) for b, n in enumerate(st.host_lens)]
         st.root = bonus
         self._emit(st, new, max_new_tokens, stream)
 
@@ -931,6 +1027,20 @@ class Engine:
 # dropped from a batch: a compaction costs about one round, dropping a quarter of the rows or
 # more saves a part of every later round.
 COMPACT_MIN_LEFT = 16
+
+
+# CUDA graphs: the pending extend is padded to a multiple of this many columns (a round leaves
+# max_nodes + 1 entries, each plain step adds one), and what travels between the two halves.
+_EXTEND_BUCKET = 16
+_TREE_TENSORS = ("scores", "parents", "tokens", "local", "budget", "depth", "entropy", "bins", "pstar")
+_VERDICT_TENSORS = ("tree_tokens", "tree_cand", "num_nodes", "accept_path", "accept_len", "bonus",
+                    "target_top1", "invalid")
+
+
+def _plan_key(plan: Plan) -> tuple:
+    """Everything of a plan that a captured draft half bakes in."""
+    return (plan.decide_depth, plan.entropy_k, tuple(plan.edges), tuple(plan.depth), tuple(plan.budget),
+            plan.num_bins)
 
 
 def _progress(st: _Batch, behind: List[int], before: int) -> float:

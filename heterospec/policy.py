@@ -104,14 +104,19 @@ class Plan:
         """Largest budget (draft nodes, root excluded): the capacity of the verified tree."""
         return max(self.budget)
 
-    def decide(self, path_entropy: torch.Tensor):
-        """``path_entropy [B]`` float32 -> ``(bins, depth, budget)``, each ``[B]`` int64."""
-        from . import ops
-        dev = path_entropy.device
+    def prepare(self, device) -> None:
+        """Put the plan's edges, depths and budgets on ``device`` (a host-to-device copy, which a
+        CUDA graph cannot capture: the engine calls this before capturing a round)."""
+        dev = torch.device(device)
         if self._tensors is None or self._tensors[0].device != dev:
             self._tensors = (torch.tensor(self.edges, dtype=torch.float32, device=dev),
                              torch.tensor(self.depth, dtype=torch.int64, device=dev),
                              torch.tensor(self.budget, dtype=torch.int64, device=dev))
+
+    def decide(self, path_entropy: torch.Tensor):
+        """``path_entropy [B]`` float32 -> ``(bins, depth, budget)``, each ``[B]`` int64."""
+        from . import ops
+        self.prepare(path_entropy.device)
         return ops.entropy_bin_policy(path_entropy, *self._tensors)
 
     def describe(self) -> List[dict]:

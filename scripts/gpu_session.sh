@@ -185,7 +185,7 @@ stage_test_models() {
 stage_test_engine() {
   need_build
   wait_fi
-  pytest_run tests/test_cuda_engine.py --junitxml="$STATE/junit_test_engine.xml"
+  pytest_run tests/test_cuda_engine.py tests/test_round_graphs.py tests/test_capture_ready.py --junitxml="$STATE/junit_test_engine.xml"
 }
 
 stage_bench_ops() {

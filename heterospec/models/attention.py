@@ -12,10 +12,14 @@ Each target forward calls `backend.plan(...)` once (mask construction, FlashInfe
 - "auto": flashinfer on CUDA when importable and the dtype is fp16/bf16, else sdpa.
 - GraphFlashInfer: the flashinfer backend with fixed buffers for CUDA-graph capture / replay
   (not picked by make_backend; build it with the batch size and maximum tree / KV lengths).
+- SplitTreeAttention: prefix and tree as two passes merged by log-sum-exp; the prefix pass is
+  FlashInfer in CUDA-graph mode (planned on the host from lengths only) or its torch reference.
+  The engine's CUDA-graph verification uses it when the target's backend is flashinfer.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -150,6 +154,139 @@ class GraphFlashInfer(FlashInferAttention):
                              f"tree tokens, got a [{B}, {T}] tree")
         self._planned = super().plan(tree_mask, prefix_lens, cache, n_heads, scale)
         return self._planned
+
+
+# ---------------------------------------------------------------------------------------------
+# Prefix + tree as two passes (CUDA-graph replay of the verification with FlashInfer)
+# ---------------------------------------------------------------------------------------------
+def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float32 for half-precision inputs, the input's own dtype when wider (float64 in tests)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+@dataclass
+class SplitPlan:
+    tree_mask: torch.Tensor    # [B, T, T] bool
+    prefix_lens: torch.Tensor  # [B] (device)
+    T: int
+
+
+class TorchPrefixPass:
+    """The prefix pass in torch (any device): every query against keys ``[0, L_b)`` of its
+    request, with the log-sum-exp. The reference :class:`FlashInferPrefixPass` is tested against
+    on CPU; ``host_plan`` copies the host lengths into a fixed buffer, as FlashInfer's plan does."""
+
+    def __init__(self):
+        self._lens = None
+
+    def host_plan(self, lens, T: int, n_heads: int, cache: KVCache, scale: float) -> None:
+        dev = cache.k.device
+        if self._lens is None or self._lens.shape[0] != len(lens) or self._lens.device != dev:
+            self._lens = torch.zeros(len(lens), dtype=torch.int64, device=dev)
+        self._lens.copy_(torch.tensor(lens, dtype=torch.int64))
+        self.scale = scale
+
+    def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor):
+        # q [B, T, Hq, D]; caches [B, S, Hkv, D] -> o [B, T, Hq, D] (q's dtype), lse [B, T, Hq] (>= float32)
+        from .layers import expand_kv_heads
+        Hq, acc = q.shape[2], _accumulation_dtype(q.dtype)
+        k, v = expand_kv_heads(k_cache, Hq).to(acc), expand_kv_heads(v_cache, Hq).to(acc)
+        s = torch.einsum("bthd,bshd->bhts", q.to(acc), k) * self.scale            # [B, Hq, T, S]
+        keep = torch.arange(k.shape[1], device=q.device)[None, :] < self._lens[:, None]   # [B, S]
+        s = s.masked_fill(~keep[:, None, None, :], float("-inf"))
+        lse = torch.logsumexp(s, dim=-1)                                             # [B, Hq, T]
+        o = torch.einsum("bhts,bshd->bthd", torch.softmax(s, dim=-1), v)
+        return o.to(q.dtype), lse.transpose(1, 2)
+
+
+class FlashInferPrefixPass:
+    """The prefix pass with FlashInfer's batch prefill in CUDA-graph mode (fixed index buffers,
+    no mask): request b's cache slab is one page of ``S`` slots of which the first ``L_b`` hold
+    its prefix. ``host_plan`` runs on the host before every capture and replay (lengths known
+    there from the round's one read); FlashInfer returns the log-sum-exp in base 2."""
+
+    def __init__(self, device, batch_size: int):
+        import flashinfer  # lazy: only on CUDA hosts
+
+        i32 = dict(dtype=torch.int32, device=device)
+        B = batch_size
+        self.batch_size = B
+        self._workspace = torch.empty(_FLASHINFER_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        self._wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            self._workspace, kv_layout="NHD", use_cuda_graph=True, backend="fa2",
+            qo_indptr_buf=torch.zeros(B + 1, **i32), paged_kv_indptr_buf=torch.zeros(B + 1, **i32),
+            paged_kv_indices_buf=torch.zeros(B, **i32), paged_kv_last_page_len_buf=torch.zeros(B, **i32))
+
+    def host_plan(self, lens, T: int, n_heads: int, cache: KVCache, scale: float) -> None:
+        B = len(lens)
+        if B != self.batch_size:
+            raise ValueError(f"FlashInferPrefixPass was built for batch {self.batch_size}, got {B} requests")
+        S, n_kv, D, dtype = cache.max_length, cache.k.shape[3], cache.k.shape[4], cache.k.dtype
+        if min(lens) < 1 or max(lens) + T > S:
+            raise ValueError(f"prefix lengths {min(lens)}..{max(lens)} with a tree of {T} do not fit a cache of {S}")
+        i32 = dict(dtype=torch.int32)
+        self._wrapper.plan(
+            torch.arange(B + 1, **i32) * T, torch.arange(B + 1, **i32), torch.arange(B, **i32),
+            torch.tensor(lens, **i32), n_heads, n_kv, D, S, causal=False,
+            q_data_type=dtype, kv_data_type=dtype, sm_scale=scale)
+
+    def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor):
+        B, T, Hq, D = q.shape
+        o, lse = self._wrapper.run(q.reshape(B * T, Hq, D), (k_cache, v_cache), return_lse=True)
+        return o.view(B, T, Hq, D), (lse.float() * math.log(2.0)).view(B, T, Hq)
+
+
+class SplitTreeAttention:
+    """Prefix + tree attention as two passes merged by log-sum-exp, for a verification that can
+    be replayed as a CUDA graph with FlashInfer (docs/gpu.md section 4).
+
+    Pass 1 (``prefix_pass``): every tree query against its request's committed prefix, no mask
+    (:class:`FlashInferPrefixPass` on CUDA, planned on the host before each replay: a plan whose
+    size never depends on the tree, unlike the packed custom mask). Pass 2, in torch: the tree
+    queries against the tree's own K/V rows (cache slots ``L_b .. L_b + T - 1``, just written)
+    with the ``[T, T]`` tree mask. The two key sets are disjoint and cover what the one-pass mask
+    allows, so ``o = (e^lse1 o1 + e^lse2 o2) / (e^lse1 + e^lse2)`` is exact up to rounding; every
+    query sees itself (pass 2) and a non-empty prefix (pass 1), so both parts are finite.
+
+    Use: ``host_plan(prefix_lens_host, T, ...)`` before each verify forward (the engine's verify
+    half does it); inside the forward ``plan`` only checks that the host plan matches."""
+
+    name = "split-tree"
+
+    def __init__(self, prefix_pass):
+        self.prefix_pass = prefix_pass
+        self._planned = None
+
+    def host_plan(self, lens, T: int, n_heads: int, cache: KVCache, scale: float) -> None:
+        self.prefix_pass.host_plan(list(lens), int(T), n_heads, cache, scale)
+        self._planned = (len(lens), int(T))
+
+    def plan(self, tree_mask: torch.Tensor, prefix_lens: torch.Tensor, cache: KVCache, n_heads: int,
+             scale: float) -> SplitPlan:
+        B, T = tree_mask.shape[:2]
+        if self._planned != (B, T):
+            raise RuntimeError(f"SplitTreeAttention: call host_plan for a [{B}, {T}] tree before the forward "
+                               f"(last host plan: {self._planned})")
+        self.scale = scale
+        return SplitPlan(tree_mask, prefix_lens, T)
+
+    def run(self, plan: SplitPlan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        from .layers import expand_kv_heads
+        B, T, Hq, D = q.shape
+        acc = _accumulation_dtype(q.dtype)
+        o1, lse1 = self.prefix_pass.run(q, k_cache, v_cache)                     # [B, T, Hq, D], [B, T, Hq]
+        slots = plan.prefix_lens[:, None] + torch.arange(T, device=q.device)     # [B, T]
+        rows = torch.arange(B, device=q.device)[:, None]
+        k_t = expand_kv_heads(k_cache[rows, slots], Hq).to(acc)                   # [B, T, Hq, D]
+        v_t = expand_kv_heads(v_cache[rows, slots], Hq).to(acc)
+        s = torch.einsum("bthd,bshd->bhts", q.to(acc), k_t) * self.scale         # [B, Hq, T, T]
+        s = s.masked_fill(~plan.tree_mask[:, None], float("-inf"))
+        lse2 = torch.logsumexp(s, dim=-1).transpose(1, 2)                        # [B, T, Hq]
+        o2 = torch.einsum("bhts,bshd->bthd", torch.softmax(s, dim=-1), v_t)
+        lse1 = lse1.to(acc)
+        m = torch.maximum(lse1, lse2)
+        w1, w2 = torch.exp(lse1 - m)[..., None], torch.exp(lse2 - m)[..., None]
+        return ((o1.to(acc) * w1 + o2 * w2) / (w1 + w2)).to(q.dtype)
 
 
 def flashinfer_available() -> bool:

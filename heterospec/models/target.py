@@ -244,7 +244,7 @@ class TargetModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, prefix_lens: torch.Tensor,
                 tree_mask: torch.Tensor | None = None, num_nodes: torch.Tensor | None = None,
                 return_features: bool = True, logits_index: torch.Tensor | None = None,
-                taps: tuple[int, ...] | None = None, ragged: bool = False):
+                taps: tuple[int, ...] | None = None, ragged: bool = False, attn=None):
         """input_ids, positions [B, T]; prefix_lens [B]; tree_mask [B, T, T] bool or None (causal);
         num_nodes [B] or None (all T real; padding rows only matter through tree_mask).
         logits_index [B, k] (optional, not in the design contract): compute logits only at these
@@ -256,6 +256,8 @@ class TargetModel(nn.Module):
         ``sum(num_nodes)`` real tokens only; attention still sees the padded ``[B, T]`` grid. The
         padding rows of the returned logits and features are zeros. (Reads ``num_nodes`` on the
         host: a CPU path; on CUDA FlashInfer's ragged ``qo_indptr`` is the way.)
+        attn: the attention backend of this call (default: the model's; the engine's CUDA-graph
+        verification passes a planned :class:`SplitTreeAttention`).
 
         Returns (logits [B, T, V] float32, features [B, T, len(aux_layers) * H] or None).
         """
@@ -273,7 +275,7 @@ class TargetModel(nn.Module):
         if num_nodes is not None and num_nodes.shape != (B,):
             raise ValueError(f"num_nodes must have shape [{B}], got {list(num_nodes.shape)}")
         c = self.config
-        backend = self.backend
+        backend = self.backend if attn is None else attn
         plan = backend.plan(tree_mask, prefix_lens, cache, c.num_heads, c.head_dim**-0.5)
         x = self.embed_tokens(input_ids)  # [B, T, H]
         cos, sin = self.rotary(positions, x.dtype)

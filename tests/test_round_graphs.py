@@ -1,0 +1,276 @@
+"""CUDA graphs of a round's two halves (heterospec.graphs), tested on CPU through the emulation,
+which keeps the CUDA contract (static inputs copied before each replay, outputs overwritten in
+place by the next replay, Python state baked in at capture). tests/test_cuda_engine.py runs the
+real graphs on a GPU."""
+
+import pytest
+import torch
+
+import heterospec
+from heterospec import Engine, SpecConfig
+from heterospec.entropy import EntropyBins
+from heterospec.graphs import RoundGraphs
+from heterospec.policy import Plan, Policy
+from tests.engine_util import tiny_hf_llama
+
+
+class _FixedPolicy(Policy):
+    def __init__(self, plan):
+        self._plan = plan
+
+    def plan(self, batch_size, context=None):
+        return self._plan
+
+
+MIXED = Plan("mixed", decide_depth=1, entropy_k=3, edges=[1.0, 1.6], depth=[4, 2, 1], budget=[6, 4, 1])
+PROMPTS = [[5, 9, 17, 33], [7, 8, 9], [3, 4, 5, 6, 7, 8]]
+
+
+def _engine(seed=3, graphs=True):
+    hf = tiny_hf_llama(seed=seed)
+    target = heterospec.TargetModel.from_hf(hf)
+    draft = heterospec.Eagle3Draft.for_target(target, seed=seed)
+    engine = Engine(target, draft, config=SpecConfig(top_k=3, depth=2, total_tokens=6),
+                    bins=EntropyBins([0.5, 1.0, 2.0]))
+    engine.static_rounds = True
+    engine.round_graphs = RoundGraphs("cpu", emulate=True) if graphs else None
+    return engine
+
+
+@pytest.mark.parametrize("method,policy", [("eagle3", None), ("heterospec", "paper"), ("heterospec", "mixed")])
+def test_replayed_rounds_are_greedy_lossless(method, policy):
+    engine = _engine()
+    policy = _FixedPolicy(MIXED) if policy == "mixed" else policy
+    ar = engine.generate_batch(PROMPTS, max_new_tokens=20, method="autoregressive", chat=False)
+    out = engine.generate_batch(PROMPTS, max_new_tokens=20, method=method, chat=False, policy=policy)
+    assert [r.token_ids for r in out] == [r.token_ids for r in ar]
+    c = engine.round_graphs.counts
+    assert c["captured"] >= 2 and c["replayed"] > c["captured"], dict(c)   # both halves replayed
+
+
+def test_replayed_sampling_draws_what_eager_rounds_draw():
+    """The capture's own run rewinds the generator: a seeded sampling run is the same with graphs."""
+    kw = dict(max_new_tokens=20, method="heterospec", chat=False, policy=_FixedPolicy(MIXED),
+              temperature=0.9, top_p=0.95, seed=7)
+    eager = _engine(graphs=False).generate_batch(PROMPTS, **kw)
+    engine = _engine()
+    graphed = engine.generate_batch(PROMPTS, **kw)
+    assert [r.token_ids for r in graphed] == [r.token_ids for r in eager]
+    assert engine.round_graphs.counts["replayed"] > 0
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_plain_steps_between_rounds_reuse_the_padded_extend(split):
+    """A plain step grows the pending extend by one column; the draft half pads it to a bucket,
+    so rounds after plain steps replay the same graph instead of capturing new ones. With the
+    split attention, the host-side prefix lengths follow the plain steps too."""
+    from heterospec.models.attention import SplitTreeAttention, TorchPrefixPass
+
+    class Alternating(Policy):
+        def __init__(self):
+            self.i = 0
+
+        def plan(self, batch_size, context=None):
+            self.i += 1
+            return MIXED if self.i % 3 else Plan("plain", speculate=False)
+
+    engine = _engine()
+    if split:
+        engine.split_attention_factory = lambda B: SplitTreeAttention(TorchPrefixPass())
+    ar = engine.generate_batch(PROMPTS, max_new_tokens=30, method="autoregressive", chat=False)
+    out = engine.generate_batch(PROMPTS, max_new_tokens=30, method="heterospec", chat=False, policy=Alternating())
+    assert [r.token_ids for r in out] == [r.token_ids for r in ar]
+    assert any(r.plain for r in out[0].stats.records)
+    c = engine.round_graphs.counts
+    assert c["captured"] <= 3 and c["replayed"] >= 8, dict(c)
+
+
+def test_engine_graph_switch():
+    hf = tiny_hf_llama(seed=1)
+    target = heterospec.TargetModel.from_hf(hf)
+    assert Engine(target).round_graphs is None          # CPU default: off
+    with pytest.raises(ValueError, match="CUDA graphs need a CUDA device"):
+        Engine(target, cuda_graphs=True)
+    with pytest.raises(ValueError, match="cuda_graphs must be True, False or None"):
+        Engine(target, cuda_graphs="yes")
+
+
+# -- RoundGraphs on its own ------------------------------------------------------------------------
+def _double(x, y):
+    return [x * 2, None, y + x.sum()]
+
+
+def test_captures_on_second_sight_and_replays_into_the_same_outputs():
+    g = RoundGraphs("cpu", emulate=True)
+    a = g.run("k", _double, [torch.tensor([1.0, 2.0]), torch.tensor([0.0])])
+    assert g.counts["eager"] == 1 and len(g) == 0 and a[1] is None
+    b = g.run("k", _double, [torch.tensor([3.0, 4.0]), torch.tensor([1.0])])
+    assert g.counts["captured"] == 1 and b[0].tolist() == [6.0, 8.0] and b[2].tolist() == [8.0]
+    c = g.run("k", _double, [torch.tensor([5.0, 6.0]), torch.tensor([0.0])])
+    assert c[0] is b[0], "a replay writes into the captured outputs, as a CUDA graph does"
+    assert b[0].tolist() == [10.0, 12.0] and c[2].tolist() == [11.0]
+    # another shape is another configuration
+    g.run("k", _double, [torch.zeros(3), torch.zeros(1)])
+    assert g.counts["eager"] == 2
+
+
+def test_narrower_inputs_fill_the_leading_part_of_their_buffer():
+    seen = []
+
+    def fn(x):
+        seen.append(x.shape)
+        return [x.sum(dim=1)]
+
+    g = RoundGraphs("cpu", emulate=True, capture_after=0)
+    out = g.run("k", fn, [torch.ones(2, 3)], shapes=[(2, 8)])
+    assert seen[-1] == (2, 8) and out[0].tolist() == [3.0, 3.0]
+    out = g.run("k", fn, [torch.full((2, 5), 2.0)], shapes=[(2, 8)])
+    assert out[0].tolist() == [10.0, 10.0]
+    with pytest.raises(ValueError, match="does not fit its static buffer"):
+        g.run("k", fn, [torch.ones(2, 9)], shapes=[(2, 8)])
+
+
+def test_new_cache_storage_drops_every_graph_and_old_ones_are_evicted():
+    g = RoundGraphs("cpu", emulate=True, capture_after=0, max_graphs=2)
+    cache = torch.zeros(4)
+    g.bind_storage(cache)
+    for key in ("a", "b", "c"):
+        g.run(key, _double, [torch.ones(2), torch.ones(1)])
+    assert len(g) == 2 and g.counts["dropped"] == 1          # least recently used went
+    g.bind_storage(cache)                                     # same storage: kept
+    assert len(g) == 2
+    g.bind_storage(torch.zeros(4))                            # a new cache: all dropped
+    assert len(g) == 0 and g.counts["dropped"] == 3
+
+
+def test_bad_settings_are_named():
+    with pytest.raises(ValueError, match="max_graphs must be >= 1"):
+        RoundGraphs("cpu", emulate=True, max_graphs=0)
+    with pytest.raises(ValueError, match="CUDA graphs need a CUDA device"):
+        RoundGraphs("cpu")
+
+
+# -- the split (prefix + tree) attention of a FlashInfer target's replayed verification ----------
+def _random_tree_case(B=3, T=5, S=24, Hq=4, Hkv=2, D=8, dtype=torch.float64, seed=0):
+    from heterospec import ops
+    from heterospec.models.kv_cache import KVCache
+
+    g = torch.Generator().manual_seed(seed)
+    prefix = torch.tensor([3, 11, 7])[:B]
+    parents = torch.full((B, T), -1, dtype=torch.int64)
+    for b in range(B):
+        for i in range(1, T):
+            parents[b, i] = int(torch.randint(0, i, (1,), generator=g))
+    num_nodes = torch.tensor([T, T - 2, 1])[:B]
+    tree_mask, _, _, _ = ops.build_tree(parents, num_nodes, prefix)
+    cache = KVCache(1, B, S, Hkv, D, dtype=dtype)
+    cache.k.copy_(torch.randn(cache.k.shape, generator=g, dtype=torch.float64).to(dtype))
+    cache.v.copy_(torch.randn(cache.v.shape, generator=g, dtype=torch.float64).to(dtype))
+    q = torch.randn(B, T, Hq, D, generator=g, dtype=torch.float64).to(dtype)
+    return q, cache, tree_mask, prefix
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 2e-6), (torch.bfloat16, 2e-2)])
+def test_split_attention_equals_one_pass_attention(dtype, tol):
+    from heterospec.models.attention import SdpaAttention, SplitTreeAttention, TorchPrefixPass
+
+    q, cache, tree_mask, prefix = _random_tree_case(dtype=dtype)
+    B, T, Hq, D = q.shape
+    scale = D ** -0.5
+    ref_backend = SdpaAttention()
+    ref = ref_backend.run(ref_backend.plan(tree_mask, prefix, cache, Hq, scale), q, cache.k[0], cache.v[0])
+    split = SplitTreeAttention(TorchPrefixPass())
+    split.host_plan(prefix.tolist(), T, Hq, cache, scale)
+    out = split.run(split.plan(tree_mask, prefix, cache, Hq, scale), q, cache.k[0], cache.v[0])
+    assert out.dtype == dtype and out.shape == ref.shape
+    torch.testing.assert_close(out.double(), ref.double(), atol=tol, rtol=tol)
+
+
+def test_split_attention_needs_its_host_plan():
+    from heterospec.models.attention import SplitTreeAttention, TorchPrefixPass
+
+    q, cache, tree_mask, prefix = _random_tree_case()
+    split = SplitTreeAttention(TorchPrefixPass())
+    with pytest.raises(RuntimeError, match="call host_plan for a \\[3, 5\\] tree"):
+        split.plan(tree_mask, prefix, cache, 4, 0.3)
+    split.host_plan(prefix.tolist(), 4, 4, cache, 0.3)          # planned for another tree size
+    with pytest.raises(RuntimeError, match="last host plan: \\(3, 4\\)"):
+        split.plan(tree_mask, prefix, cache, 4, 0.3)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_replayed_split_attention_rounds_decode_what_the_target_decodes(temperature):
+    """The FlashInfer target's graph path on CPU: the verification replays with the split
+    attention, its prefix pass planned on the host from the engine's host-side lengths (here the
+    torch prefix pass stands in for FlashInfer's)."""
+    from heterospec.models.attention import SplitTreeAttention, TorchPrefixPass
+
+    engine = _engine()
+    engine.split_attention_factory = lambda B: SplitTreeAttention(TorchPrefixPass())
+    kw = dict(max_new_tokens=24, chat=False, temperature=temperature, seed=3)
+    ref = _engine(graphs=False).generate_batch(PROMPTS, method="heterospec", policy=_FixedPolicy(MIXED), **kw) \
+        if temperature else engine.generate_batch(PROMPTS, method="autoregressive", **kw)
+    out = engine.generate_batch(PROMPTS, method="heterospec", policy=_FixedPolicy(MIXED), **kw)
+    assert [r.token_ids for r in out] == [r.token_ids for r in ref]
+    assert engine._split and engine.round_graphs.counts["replayed"] > 4, dict(engine.round_graphs.counts)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_flashinfer_prefix_pass_split_equals_sdpa_on_cuda(dtype):
+    """FlashInfer's CUDA-graph-mode prefix pass (base-2 log-sum-exp) merged with the tree pass
+    equals one-pass attention; planned again for new lengths, and replayed inside a CUDA graph."""
+    from heterospec.models.attention import (FlashInferPrefixPass, SdpaAttention, SplitTreeAttention,
+                                             flashinfer_available)
+
+    if not flashinfer_available():
+        pytest.skip("flashinfer is not installed")
+    q, cache, tree_mask, prefix = _random_tree_case(D=64, dtype=dtype)
+    dev = torch.device("cuda")
+    q, tree_mask, prefix = q.to(dev), tree_mask.to(dev), prefix.to(dev)
+    cache.k, cache.v = cache.k.to(dev), cache.v.to(dev)
+    B, T, Hq, D = q.shape
+    scale = D ** -0.5
+    sd = SdpaAttention()
+    split = SplitTreeAttention(FlashInferPrefixPass(dev, B))
+    for lens in (prefix, prefix + 2):
+        ref = sd.run(sd.plan(tree_mask, lens, cache, Hq, scale), q, cache.k[0], cache.v[0])
+        split.host_plan(lens.tolist(), T, Hq, cache, scale)
+        out = split.run(split.plan(tree_mask, lens, cache, Hq, scale), q, cache.k[0], cache.v[0])
+        torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
+    # captured once, replayed after a host plan for other lengths
+    lens_buf = prefix.clone()
+    split.host_plan(lens_buf.tolist(), T, Hq, cache, scale)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = split.run(split.plan(tree_mask, lens_buf, cache, Hq, scale), q, cache.k[0], cache.v[0])
+    lens_buf += 3
+    split.host_plan(lens_buf.tolist(), T, Hq, cache, scale)
+    graph.replay()
+    ref = sd.run(sd.plan(tree_mask, lens_buf, cache, Hq, scale), q, cache.k[0], cache.v[0])
+    torch.testing.assert_close(captured.float(), ref.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_emulation_refuses_what_a_cuda_graph_cannot_hold():
+    """A half that builds a tensor from host data, or reads a tensor it did not read at capture."""
+    g = RoundGraphs("cpu", emulate=True, capture_after=0)
+    with pytest.raises(RuntimeError, match="builds a tensor from host data"):
+        g.run("h2d", lambda x: [x + torch.tensor([1.0])], [torch.zeros(1)])
+    live = {"t": torch.ones(1)}
+    g.run("live", lambda x: [x + live["t"]], [torch.zeros(1)])
+    live["t"] = torch.full((1,), 2.0)            # rebound: a real graph would still read the old one
+    with pytest.raises(RuntimeError, match="did not read when it was captured"):
+        g.run("live", lambda x: [x + live["t"]], [torch.zeros(1)])
+
+
+def test_a_plan_seen_again_as_a_new_object_is_prepared_before_capture():
+    """Policies hand out new Plan objects; the capture must not be where their tensors are made."""
+    class FreshPlans(Policy):
+        def plan(self, batch_size, context=None):
+            return Plan("mixed", decide_depth=1, entropy_k=3, edges=[1.0, 1.6], depth=[4, 2, 1], budget=[6, 4, 1])
+
+    engine = _engine()
+    ar = engine.generate_batch(PROMPTS, max_new_tokens=16, method="autoregressive", chat=False)
+    out = engine.generate_batch(PROMPTS, max_new_tokens=16, method="heterospec", chat=False, policy=FreshPlans())
+    assert [r.token_ids for r in out] == [r.token_ids for r in ar]
+    assert engine.round_graphs.counts["replayed"] > 2
