@@ -332,6 +332,7 @@ class Engine:
         self.round_graphs = RoundGraphs(self.device) if cuda_graphs else None
         # batch size -> SplitTreeAttention (a FlashInfer target's replayed verification)
         self.split_attention_factory, self._split = None, {}
+        self._kept_caches = {}       # with graphs: id(model) -> (KV cache, its k, its v) kept between calls
         limit = int(getattr(target.config, "max_position_embeddings", 0) or 0) or 4096
         rotary = getattr(target, "rotary", None)
         if getattr(rotary, "exact_length", None):
@@ -644,7 +645,7 @@ class Engine:
             tokens[b, :len(p)] = torch.tensor(p, device=dev)
         positions = torch.arange(n_max, device=dev).expand(B, n_max)
         t0 = time.perf_counter()
-        tcache = self.target.new_cache(B, cache_len)
+        tcache = self._new_cache(self.target, B, cache_len)
         zeros = torch.zeros(B, dtype=torch.int64, device=dev)
         if speculative is None:
             speculative = method != "autoregressive"
@@ -660,7 +661,7 @@ class Engine:
                     all_stats=stats, all_finished=[None] * B)
         if speculative:
             # The draft entry at position p pairs the target feature at p with the token at p + 1.
-            st.draft_cache = self.draft.new_cache(B, cache_len)
+            st.draft_cache = self._new_cache(self.draft, B, cache_len)
             st.draft_lens = torch.zeros(B, dtype=torch.int64, device=dev)
             st.ext_tokens = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)
             st.ext_tokens[torch.arange(B, device=dev), lens - 1] = first
@@ -671,6 +672,26 @@ class Engine:
             st.stats[b].prefill_s = elapsed
         self._emit(st, [[int(t)] for t in first.tolist()], max_new_tokens, stream)
         return st
+
+    def _new_cache(self, model, batch_size: int, length: int):
+        """A KV cache for ``model``. With CUDA graphs the caches are kept between calls (their
+        storage is baked into the graphs): a call of the same batch size whose length fits the
+        kept cache's ``_CACHE_BUCKET``-rounded length reuses it, cleared, and replays the graphs
+        captured by earlier calls instead of capturing them again. (On CUDA the attention reads
+        every slot of the cache, so calls of very different lengths get caches of their own.)"""
+        if self.round_graphs is None:
+            return model.new_cache(batch_size, length)
+        rounded = -(-length // _CACHE_BUCKET) * _CACHE_BUCKET
+        length = rounded if rounded <= max(length, self.max_length) else length   # within the model's limit
+        kept = self._kept_caches.get(id(model))
+        if kept is not None and kept[1].shape[1] == batch_size and kept[1].shape[2] == length:
+            cache, k, v = kept
+            cache.k, cache.v = k.zero_(), v.zero_()   # its own storage (dropping finished rows rebinds it)
+            return cache
+        self._kept_caches[id(model)] = None          # let the old one go before allocating
+        cache = model.new_cache(batch_size, length)
+        self._kept_caches[id(model)] = (cache, cache.k, cache.v)
+        return cache
 
     def _pick(self, logits: torch.Tensor, params: SamplingParams, gen) -> torch.Tensor:
         if params.greedy:
@@ -763,10 +784,13 @@ class Engine:
             return ([getattr(v, f) for f in _VERDICT_TENSORS] +
                     [half.ext_tokens, half.ext_feats, half.ext_num, half.draft_lens])
 
-        key = ("verify", plan.max_nodes, params.greedy, params.temperature, params.top_p, params.top_k, id(gen),
+        # A greedy verification draws nothing: its graphs serve every call (a sampling one is
+        # captured with the call's generator).
+        rng = None if params.greedy else gen
+        key = ("verify", plan.max_nodes, params.greedy, params.temperature, params.top_p, params.top_k, id(rng),
                id(attn))
         out = graphs.run(key, verify, [getattr(tree, f) for f in _TREE_TENSORS] + [st.root, st.prefix_lens, done],
-                         generator=gen, keep=(plan, gen, attn))
+                         generator=rng, keep=(plan, rng, attn))
         nv = len(_VERDICT_TENSORS)
         st.ext_tokens, st.ext_feats, st.ext_num, st.draft_lens = out[nv:]
         return _Verdict(**dict(zip(_VERDICT_TENSORS, out[:nv])))
@@ -1032,6 +1056,9 @@ COMPACT_MIN_LEFT = 16
 # CUDA graphs: the pending extend is padded to a multiple of this many columns (a round leaves
 # max_nodes + 1 entries, each plain step adds one), and what travels between the two halves.
 _EXTEND_BUCKET = 16
+# CUDA graphs: KV cache lengths are rounded up to a multiple of this, so that calls of similar
+# lengths share one cache (and its graphs).
+_CACHE_BUCKET = 256
 _TREE_TENSORS = ("scores", "parents", "tokens", "local", "budget", "depth", "entropy", "bins", "pstar")
 _VERDICT_TENSORS = ("tree_tokens", "tree_cand", "num_nodes", "accept_path", "accept_len", "bonus",
                     "target_top1", "invalid")

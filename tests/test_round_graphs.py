@@ -274,3 +274,24 @@ def test_a_plan_seen_again_as_a_new_object_is_prepared_before_capture():
     out = engine.generate_batch(PROMPTS, max_new_tokens=16, method="heterospec", chat=False, policy=FreshPlans())
     assert [r.token_ids for r in out] == [r.token_ids for r in ar]
     assert engine.round_graphs.counts["replayed"] > 2
+
+
+def test_graphs_and_caches_serve_the_next_call():
+    """A second call of the same batch size and length bucket reuses the kept (cleared) caches and
+    replays the graphs the first call captured; the output stays the target's."""
+    engine = _engine()
+    policy = _FixedPolicy(MIXED)
+    n = 14     # fewer than COMPACT_MIN_LEFT: finished requests stay in the batch (same storage)
+    ar = engine.generate_batch(PROMPTS, max_new_tokens=n, method="autoregressive", chat=False)
+    first = engine.generate_batch(PROMPTS, max_new_tokens=n, method="heterospec", chat=False, policy=policy)
+    counts = dict(engine.round_graphs.counts)
+    kept = dict(engine._kept_caches)
+    second = engine.generate_batch(PROMPTS, max_new_tokens=n, method="heterospec", chat=False, policy=policy)
+    assert [r.token_ids for r in first] == [r.token_ids for r in second] == [r.token_ids for r in ar]
+    assert engine._kept_caches == kept and all(c is not None for c in kept.values())
+    c = engine.round_graphs.counts
+    assert counts["captured"] == 2 and not counts.get("dropped"), counts
+    assert c["captured"] == 2 and c["replayed"] > counts["replayed"] and not c.get("dropped"), dict(c)
+    # another batch size: new caches, the old graphs go
+    engine.generate_batch(PROMPTS[:2], max_new_tokens=n, method="heterospec", chat=False, policy=policy)
+    assert engine.round_graphs.counts["dropped"] == 2
