@@ -7,7 +7,17 @@ Run in the vLLM environment (scripts/setup-vllm.sh), with nothing else running o
 Each vLLM engine runs in its own process (``python -m heterospec.vllm_plugin generate``: engine
 start, a short untimed warm-up, then the N prompts at each batch size: batch 1 = one request at
 a time, batch 8 = eight at once); our engine's three methods run in this process through
-``Engine.generate_batch``. Prints and writes a table of tokens/s and ratios to vLLM
+``Engine.generate_batch``.
+
+One engine after another is what a new user sees, but the machine's speed drifts between
+engines (the same vLLM configuration measured 15.8 and 20.6 tok/s in two runs minutes apart on
+the AVX-512 box). ``--interleave`` keeps every vLLM engine up at once (``generate --serve``, each
+with ``--memory-gib`` of memory) and lets them take turns on each group of prompts, the order
+rotating from group to group, ``--repeats`` times: ratios from one interleaved run. Each
+HeteroSpec engine then learns its step costs from nothing into a file of its own in ``--out``
+(a fresh process, as a new user's first run). ``--baseline DIR ...`` adds a HeteroSpec
+engine per DIR running the plugin of that checkout of heterospec (e.g. a ``git worktree`` of the
+previous commit), for before/after comparisons. Prints and writes a table of tokens/s and ratios to vLLM
 autoregressive, the greedy-identity check of every method against its engine's autoregressive
 output, and a bar plot. Greedy, float32.
 """
@@ -44,6 +54,67 @@ def _vllm_run(method: str, k: int, prompts_file: str, args) -> dict:
     return {o["batch"]: o for o in (json.loads(line) for line in r.stdout.splitlines() if line.startswith("{"))}
 
 
+def _vllm_interleaved(runs, prompts_file: str, n: int, args) -> dict:
+    """Every engine of ``runs`` (label, method, k, extra env) up at once; each group of prompts
+    (b at a time per batch size b) run by every engine in turn, the order rotating."""
+    from tqdm.auto import tqdm
+
+    from heterospec.vllm_plugin.__main__ import default_memory_fraction
+    frac = default_memory_fraction(budget_gib=args.memory_gib)
+    procs = {}
+    try:
+        for label, method, k, env_extra in tqdm(runs, desc="starting vLLM engines", unit="engine"):
+            cmd = [sys.executable, "-m", "heterospec.vllm_plugin", "generate", "--method", method, "--k", str(k),
+                   "--prompts", prompts_file, "--batch", str(max(args.batch)), "--max-new-tokens",
+                   str(args.max_new_tokens), "--warmup", "16", "--serve", "--memory-fraction", str(frac)]
+            if method == "heterospec":
+                costs = os.path.join(os.path.abspath(args.out), "costs-" + "".join(c if c.isalnum() else "_" for c in label) + ".json")
+                if os.path.exists(costs):
+                    os.remove(costs)           # a fresh process: step costs learned from nothing
+                cmd += ["--options", json.dumps({"costs": costs})]
+            env = dict(os.environ, VLLM_LOGGING_LEVEL="WARNING", **env_extra)
+            if args.preload:
+                env["LD_PRELOAD"] = args.preload
+            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+            procs[label] = proc
+            for line in proc.stdout:
+                if line.startswith("{") and json.loads(line).get("ready"):
+                    break
+            else:
+                raise SystemExit(f"vLLM engine {label} exited before it was ready (rc {proc.wait()})")
+        labels = [r[0] for r in runs]
+        results = {(lab, b): {"seconds": 0.0, "tokens": 0, "token_ids": []} for lab in labels for b in args.batch}
+        groups = [(b, list(range(s, min(s + b, n)))) for b in args.batch for s in range(0, n, b)]
+        turns = [(rep, gi) for rep in range(args.repeats) for gi in range(len(groups))]
+        for t, (rep, gi) in enumerate(tqdm(turns, desc="interleaved prompt groups", unit="group")):
+            b, idx = groups[gi]
+            for j in range(len(labels)):
+                lab = labels[(t + j) % len(labels)]
+                proc = procs[lab]
+                proc.stdin.write(json.dumps({"prompts": idx}) + "\n")
+                proc.stdin.flush()
+                line = proc.stdout.readline()
+                while line and not line.startswith("{"):
+                    line = proc.stdout.readline()
+                if not line:
+                    raise SystemExit(f"vLLM engine {lab} exited (rc {proc.wait()})")
+                o, r = json.loads(line), results[(lab, b)]
+                r["seconds"] += o["seconds"]
+                r["tokens"] += o["tokens"]
+                if rep == 0:
+                    r["token_ids"].extend(o["token_ids"])
+        return results
+    finally:
+        for proc in procs.values():
+            if proc.stdin:
+                proc.stdin.close()
+        for proc in procs.values():
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
 def _ours(texts, args) -> dict:
     import torch
 
@@ -77,7 +148,15 @@ def main() -> int:
     p.add_argument("--ld-preload", choices=["auto", "none"], default="auto",
                    help="auto: preload tcmalloc and libiomp5 for the vLLM engines when installed (vLLM's CPU "
                         "advice; `pip install intel-openmp`, Debian libtcmalloc-minimal4)")
+    p.add_argument("--interleave", action="store_true",
+                   help="all vLLM engines up at once, taking turns on each group of prompts (see above)")
+    p.add_argument("--repeats", type=int, default=1, help="with --interleave: passes over the prompts")
+    p.add_argument("--memory-gib", type=float, default=1.5, help="with --interleave: memory of each vLLM engine")
+    p.add_argument("--baseline", nargs="+", default=[], metavar="DIR",
+                   help="with --interleave: also run the HeteroSpec plugin of each heterospec checkout DIR")
     args = p.parse_args()
+    if (args.baseline or args.repeats != 1) and not args.interleave:
+        p.error("--baseline and --repeats need --interleave")
     args.preload = _preload() if args.ld_preload == "auto" else ""
 
     from tqdm.auto import tqdm
@@ -90,12 +169,20 @@ def main() -> int:
     prompts_file = os.path.join(args.out, "prompts.json")
     with open(prompts_file, "w") as f:
         json.dump(texts, f)
-    runs = [("vllm autoregressive", "autoregressive", 0)] + [(f"vllm eagle3 K={k}", "eagle3", k) for k in args.ks] + \
-        [(f"vllm heterospec (K<={args.heterospec_k})", "heterospec", args.heterospec_k)]
+    runs = [("vllm autoregressive", "autoregressive", 0, {})] + [(f"vllm eagle3 K={k}", "eagle3", k, {}) for k in args.ks]
+    for base in map(os.path.abspath, args.baseline):
+        runs.append((f"vllm heterospec (K<={args.heterospec_k}), {os.path.basename(base)}", "heterospec",
+                     args.heterospec_k, {"PYTHONPATH": os.pathsep.join([base, os.environ.get("PYTHONPATH", "")])}))
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))    # this checkout's plugin
+    runs.append((f"vllm heterospec (K<={args.heterospec_k})", "heterospec", args.heterospec_k,
+                 {"PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])} if args.interleave else {}))
     results = {}
-    for label, method, k in tqdm(runs, desc="vLLM engines", unit="engine"):
-        for b, o in _vllm_run(method, max(k, 1), prompts_file, args).items():
-            results[(label, b)] = o
+    if args.interleave:
+        results = _vllm_interleaved([(lab, m, max(k, 1), env) for lab, m, k, env in runs], prompts_file, len(texts), args)
+    else:
+        for label, method, k, _ in tqdm(runs, desc="vLLM engines", unit="engine"):
+            for b, o in _vllm_run(method, max(k, 1), prompts_file, args).items():
+                results[(label, b)] = o
     if not args.no_ours:
         for (m, b), o in _ours(texts, args).items():
             results[(f"ours {m}", b)] = o
@@ -103,7 +190,8 @@ def main() -> int:
     labels = list(dict.fromkeys(lab for lab, _ in results))
     from heterospec.costmodel import _cpu_info
     lines = [f"machine: {machine_description('cpu')}, CPU flags: {' '.join(_cpu_info()['cpu_flags'])}", f"vLLM LD_PRELOAD: {args.preload or 'none'}",
-             f"MT-bench first {args.n} questions, {args.max_new_tokens} new tokens, greedy, float32", "",
+             f"MT-bench first {args.n} questions, {args.max_new_tokens} new tokens, greedy, float32"
+             + (f"; vLLM engines interleaved, {args.repeats} pass(es)" if args.interleave else ""), "",
              "| system | " + " | ".join(f"batch {b} tok/s | vs vLLM AR" for b in args.batch) + " | same text |",
              "|---|" + "---|---|" * len(args.batch) + "---|"]
     rows = []
@@ -122,7 +210,7 @@ def main() -> int:
                    key=lambda r: r["tokens_per_s"]) for b in args.batch}
     lines.append("")
     for b in args.batch:
-        hs = next(r for r in rows if r["system"].startswith("vllm heterospec") and r["batch"] == b)
+        hs = next(r for r in rows if r["system"] == runs[-1][0] and r["batch"] == b)
         lines.append(f"batch {b}: vLLM+HeteroSpec / best fixed-K vLLM eagle3 ({best[b]['system']}) = "
                      f"{hs['tokens_per_s'] / best[b]['tokens_per_s']:.2f}x; / vLLM autoregressive = {hs['vs_vllm_ar']:.2f}x")
     report = "\n".join(lines)

@@ -5,7 +5,12 @@
     generate    one vLLM engine (autoregressive, eagle3 with K draft tokens, or HeteroSpec) on a
                 JSON list of prompts at one or more batch sizes; prints one JSON line per batch
                 size: token ids, tokens, seconds. Used by the tests and bench/vllm_compare.py,
-                one process per engine (vLLM starts its engine core per ``LLM``).
+                one process per engine (vLLM starts its engine core per ``LLM``). With
+                ``--serve`` the engine stays up after its warm-up (``{"ready": true}``) and
+                runs the requests read from stdin, one JSON line each (``{"prompts": [i, ...]}``:
+                indices into --prompts, submitted together), answering one JSON line each:
+                several engines then take turns on the same prompts (bench/vllm_compare.py
+                --interleave), so that the machine's drift hits them alike.
 """
 
 from __future__ import annotations
@@ -27,11 +32,11 @@ def _paths() -> dict:
 CPU_MEMORY_BUDGET_GIB = 3.5
 
 
-def default_memory_fraction(node_bytes: int | None = None) -> float:
+def default_memory_fraction(node_bytes: int | None = None, budget_gib: float = CPU_MEMORY_BUDGET_GIB) -> float:
     """vLLM's ``gpu_memory_utilization`` for a CPU engine: on CPU vLLM takes it as the fraction
     of NUMA node 0's memory that the engine may use, weights included. A fixed fraction fits one
     machine only (on a small node it left no room for the KV cache), so
-    the fraction gives the engine ``CPU_MEMORY_BUDGET_GIB`` of this machine's node (at most 90 %)."""
+    the fraction gives the engine ``budget_gib`` of this machine's node (at most 90 %)."""
     if node_bytes is None:
         node_bytes = 0
         try:
@@ -46,7 +51,7 @@ def default_memory_fraction(node_bytes: int | None = None) -> float:
                 node_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
             except (OSError, ValueError, AttributeError):
                 return 0.15
-    return round(min(0.9, max(0.05, CPU_MEMORY_BUDGET_GIB * (1 << 30) / node_bytes)), 3)
+    return round(min(0.9, max(0.05, budget_gib * (1 << 30) / node_bytes)), 3)
 
 
 def _generate(args) -> int:
@@ -91,6 +96,20 @@ def _generate(args) -> int:
 
     if args.warmup:   # compile caches, allocator, and HeteroSpec's first cost measurements
         llm.chat(msgs[:2], [SamplingParams(temperature=0, max_tokens=args.warmup) for _ in msgs[:2]], use_tqdm=False)
+    if args.serve:
+        print(json.dumps({"ready": True}), flush=True)
+        for line in sys.stdin:
+            if not line.strip():
+                continue
+            idx = json.loads(line)["prompts"]
+            before, t0 = spec_counters(), time.perf_counter()
+            outs = llm.chat([msgs[i] for i in idx], [params(i) for i in idx], use_tqdm=False)
+            dt = time.perf_counter() - t0
+            after = spec_counters()
+            ids = [list(o.outputs[0].token_ids) for o in outs]
+            print(json.dumps({"seconds": dt, "tokens": sum(len(x) for x in ids), "token_ids": ids,
+                              "spec": {k: after[k] - before.get(k, 0) for k in after}}), flush=True)
+        return 0
     for b in args.batch:
         before = spec_counters()
         ids, t0 = [], time.perf_counter()
@@ -122,6 +141,8 @@ def main(argv=None) -> int:
     g.add_argument("--seed", type=int, default=None, help="per-request seeds seed, seed+1, ...")
     g.add_argument("--ignore-eos", action="store_true")
     g.add_argument("--warmup", type=int, default=0, help="tokens of a 2-prompt warm-up (not timed)")
+    g.add_argument("--serve", action="store_true",
+                   help="after the warm-up, run the requests read from stdin (JSON lines {\"prompts\": [i, ...]})")
     g.add_argument("--options", default=None, help="HeteroSpec options as JSON (additional_config['heterospec'])")
     g.add_argument("--target", default=None)
     g.add_argument("--draft", default=None)
