@@ -799,29 +799,6 @@ class FittedPolicy(Policy):
             return r is not None and r[0] < r[1]
         return r[0] < r[1]
 
-    # A bucket the guard holds plain, whose speculation delivered at least this fraction of the
-    # plain steps' rate, is close to speculating again (see keeps_draft_ready).
-    READY_MARGIN = 0.8
-
-    def keeps_draft_ready(self, batch_size: int) -> bool:
-        """Whether speculation at this batch size is near enough that a drafter which keeps
-        state between steps (vLLM's draft KV cache) should keep it whole through plain steps:
-        the plan speculates, or the model's plan does and the guard's measurements (when there
-        are any) have speculation within ``READY_MARGIN`` of plain decoding. Keeping it whole
-        costs a draft forward per plain step; where speculation clearly loses (vLLM at batch 8
-        on CPU: a tenth of every plain step, for the whole run the guard held the bucket plain)
-        the probes pay with a draft that missed the plain stretch instead."""
-        if self.plan(batch_size).speculate:
-            return True
-        if not self.fitted_plan(batch_size).speculate:
-            return False
-        b = self.bucket(batch_size)
-        r = self.realized(b)
-        if r is None:
-            below = [x for x in self._realized if x < b and self.realized(x) is not None]
-            r = self.realized(max(below)) if below else None       # as realized_loses inherits
-        return r is None or r[0] >= self.READY_MARGIN * r[1]
-
     FREQ_PRIOR = 32.0         # the calibration frequencies count as this many requests
     FREQ_HYSTERESIS = 0.05    # total variation before the frequencies in use move
 

@@ -713,36 +713,6 @@ def test_guard_is_not_turned_by_a_few_unlucky_rounds_but_by_a_real_loss():
     assert rounds >= 2
 
 
-def test_draft_kept_ready_while_speculation_is_close_not_when_it_clearly_loses():
-    """A stateful drafter (vLLM's) keeps its KV cache whole through plain steps only while the
-    guard's measurements leave speculation near plain decoding; a clear loss turns that off
-    (a draft forward per plain step for nothing), a model whose plan is plain never asks."""
-    tables = _tables(easy_accept=0.7)
-    cost = LinearCost(a=10.0, b=1.0, c=0.5, e=0.5)
-    verdicts = {}
-    for label, spec_s in (("close", 0.0105), ("loses", 0.016)):
-        policy = FittedPolicy(tables, cost, SpecConfig(top_k=4, depth=1, total_tokens=4))
-        spec = policy.plan(1)
-        assert spec.speculate and policy.keeps_draft_ready(1)       # nothing measured yet
-        rounds = 0
-        while policy.plan(1).speculate:                             # 1 token per round: a loss
-            policy.observe(spec, [0], [0], seconds=spec_s)
-            policy.observe(spec.alternative, [], [], seconds=0.010)
-            rounds += 1
-            assert rounds < 200
-        for _ in range(20):                                         # the guard's probes go on measuring
-            policy.observe(spec, [0], [0], seconds=spec_s)
-            policy.observe(spec.alternative, [], [], seconds=0.010)
-        r = policy.realized(1)
-        verdicts[label] = (r[0] / r[1], policy.keeps_draft_ready(1), policy.keeps_draft_ready(2))
-    assert verdicts["close"][0] >= FittedPolicy.READY_MARGIN and verdicts["close"][1]
-    assert verdicts["loses"][0] < FittedPolicy.READY_MARGIN and not verdicts["loses"][1]
-    assert not verdicts["loses"][2]          # a larger batch inherits the clear loss, as the guard does
-    plain_model = FittedPolicy(_tables(easy_accept=0.0), LinearCost(a=10.0, b=30.0, c=20.0, e=20.0),
-                               SpecConfig(top_k=4, depth=1, total_tokens=4))
-    assert not plain_model.plan(1).speculate and not plain_model.keeps_draft_ready(1)
-
-
 def test_guard_judges_a_static_batch_by_the_requests_furthest_behind():
     """Rounds that gave the batch 2.5 tokens per request (125 tok/s against 100 for plain steps)
     but its slowest request 1 (50 tok/s): credited with the batch mean the bucket speculates,

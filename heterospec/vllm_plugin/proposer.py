@@ -259,18 +259,16 @@ class HeteroSpecProposer(EagleProposer):
         skips the drafter leaves a hole at that step's positions in every request, and the
         draft attends over the holes for the rest of the request (its acceptance fell the
         longer plain stretches lasted). Plain steps inside speculation (the policy's probes,
-        exploration, the guard's fallback while speculation is close to paying) therefore run
-        the first forward, a small share of a step at the batch sizes where speculation pays;
-        a bucket whose plan is plain, or whose speculation the guard measured clearly losing
-        (:meth:`FittedPolicy.keeps_draft_ready`), decodes as vLLM's autoregressive steps do,
-        drafter off. Steps with a prefill always run it (``propose``): a prompt the draft never
-        saw is a hole of its own."""
+        the guard's fallback, exploration) therefore run the first forward, a small share of a
+        step at the batch sizes where speculation pays; a bucket whose fitted plan is plain
+        decodes as vLLM's autoregressive steps do, drafter off. Steps with a prefill always
+        run it (``propose``): a prompt the draft never saw is a hole of its own."""
         if plan.name.startswith("explore"):
             return True
         b = self.costs.bucket(batch_size)
         if b not in self.planned:
             return True
-        return self.policy.keeps_draft_ready(batch_size)
+        return self.policy.fitted_plan(batch_size).speculate
 
     def _sample_draft_tokens(self, hidden_states, sampling_metadata):
         tokens, probs = super()._sample_draft_tokens(hidden_states, sampling_metadata)
