@@ -96,32 +96,27 @@ def _generate(args) -> int:
 
     if args.warmup:   # compile caches, allocator, and HeteroSpec's first cost measurements
         llm.chat(msgs[:2], [SamplingParams(temperature=0, max_tokens=args.warmup) for _ in msgs[:2]], use_tqdm=False)
+
+    def timed(groups) -> dict:
+        """Each group of prompt indices submitted as one call (vLLM schedules up to max_num_seqs
+        of it at once): token ids, tokens, seconds and vLLM's speculative counters of them all."""
+        before, ids, t0 = spec_counters(), [], time.perf_counter()
+        for idx in groups:
+            outs = llm.chat([msgs[i] for i in idx], [params(i) for i in idx], use_tqdm=False)
+            ids.extend(list(o.outputs[0].token_ids) for o in outs)
+        dt, after = time.perf_counter() - t0, spec_counters()
+        return {"seconds": dt, "tokens": sum(len(x) for x in ids), "token_ids": ids,
+                "spec": {k: after[k] - before.get(k, 0) for k in after}}
+
     if args.serve:
         print(json.dumps({"ready": True}), flush=True)
         for line in sys.stdin:
-            if not line.strip():
-                continue
-            idx = json.loads(line)["prompts"]
-            before, t0 = spec_counters(), time.perf_counter()
-            outs = llm.chat([msgs[i] for i in idx], [params(i) for i in idx], use_tqdm=False)
-            dt = time.perf_counter() - t0
-            after = spec_counters()
-            ids = [list(o.outputs[0].token_ids) for o in outs]
-            print(json.dumps({"seconds": dt, "tokens": sum(len(x) for x in ids), "token_ids": ids,
-                              "spec": {k: after[k] - before.get(k, 0) for k in after}}), flush=True)
+            if line.strip():
+                print(json.dumps(timed([json.loads(line)["prompts"]])), flush=True)
         return 0
-    for b in args.batch:
-        before = spec_counters()
-        ids, t0 = [], time.perf_counter()
-        for s in range(0, len(msgs), b):
-            # vLLM schedules up to max_num_seqs at once: submit b prompts per call for batch b.
-            outs = llm.chat(msgs[s:s + b], [params(i) for i in range(s, min(s + b, len(msgs)))], use_tqdm=False)
-            ids.extend(list(o.outputs[0].token_ids) for o in outs)
-        dt = time.perf_counter() - t0
-        after = spec_counters()
-        counters = {k: after[k] - before.get(k, 0) for k in after}
-        print(json.dumps({"method": args.method, "k": args.k if spec else 0, "batch": b, "seconds": dt,
-                          "tokens": sum(len(x) for x in ids), "spec": counters, "token_ids": ids}), flush=True)
+    for b in args.batch:      # batch b: b prompts per call
+        groups = [list(range(s, min(s + b, len(msgs)))) for s in range(0, len(msgs), b)]
+        print(json.dumps({"method": args.method, "k": args.k if spec else 0, "batch": b, **timed(groups)}), flush=True)
     return 0
 
 
