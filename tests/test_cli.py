@@ -370,7 +370,7 @@ def test_train_draft_help_and_unknown_options(capsys):
     out = capsys.readouterr().out
     assert e.value.code == 0
     assert out.startswith("usage: heterospec train-draft")
-    for step in ("distill", "vocab", "train", "simulate", "export"):
+    for step in ("distill", "pack", "vocab", "train", "simulate", "export"):
         assert step in out
     with pytest.raises(SystemExit) as e:
         main(["train-draft", "distill", "--help"])
@@ -380,6 +380,11 @@ def test_train_draft_help_and_unknown_options(capsys):
                       (["train-draft"], "a step is required"),
                       (["train-draft", "nosuch"], "invalid choice: 'nosuch'")):
         assert msg in _usage_error(argv, capsys, "train-draft")
+    # a step's own argument errors name the step
+    assert "the following arguments are required: --out" in _usage_error(
+        ["train-draft", "pack"], capsys, "train-draft pack")
+    assert "invalid choice: 'fp8'" in _usage_error(
+        ["train-draft", "train", "--amp", "fp8"], capsys, "train-draft train")
 
 
 def test_bench_api_validates_arguments():

@@ -125,6 +125,9 @@ def test_vocab_maps_and_build(tmp_path, target):
 
 
 def _trainer(tmp_path, target, data, **kw):
+    # float32 unless a test asks otherwise: the same arithmetic on every CPU
+    kw.setdefault("amp", "float32")
+    kw.setdefault("taps_dtype", "float32")
     cfg = T.TrainConfig(data_dir=str(data), run_dir=str(tmp_path / "run"), vocab_size=32,
                         steps=kw.pop("steps", 30), batch_tokens=64, ttt_steps=2, lr=3e-3, warmup=2,
                         val_seqs=4, eval_every=0, ckpt_every=1000, group_shards=1, **kw)
@@ -324,3 +327,112 @@ def test_chain_simulation_matches_training_time_test(tmp_path, target):
     got = T.simulate_acceptance(draft, seqs, top_k=1, depth=depth, nodes=depth)
     assert got["rounds"] == rounds
     assert got["tau"] == pytest.approx(want)
+
+
+# ----------------------------------------------------------------------------- token-only shards
+
+
+def test_token_only_shard_keeps_everything_but_the_taps(tmp_path, target):
+    data = make_data(tmp_path, target, n_shards=1, per_shard=6, max_new=12)
+    path = D.list_shards(data)[0]
+    seqs = D.read_shard(path)
+    assert any(q.sampled for q in seqs)
+    # a sampled row whose argmax differs from the drawn token: the exceptions must carry it
+    assert any(bool((q.target_argmax[q.prompt_len - 1:] != q.tokens[q.prompt_len:]).any())
+               for q in seqs if q.sampled)
+    D.write_shard(tmp_path / "tok.safetensors", seqs, taps=False)
+    sh = D.DistillShard(tmp_path / "tok.safetensors")
+    assert not sh.has_taps and D.DistillShard(path).has_taps
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "tok.safetensors"), "pt") as f:
+        assert f.get_tensor("tokens").dtype == torch.uint16
+        assert "features" not in f.keys() and f.metadata()["format"] == D.TOKENS_ONLY_FORMAT
+    for a, b in zip(seqs, sh):
+        assert (a.prompt_id, a.prompt_len, a.sampled, a.finished) == (b.prompt_id, b.prompt_len,
+                                                                      b.sampled, b.finished)
+        assert torch.equal(a.tokens, b.tokens) and torch.equal(a.target_argmax, b.target_argmax)
+        assert b.features is None and b.final_hidden is None
+    assert (tmp_path / "tok.safetensors").stat().st_size * 20 < path.stat().st_size
+    # token ids beyond uint16 are stored as int32, not wrapped
+    big = D.Sequence_("big", torch.tensor([1, 70000, 5]), 1, None, None,
+                      target_argmax=torch.tensor([70000, 5]))
+    D.write_shard(tmp_path / "big.safetensors", [big], taps=False)
+    back = D.read_shard(tmp_path / "big.safetensors")[0]
+    assert back.tokens.tolist() == [1, 70000, 5] and back.target_argmax.tolist() == [70000, 5]
+
+
+def test_recomputed_taps_match_generation(tmp_path, target):
+    data = make_data(tmp_path, target, n_shards=1, per_shard=5, max_new=10)
+    seqs = D.read_shard(D.list_shards(data)[0])
+    stored = T.collate(seqs)
+    D.write_shard(tmp_path / "tok.safetensors", seqs, taps=False)
+    bare = T.collate(D.read_shard(tmp_path / "tok.safetensors"))
+    assert bare.features is None and torch.equal(bare.target_argmax, stored.target_argmax)
+    full = T.with_taps(bare, target)
+    # fp16 storage of the generated taps vs a float32 teacher-forced pass
+    torch.testing.assert_close(full.features, stored.features, atol=3e-3, rtol=3e-3)
+    torch.testing.assert_close(full.final_hidden, stored.final_hidden, atol=3e-3, rtol=3e-3)
+    assert T.with_taps(stored, target) is stored
+    one = T.sequences_with_taps([D.read_shard(tmp_path / "tok.safetensors")[0]], target)[0]
+    torch.testing.assert_close(one.features.float(), seqs[0].features.float(), atol=3e-3, rtol=3e-3)
+    assert one.features.shape[0] == one.tokens.numel() - 1
+
+
+def test_pack_resumes_and_refuses_other_data(tmp_path, target):
+    data = make_data(tmp_path, target, n_shards=2, per_shard=4)
+    man = {"num_layers": 6, "hidden_size": 32, "vocab_size": VOCAB, "aux_layers": [2, 3, 3],
+           "config": {"seed": 0}, "prompt_list_sha256": "abc"}
+    (data / "manifest.json").write_text(json.dumps(man))
+    dst = tmp_path / "packed"
+    first = D.list_shards(data)[0]
+    (tmp_path / "hold").mkdir()
+    held = first.rename(tmp_path / "hold" / first.name)   # only the second shard exists yet
+    assert D.pack_shards(data, dst, log=lambda *a: None)["packed"] == 1
+    held.rename(first)
+    assert D.pack_shards(data, dst, log=lambda *a: None) == {
+        "packed": 1, "response_tokens": D.DistillShard(first).num_response_tokens, "shards": 2}
+    assert json.loads((dst / "manifest.json").read_text()) == man
+    for p in D.list_shards(data):
+        for a, b in zip(D.read_shard(p), D.read_shard(dst / p.name)):
+            assert torch.equal(a.tokens, b.tokens) and torch.equal(a.target_argmax, b.target_argmax)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "manifest.json").write_text(json.dumps(dict(man, prompt_list_sha256="xyz")))
+    with pytest.raises(ValueError, match="prompt_list_sha256"):
+        D.pack_shards(data, other, log=lambda *a: None)
+    with pytest.raises(FileNotFoundError, match="manifest"):
+        D.pack_shards(tmp_path / "hold", tmp_path / "x", log=lambda *a: None)
+
+
+def test_training_on_packed_shards_equals_training_on_stored_taps(tmp_path, target):
+    data = make_data(tmp_path, target, n_shards=2, per_shard=6, max_new=12)
+    (data / "manifest.json").write_text(json.dumps({"vocab_size": VOCAB, "num_layers": 6,
+                                                    "hidden_size": 32, "config": {}}))
+    packed = tmp_path / "packed"
+    D.pack_shards(data, packed, log=lambda *a: None)
+    a = _trainer(tmp_path / "a", target, data)
+    b = _trainer(tmp_path / "b", target, packed)
+    assert a.val_refs == b.val_refs
+    for _ in range(4):
+        ba, bb = a.stream.next_batch(), b.stream.next_batch()
+        assert torch.equal(ba.input_ids, bb.input_ids) and bb.features is None
+        ma, mb = a.train_step(ba), b.train_step(bb)
+        assert mb["total"] == pytest.approx(ma["total"], rel=2e-3)
+    ea, eb = a.evaluate(), b.evaluate()
+    assert eb["n"] == ea["n"]
+    assert eb["loss"][0] == pytest.approx(ea["loss"][0], rel=5e-3)
+    assert b.simulate(seqs=2)["rounds"] == a.simulate(seqs=2)["rounds"]
+
+
+def test_bfloat16_autocast_trains_like_float32(tmp_path, target):
+    data = make_data(tmp_path, target, n_shards=2, per_shard=8, max_new=16)
+    f32 = _trainer(tmp_path / "f", target, data, freeze_lm_head=False)
+    bf = _trainer(tmp_path / "b", target, data, freeze_lm_head=False, amp="bfloat16")
+    batch = f32.stream.next_batch()
+    m32, mbf = f32.train_step(batch), bf.train_step(batch)
+    assert mbf["total"] == pytest.approx(m32["total"], rel=3e-2)
+    losses = [mbf["total"]] + [bf.train_step(batch)["total"] for _ in range(20)]
+    assert losses[-1] < 0.8 * losses[0], losses[::5]
+    # the weights and the optimizer stay float32
+    assert all(p.dtype == torch.float32 for p in bf.draft.parameters())

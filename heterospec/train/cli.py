@@ -43,8 +43,8 @@ def _default_run() -> str:
 
 def build_parser(prog: str = "heterospec train-draft") -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=prog, description=(
-        "Train the EAGLE-3 draft of the built-in target by self-distillation. Steps: distill, "
-        "vocab, train, simulate, export (each resumable)."),
+        "Train the EAGLE-3 draft of the built-in target by self-distillation. Steps: distill "
+        "(or pack), vocab, train, simulate, export (each resumable)."),
         epilog=f"`{prog} STEP --help` lists the options of one step.")
     # not required=True: main() names the missing step itself, after unknown options are reported
     sub = ap.add_subparsers(dest="cmd", metavar="STEP", title="steps")
@@ -79,6 +79,14 @@ def build_parser(prog: str = "heterospec train-draft") -> argparse.ArgumentParse
     p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--max-shards", type=positive_int, default=None)
     p.add_argument("--time-budget", type=positive_float, default=None, help="seconds; stop starting shards after")
+    p.add_argument("--no-taps", action="store_true",
+                   help="write token-only shards (~2 bytes a token; the trainer recomputes the "
+                        "taps), e.g. straight into the data set kept in git: --out data/distill-v2")
+
+    p = sub.add_parser("pack", help="token-only copies of distilled shards (for git: the taps "
+                                    "are recomputed when training)")
+    p.add_argument("--data", default=None, help="source data dir (default ~/.cache/heterospec/distill-v2)")
+    p.add_argument("--out", required=True, help="destination dir, e.g. data/distill-v2")
 
     p = sub.add_parser("bench-distill", help="measure distillation speed (response tokens/s); "
                                              "writes nothing")
@@ -115,6 +123,11 @@ def build_parser(prog: str = "heterospec train-draft") -> argparse.ArgumentParse
     p.add_argument("--time-budget", type=positive_float, default=None,
                    help="seconds of train-step time (evals excluded); the LR schedule follows it")
     p.add_argument("--seed", type=seed, default=0)
+    p.add_argument("--amp", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="mixed precision of the draft's forward/backward; auto = bfloat16 "
+                        "autocast on a CPU with native bf16 (about 2x faster there), else float32")
+    p.add_argument("--taps-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="precision of the target forward that recomputes token-only shards' taps")
     p.add_argument("--init", default=None, metavar="DRAFT",
                    help="warm start a new run from an earlier draft (an exported draft dir, e.g. "
                         "the shipped one, or a ckpt_*.pt); the draft vocabulary may differ. "
@@ -151,7 +164,7 @@ def main(argv=None) -> int:
     if unknown:
         ap.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.cmd is None:
-        ap.error("a step is required: distill, bench-distill, vocab, train, simulate or export")
+        ap.error("a step is required: distill, bench-distill, pack, vocab, train, simulate or export")
     if args.cmd == "bench-distill":
         from .distill import bench_generation
 
@@ -170,8 +183,14 @@ def main(argv=None) -> int:
                             seed=args.seed, max_shards=args.max_shards,
                             time_budget_s=args.time_budget, threads=args.threads, mix=args.mix,
                             device=args.device, dtype=args.dtype,
-                            allow_missing_references=args.allow_missing_references)
+                            allow_missing_references=args.allow_missing_references,
+                            store_taps=not args.no_taps)
         print(json.dumps(run_distill(cfg, target_dir=args.target), indent=1), flush=True)
+        return 0
+    if args.cmd == "pack":
+        from .distill import pack_shards
+
+        print(json.dumps(pack_shards(args.data or _default_data(), args.out), indent=1), flush=True)
         return 0
     from . import trainer
 

@@ -25,6 +25,14 @@ Shard tensors: ``tokens`` int32 [N] (all sequences concatenated), ``seq_offsets`
 target's full-vocabulary greedy token after row p, recorded for rows >= prompt_len - 1, else -1;
 used to mask positions whose greedy token is outside the draft vocabulary). String metadata ``prompt_ids``
 (JSON list).
+
+**Token-only shards** (``store_taps=False``, or ``pack_shards``) keep what costs generation time
+and drop what a forward recomputes: ``tokens`` (uint16 when the vocabulary fits), the offsets,
+``prompt_lens``, ``sampled``, ``finished``, and the target's argmax only where it differs from the
+next token (``argmax_rows`` / ``argmax_ids``: on greedy rows it never does). About 2 bytes per
+token instead of ~4.6 KB, so a data set of millions of tokens can live in git
+(``data/distill-v2``) and survive the machine it was generated on; the trainer recomputes the
+taps of such shards with one teacher-forced target forward per batch (``recompute_taps``).
 """
 
 from __future__ import annotations
@@ -56,6 +64,8 @@ __all__ = [
     "chat_ids",
     "resolve_device_dtype",
     "bench_generation",
+    "recompute_taps",
+    "pack_shards",
 ]
 
 FP16_MAX = 65504.0
@@ -114,10 +124,13 @@ class DistillConfig:
     allow_missing_references: bool = False  # skip (with a warning) reference sets not available
     device: str = "auto"              # auto: cuda if available, else cpu
     dtype: str = "auto"               # auto: bf16 on cuda / native-bf16 CPUs, else float32
+    store_taps: bool = True           # False: token-only shards (the trainer recomputes taps)
 
-# settings that do not change the data (or only its precision) and may differ on resume
+# settings that do not change the data (or only its precision, or what of it is stored) and
+# may differ on resume
 _RUN_ONLY = ("out_dir", "max_shards", "time_budget_s", "threads", "allow_missing_references",
-             "device", "dtype")
+             "device", "dtype", "store_taps")
+TOKENS_ONLY_FORMAT = "heterospec-distill-v1-tokens"
 
 
 @dataclass
@@ -127,8 +140,8 @@ class Sequence_:
     prompt_id: str
     tokens: torch.Tensor          # [n] int64
     prompt_len: int
-    features: torch.Tensor        # [n-1, 3H] fp16
-    final_hidden: torch.Tensor    # [n-1, H] fp16
+    features: torch.Tensor | None      # [n-1, 3H] fp16 (None: token-only shard)
+    final_hidden: torch.Tensor | None  # [n-1, H] fp16 (None: token-only shard)
     sampled: bool = False
     finished: bool = True
     target_argmax: torch.Tensor | None = None  # [n-1] int64, the target's greedy token per row
@@ -163,6 +176,29 @@ class _Taps:
     def remove(self):
         for h in self.handles:
             h.remove()
+
+
+@torch.no_grad()  # not inference_mode: callers mask the results in place
+def recompute_taps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Taps of recorded sequences by one teacher-forced forward: ``(features [B, S, 3H],
+    final_hidden [B, S, H])`` in float32 on the CPU, row ``p`` = token ``p`` as in a shard.
+
+    ``input_ids`` [B, S] right-padded (``attention_mask`` 1 on real tokens). Rows of padding
+    are zero. Row ``p`` only sees tokens ``<= p``, exactly as in generation; the values differ
+    from generation-time taps by rounding only (one parallel pass instead of a KV cache)."""
+    dev = next(model.parameters()).device
+    taps = _Taps(model, aux_layer_ids(model.config.num_hidden_layers))
+    try:
+        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+        model(input_ids=input_ids.to(dev), attention_mask=mask.to(dev), use_cache=False,
+              logits_to_keep=1)
+        feats, final = taps.take()
+    finally:
+        taps.remove()
+    keep = mask.to(torch.bool).unsqueeze(-1)
+    return (feats.float().cpu().masked_fill_(~keep, 0.0),
+            final.float().cpu().masked_fill_(~keep, 0.0))
 
 
 def _to_fp16(x: torch.Tensor) -> torch.Tensor:
@@ -268,31 +304,56 @@ def generate_with_taps(model, prompts: list[list[int]], max_new_tokens: int,
 # ----------------------------------------------------------------------------- shard I/O
 
 
-def write_shard(path: str | os.PathLike, seqs: list[Sequence_], extra_meta: dict | None = None) -> None:
-    """Write sequences to one safetensors shard, atomically (temp file + rename)."""
+def _argmax_rows(seqs: list[Sequence_]) -> torch.Tensor:
+    """Every sequence's target argmax per row, concatenated (-1 where not recorded)."""
+    return torch.cat([s.target_argmax if s.target_argmax is not None
+                      else torch.full((s.tokens.numel() - 1,), -1, dtype=torch.long) for s in seqs])
+
+
+def write_shard(path: str | os.PathLike, seqs: list[Sequence_], extra_meta: dict | None = None,
+                taps: bool = True) -> None:
+    """Write sequences to one safetensors shard, atomically (temp file + rename).
+    ``taps=False`` writes a token-only shard (module docstring)."""
     path = Path(path)
     lens = torch.tensor([s.tokens.numel() for s in seqs], dtype=torch.int64)
     seq_offsets = torch.zeros(len(seqs) + 1, dtype=torch.int64)
     seq_offsets[1:] = lens.cumsum(0)
     row_offsets = seq_offsets - torch.arange(len(seqs) + 1)
-    for s in seqs:
-        if s.features.shape[0] != s.tokens.numel() - 1 or s.final_hidden.shape[0] != s.tokens.numel() - 1:
-            raise ValueError(f"sequence {s.prompt_id}: rows must be len(tokens) - 1")
+    tokens = torch.cat([s.tokens for s in seqs]).long()
     tensors = {
-        "tokens": torch.cat([s.tokens for s in seqs]).to(torch.int32),
         "seq_offsets": seq_offsets,
         "row_offsets": row_offsets,
         "prompt_lens": torch.tensor([s.prompt_len for s in seqs], dtype=torch.int32),
         "sampled": torch.tensor([int(s.sampled) for s in seqs], dtype=torch.uint8),
         "finished": torch.tensor([int(s.finished) for s in seqs], dtype=torch.uint8),
-        "features": torch.cat([s.features for s in seqs]).to(torch.float16).contiguous(),
-        "final_hidden": torch.cat([s.final_hidden for s in seqs]).to(torch.float16).contiguous(),
-        "target_argmax": torch.cat([
-            s.target_argmax if s.target_argmax is not None
-            else torch.full((s.tokens.numel() - 1,), -1, dtype=torch.long) for s in seqs
-        ]).to(torch.int32),
     }
-    meta = {"prompt_ids": json.dumps([s.prompt_id for s in seqs]), "format": "heterospec-distill-v1"}
+    if taps:
+        for s in seqs:
+            if (s.features is None or s.final_hidden is None
+                    or s.features.shape[0] != s.tokens.numel() - 1
+                    or s.final_hidden.shape[0] != s.tokens.numel() - 1):
+                raise ValueError(f"sequence {s.prompt_id}: taps must have len(tokens) - 1 rows "
+                                 f"(write a token-only shard with taps=False)")
+        tensors.update({
+            "tokens": tokens.to(torch.int32),
+            "features": torch.cat([s.features for s in seqs]).to(torch.float16).contiguous(),
+            "final_hidden": torch.cat([s.final_hidden for s in seqs]).to(torch.float16).contiguous(),
+            "target_argmax": _argmax_rows(seqs).to(torch.int32),
+        })
+        fmt = "heterospec-distill-v1"
+    else:
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) > 0xFFFF):
+            tensors["tokens"] = tokens.to(torch.int32)
+        else:
+            tensors["tokens"] = tokens.to(torch.int32).to(torch.uint16)
+        # the recorded argmax is the next token on every greedy row: keep only the exceptions
+        amax = _argmax_rows(seqs)
+        nxt = torch.cat([s.tokens[1:].long() for s in seqs])
+        rows = ((amax >= 0) & (amax != nxt)).nonzero().squeeze(-1)
+        tensors["argmax_rows"] = rows.to(torch.int32)
+        tensors["argmax_ids"] = amax[rows].to(torch.int32)
+        fmt = TOKENS_ONLY_FORMAT
+    meta = {"prompt_ids": json.dumps([s.prompt_id for s in seqs]), "format": fmt}
     meta.update({k: str(v) for k, v in (extra_meta or {}).items()})
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     save_file(tensors, str(tmp), metadata=meta)
@@ -306,17 +367,36 @@ class DistillShard:
         self.path = Path(path)
         with safe_open(str(self.path), framework="pt") as f:
             meta = f.metadata() or {}
-            self.tokens = f.get_tensor("tokens").long()
+            keys = set(f.keys())
+            self.tokens = f.get_tensor("tokens").to(torch.int32).long()
             self.seq_offsets = f.get_tensor("seq_offsets")
             self.row_offsets = f.get_tensor("row_offsets")
             self.prompt_lens = f.get_tensor("prompt_lens").long()
             self.sampled = f.get_tensor("sampled").bool()
             self.finished = f.get_tensor("finished").bool()
-            self.features = f.get_tensor("features")
-            self.final_hidden = f.get_tensor("final_hidden")
-            self.target_argmax = (f.get_tensor("target_argmax").long()
-                                  if "target_argmax" in f.keys() else None)
+            self.has_taps = "features" in keys
+            self.features = f.get_tensor("features") if self.has_taps else None
+            self.final_hidden = f.get_tensor("final_hidden") if self.has_taps else None
+            if "target_argmax" in keys:
+                self.target_argmax = f.get_tensor("target_argmax").long()
+            elif "argmax_rows" in keys:
+                self.target_argmax = self._argmax_from_exceptions(
+                    f.get_tensor("argmax_rows").long(), f.get_tensor("argmax_ids").long())
+            else:
+                self.target_argmax = None
         self.prompt_ids = json.loads(meta.get("prompt_ids", "[]"))
+
+    def _argmax_from_exceptions(self, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """A token-only shard's argmax per row: the next token from row ``prompt_len - 1`` on,
+        -1 on earlier prompt rows, then the recorded exceptions."""
+        S = len(self)
+        lens = self.seq_offsets[1:] - self.seq_offsets[:-1]
+        seq_of_row = torch.repeat_interleave(torch.arange(S), lens - 1)
+        row_in_seq = torch.arange(int(self.row_offsets[-1])) - self.row_offsets[:-1][seq_of_row]
+        nxt = self.tokens[self.seq_offsets[:-1][seq_of_row] + row_in_seq + 1]
+        amax = torch.where(row_in_seq >= self.prompt_lens[seq_of_row] - 1, nxt, -1)
+        amax[rows] = ids
+        return amax
 
     def __len__(self) -> int:
         return self.prompt_lens.numel()
@@ -326,7 +406,8 @@ class DistillShard:
         ra, rb = int(self.row_offsets[i]), int(self.row_offsets[i + 1])
         return Sequence_(prompt_id=self.prompt_ids[i] if self.prompt_ids else str(i),
                          tokens=self.tokens[a:b], prompt_len=int(self.prompt_lens[i]),
-                         features=self.features[ra:rb], final_hidden=self.final_hidden[ra:rb],
+                         features=None if self.features is None else self.features[ra:rb],
+                         final_hidden=None if self.final_hidden is None else self.final_hidden[ra:rb],
                          sampled=bool(self.sampled[i]), finished=bool(self.finished[i]),
                          target_argmax=(None if self.target_argmax is None
                                         else self.target_argmax[ra:rb]))
@@ -391,6 +472,52 @@ def _eos_ids(tokenizer, model) -> list[int]:
         if isinstance(tid, int) and tid >= 0 and tid != tokenizer.unk_token_id:
             ids.add(tid)
     return sorted(ids)
+
+
+def _check_or_write_manifest(out: Path, manifest: dict) -> None:
+    """Write ``out/manifest.json``, or refuse when one exists for other data (a resumed run, or
+    shards packed into a directory, must continue the same prompt list and settings)."""
+    mpath = out / "manifest.json"
+    if mpath.exists():
+        old = json.loads(mpath.read_text())
+        keys = ["num_layers", "hidden_size", "vocab_size", "aux_layers", "config"]
+        if "prompt_list_sha256" in old:  # the prompt list (after the disjointness check) is fixed
+            keys.append("prompt_list_sha256")
+        for k in keys:
+            if old.get(k) != manifest.get(k):
+                raise ValueError(f"{mpath} was written with a different {k} ({old.get(k)!r} vs "
+                                 f"{manifest.get(k)!r}); use another --out or the same settings")
+    else:
+        tmp = mpath.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(manifest, indent=1))
+        os.replace(tmp, mpath)
+
+
+def pack_shards(src_dir, dst_dir, log=print) -> dict:
+    """Token-only copies of ``src_dir``'s shards in ``dst_dir`` (e.g. ``data/distill-v2`` in
+    git), with its manifest and disjointness report. Shards already in ``dst_dir`` are kept; a
+    ``dst_dir`` holding another prompt list or other settings is refused. Returns a summary."""
+    from tqdm import tqdm
+
+    src, dst = Path(src_dir), Path(dst_dir)
+    mpath = src / "manifest.json"
+    if not mpath.exists():
+        raise FileNotFoundError(f"{src}: no manifest.json (not a distillation directory)")
+    dst.mkdir(parents=True, exist_ok=True)
+    _check_or_write_manifest(dst, json.loads(mpath.read_text()))
+    if (src / "disjointness.json").exists() and not (dst / "disjointness.json").exists():
+        (dst / "disjointness.json").write_text((src / "disjointness.json").read_text())
+    todo = [p for p in list_shards(src) if not (dst / p.name).exists()]
+    resp = 0
+    for path in tqdm(todo, desc="pack", unit="shard", mininterval=5):
+        shard = DistillShard(path)
+        with safe_open(str(path), framework="pt") as f:
+            extra = {k: v for k, v in (f.metadata() or {}).items() if k not in ("prompt_ids", "format")}
+        write_shard(dst / path.name, list(shard), extra_meta=extra, taps=False)
+        resp += shard.num_response_tokens
+    log(f"packed {len(todo)} shards ({resp} response tokens) into {dst}; "
+        f"{len(list_shards(dst))} there now")
+    return {"packed": len(todo), "response_tokens": resp, "shards": len(list_shards(dst))}
 
 
 def run_distill(cfg: DistillConfig, model=None, tokenizer=None, prompts=None,
@@ -464,20 +591,7 @@ def run_distill(cfg: DistillConfig, model=None, tokenizer=None, prompts=None,
         "config": {k: v for k, v in asdict(cfg).items() if k not in _RUN_ONLY},
         "prompt_list_sha256": list_sha, "prompts": prompt_info, "generation_dtype": gen_dtype,
     }
-    mpath = out / "manifest.json"
-    if mpath.exists():
-        old = json.loads(mpath.read_text())
-        keys = ["num_layers", "hidden_size", "vocab_size", "aux_layers", "config"]
-        if "prompt_list_sha256" in old:  # the prompt list (after the disjointness check) is fixed
-            keys.append("prompt_list_sha256")
-        for k in keys:
-            if old.get(k) != manifest[k]:
-                raise ValueError(f"{mpath} was written with a different {k} ({old.get(k)!r} vs "
-                                 f"{manifest[k]!r}); use another --out or the same settings")
-    else:
-        tmp = mpath.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(manifest, indent=1))
-        os.replace(tmp, mpath)
+    _check_or_write_manifest(out, manifest)
 
     plan = _shard_plan(prompts, tokenizer, cfg)
     eos = _eos_ids(tokenizer, model)
@@ -506,7 +620,8 @@ def run_distill(cfg: DistillConfig, model=None, tokenizer=None, prompts=None,
                           features=r["features"], final_hidden=r["final_hidden"], sampled=s,
                           finished=r["finished"], target_argmax=r["target_argmax"])
                 for (p, _), r, s in zip(items, res, sampled)]
-        write_shard(out / f"shard_{i:05d}.safetensors", seqs, extra_meta={"dtype": gen_dtype})
+        write_shard(out / f"shard_{i:05d}.safetensors", seqs, extra_meta={"dtype": gen_dtype},
+                    taps=cfg.store_taps)
         dt = time.time() - ts
         tok = sum(int(s.tokens.numel()) for s in seqs)
         resp = sum(int(s.tokens.numel()) - s.prompt_len for s in seqs)

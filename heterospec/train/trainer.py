@@ -135,8 +135,8 @@ def is_val(prompt_id: str, percent: int = VAL_PERCENT) -> bool:
 @dataclass
 class Batch:
     input_ids: torch.Tensor        # [B, S]
-    features: torch.Tensor         # [B, S, 3H] float32 (row p, zero padding)
-    final_hidden: torch.Tensor     # [B, S, H] float32
+    features: torch.Tensor | None  # [B, S, 3H] float32 (row p, zero padding); None: recompute
+    final_hidden: torch.Tensor | None  # [B, S, H] float32; None with features
     target_argmax: torch.Tensor    # [B, S] int64 (-1 = unknown / padding)
     attention_mask: torch.Tensor   # [B, S] long
     lengths: torch.Tensor          # [B] tokens per sequence
@@ -149,21 +149,23 @@ class Batch:
 
 def collate(seqs: list[Sequence_], max_len: int | None = None) -> Batch:
     """Right-padded batch. Rows past ``len - 1`` (no feature) are zero. Sequences longer than
-    ``max_len`` are cut to their first ``max_len`` tokens."""
+    ``max_len`` are cut to their first ``max_len`` tokens. If any sequence comes from a
+    token-only shard, the batch has no taps (``features is None``): ``with_taps`` fills them."""
     lens = [min(s.tokens.numel(), max_len or 1 << 30) for s in seqs]
     B, S = len(seqs), max(lens)
-    H3 = seqs[0].features.shape[-1]
-    H = seqs[0].final_hidden.shape[-1]
+    stored = all(s.features is not None for s in seqs)
     ids = torch.zeros(B, S, dtype=torch.long)
-    feats = torch.zeros(B, S, H3)
-    fin = torch.zeros(B, S, H)
+    feats = torch.zeros(B, S, seqs[0].features.shape[-1]) if stored else None
+    fin = torch.zeros(B, S, seqs[0].final_hidden.shape[-1]) if stored else None
     am = torch.full((B, S), -1, dtype=torch.long)
     mask = torch.zeros(B, S, dtype=torch.long)
     for b, (s, n) in enumerate(zip(seqs, lens)):
         ids[b, :n] = s.tokens[:n]
-        r = min(n, s.features.shape[0])
-        feats[b, :r] = s.features[:r].float()
-        fin[b, :r] = s.final_hidden[:r].float()
+        r = n - 1
+        if stored:
+            r = min(n, s.features.shape[0])
+            feats[b, :r] = s.features[:r].float()
+            fin[b, :r] = s.final_hidden[:r].float()
         if s.target_argmax is not None:
             am[b, :r] = s.target_argmax[:r]
         else:  # greedy sequences: the next token is the target's argmax
@@ -171,6 +173,39 @@ def collate(seqs: list[Sequence_], max_len: int | None = None) -> Batch:
         mask[b, :n] = 1
     return Batch(ids, feats, fin, am, mask, torch.tensor(lens),
                  torch.tensor([s.prompt_len for s in seqs]))
+
+
+def with_taps(batch: Batch, tap_model) -> Batch:
+    """``batch`` itself when its taps were stored, else a copy with the taps recomputed by
+    ``tap_model`` (the target; ``distill.recompute_taps``). Row ``len - 1`` of every sequence,
+    which no stored shard has, is zeroed as ``collate`` pads it."""
+    if batch.features is not None:
+        return batch
+    from dataclasses import replace
+
+    from .distill import recompute_taps
+
+    feats, final = recompute_taps(tap_model, batch.input_ids, batch.attention_mask)
+    last = torch.arange(batch.input_ids.shape[1])[None] >= (batch.lengths - 1)[:, None]
+    feats.masked_fill_(last.unsqueeze(-1), 0.0)
+    final.masked_fill_(last.unsqueeze(-1), 0.0)
+    return replace(batch, features=feats, final_hidden=final)
+
+
+def sequences_with_taps(seqs: list[Sequence_], tap_model) -> list[Sequence_]:
+    """Sequences of token-only shards with their taps recomputed (one forward each); others
+    unchanged."""
+    from dataclasses import replace
+
+    from .distill import recompute_taps
+
+    out = []
+    for s in seqs:
+        if s.features is None:
+            f, h = recompute_taps(tap_model, s.tokens[None, :-1].long())
+            s = replace(s, features=f[0], final_hidden=h[0])
+        out.append(s)
+    return out
 
 
 class DataStream:
@@ -452,6 +487,12 @@ class TrainConfig:
     target_dir: str | None = None
     freeze_lm_head: bool = True      # keep lm_head = the target's output rows (saves ~1/4 compute)
     init_from: str | None = None     # warm start (new runs only): an exported draft dir or a ckpt
+    # precision of the target forward that recomputes the taps of token-only shards: auto =
+    # bfloat16 where the CPU has native bf16 (or on CUDA), else float32 (distill's rule)
+    taps_dtype: str = "auto"
+    # mixed precision of the draft's forward and backward (weights and AdamW stay float32):
+    # auto = bfloat16 autocast where the CPU has native bf16 (or on CUDA), else float32
+    amp: str = "auto"
 
 
 def lr_at(cfg: TrainConfig, step: int, train_seconds: float = 0.0) -> float:
@@ -517,6 +558,7 @@ class Trainer:
         self.history: list[dict] = []
         self.ttt_history: list[list[int]] = []   # [first step, ttt_steps] per change
         self.val_refs = None
+        self._tap_model = None
         if ck.exists():
             self.load_checkpoint(ck)
             log(f"resumed from {ck} at step {self.step}")
@@ -560,13 +602,41 @@ class Trainer:
 
     # ---- train / eval ----
 
+    def tap_model(self):
+        """The target that recomputes taps of token-only shards, in ``cfg.taps_dtype``."""
+        if self._tap_model is None:
+            from .distill import resolve_device_dtype
+
+            _, dt = resolve_device_dtype("cpu", self.cfg.taps_dtype)
+            if dt == torch.float32:
+                self._tap_model = self.target
+            else:
+                import copy
+
+                self._tap_model = copy.deepcopy(self.target).to(dt)
+        return self._tap_model
+
+    def autocast(self):
+        """``torch.autocast`` in ``cfg.amp`` (bfloat16 roughly halves a step on a CPU with
+        native bf16), or a no-op context for float32."""
+        import contextlib
+
+        from .distill import resolve_device_dtype
+
+        _, dt = resolve_device_dtype("cpu", self.cfg.amp)
+        if dt == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast("cpu", dtype=dt)
+
     def train_step(self, batch: Batch) -> dict:
         cfg = self.cfg
         t0 = time.time()
+        batch = with_taps(batch, self.tap_model())  # counted: recomputing is part of the step
         lr = lr_at(cfg, self.step, self.train_seconds)
         for g in self.opt.param_groups:
             g["lr"] = lr
-        loss, m = ttt_loss(self.draft, batch, self.head_kept, cfg.ttt_steps, cfg.decay)
+        with self.autocast():
+            loss, m = ttt_loss(self.draft, batch, self.head_kept, cfg.ttt_steps, cfg.decay)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         gn = torch.nn.utils.clip_grad_norm_([p for p in self.draft.parameters() if p.requires_grad],
@@ -604,7 +674,9 @@ class Trainer:
             while i < len(seqs) and seqs[i].tokens.numel() * (len(chunk) + 1) <= 2 * cfg.batch_tokens:
                 chunk.append(seqs[i])
                 i += 1
-            _, m = ttt_loss(self.draft, collate(chunk, cfg.max_len), self.head_kept, steps, cfg.decay)
+            batch = with_taps(collate(chunk, cfg.max_len), self.tap_model())
+            with self.autocast():
+                _, m = ttt_loss(self.draft, batch, self.head_kept, steps, cfg.decay)
             for s in range(steps):
                 n = m["n"][s]
                 if n:
@@ -621,7 +693,7 @@ class Trainer:
     def simulate(self, seqs: int | None = None, **kw) -> dict:
         refs = [r for r in self.val_refs]
         data = [s for s in load_sequences(self.cfg.data_dir, refs) if not s.sampled]
-        data = data[: seqs or self.cfg.sim_seqs]
+        data = sequences_with_taps(data[: seqs or self.cfg.sim_seqs], self.tap_model())
         self.draft.eval()
         try:
             return simulate_acceptance(self.draft, data, **kw)
@@ -956,7 +1028,7 @@ def cli_dispatch(args, default_data, default_run) -> int:
                           val_seqs=args.val_seqs, eval_every=args.eval_every,
                           ckpt_every=args.ckpt_every, time_budget_s=args.time_budget,
                           seed=args.seed, threads=args.threads, target_dir=args.target,
-                          init_from=args.init)
+                          init_from=args.init, amp=args.amp, taps_dtype=args.taps_dtype)
         tr = Trainer(cfg)
         print(json.dumps(tr.fit(), indent=1), flush=True)
         return 0
@@ -979,7 +1051,7 @@ def cli_dispatch(args, default_data, default_run) -> int:
                                        target_dir=args.target)
         else:
             refs = validation_sequences(data, 10 ** 9, greedy_only=True)[: args.seqs]
-            seqs = load_sequences(data, refs)
+            seqs = sequences_with_taps(load_sequences(data, refs), target)
         res = simulate_acceptance(draft, seqs, top_k=args.top_k, depth=args.depth, nodes=args.nodes)
         chain = simulate_acceptance(draft, seqs, top_k=1, depth=args.depth, nodes=args.depth)
         print(json.dumps({"tree": res, "chain": chain}, indent=1))
