@@ -53,6 +53,8 @@ __all__ = [
     "simulate_acceptance",
     "export_draft",
     "load_target_for_training",
+    "load_draft",
+    "conditional_acceptance",
 ]
 
 # ----------------------------------------------------------------------------- vocabulary
@@ -886,6 +888,34 @@ def simulate_acceptance(draft, seqs: list[Sequence_], top_k: int = 6, depth: int
             "depth": depth, "nodes": nodes, "seqs": len(seqs)}
 
 
+def load_draft(src, target):
+    """A draft for evaluation (float32, eval mode) from an exported draft directory or a
+    training checkpoint."""
+    src = os.fspath(src)
+    if os.path.isdir(src):
+        from ..models.draft import Eagle3Draft
+
+        draft = Eagle3Draft.from_pretrained(src, target=target, dtype=torch.float32)
+    elif os.path.isfile(src):
+        st = torch.load(src, map_location="cpu", weights_only=False)
+        d2t = st["draft"]["d2t"]
+        draft = new_draft(target, d2t + torch.arange(d2t.numel()), init_from_target=False)
+        draft.load_state_dict(st["draft"])
+    else:
+        raise FileNotFoundError(f"no draft directory or checkpoint at {src}")
+    return draft.eval()
+
+
+def conditional_acceptance(accept_hist: list[int]) -> list[float]:
+    """Per draft position i (0-based) of a chain: P(position i accepted | positions < i were),
+    from a chain simulation's histogram of accepted lengths."""
+    out = []
+    for i in range(len(accept_hist) - 1):
+        reached = sum(accept_hist[i:])
+        out.append(sum(accept_hist[i + 1:]) / reached if reached else float("nan"))
+    return out
+
+
 def benchmark_sequences(target, set_name: str, n: int, max_new_tokens: int = 256,
                         target_dir=None, batch: int = 16) -> list[Sequence_]:
     """Greedy target answers (with taps) to the first ``n`` prompts of a benchmark set, in
@@ -1035,17 +1065,7 @@ def cli_dispatch(args, default_data, default_run) -> int:
     torch.set_num_threads(max(1, args.threads))
     if args.cmd == "simulate":
         target = load_target_for_training(args.target)
-        src = args.checkpoint or str(Path(run) / "ckpt_latest.pt")
-        if os.path.isdir(src):
-            from ..models.draft import Eagle3Draft
-
-            draft = Eagle3Draft.from_pretrained(src, target=target, dtype=torch.float32)
-        else:
-            st = torch.load(src, map_location="cpu", weights_only=False)
-            d2t = st["draft"]["d2t"]
-            draft = new_draft(target, d2t + torch.arange(d2t.numel()), init_from_target=False)
-            draft.load_state_dict(st["draft"])
-        draft.eval()
+        draft = load_draft(args.checkpoint or str(Path(run) / "ckpt_latest.pt"), target)
         if args.prompts:
             seqs = benchmark_sequences(target, args.prompts, args.seqs, args.max_new_tokens,
                                        target_dir=args.target)
