@@ -160,6 +160,10 @@ def _validate(parser: argparse.ArgumentParser, args) -> None:
 
     args.prompts = None
     out_dir = getattr(args, "out", None)
+    if args.command == "costs" and out_dir is not None:   # --out names the cost model file
+        if os.path.isdir(out_dir):
+            parser.error(f"argument --out: {out_dir!r} is a directory; name the cost model file to write")
+        out_dir = os.path.dirname(os.path.abspath(out_dir))
     if args.command == "calibrate":
         if args.prompts_file is not None:
             try:

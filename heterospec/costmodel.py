@@ -19,6 +19,13 @@ for the file of its own fingerprint in the user cache (``~/.cache/heterospec/cos
 measured elsewhere is reported and not used. With none, the engine measures a quick one (a few
 seconds: batch 1 only, larger batches scaled by the target's token curve) and caches it;
 ``heterospec costs`` measures the full model.
+
+A model measured beside other work prices every phase too high and bends its curves (seen: 12
+verified nodes priced below 8, and the fitted policy verifying 12). So a measurement records how
+many cores other processes kept busy meanwhile (``/proc/stat``), and every curve is kept
+non-decreasing in tokens and nodes; a quick model measured on a busy machine, or one whose use
+found it far off (the fitted policy's online time corrections outside ``TRUSTED_SCALE``), is
+measured again at the next start. A full model is reported instead.
 """
 
 from __future__ import annotations
@@ -104,6 +111,14 @@ def _interp(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
     return max(y, 0.0)
 
 
+def _lower_spikes(row: Sequence[float]) -> List[float]:
+    """``row`` with every entry at most the ones after it (running minimum from the right)."""
+    out = list(row)
+    for i in range(len(out) - 2, -1, -1):
+        out[i] = min(out[i], out[i + 1])
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # The model
 # ---------------------------------------------------------------------------------------------
@@ -123,6 +138,20 @@ class CostModel:
     tree_top_k: int = 1                        # rows per request of a draft tree forward
     quick: bool = False
     provenance: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # More tokens or more verified nodes never cost less: a spike (a descheduled run, another
+        # process's minute) is lowered to the next size's, in every row, also in files measured
+        # before this rule. A noisy verify row that priced 12 nodes below 8 made the fitted
+        # policy verify 12 where 6 paid best (bench/RESULTS.md, the cost model measured on a busy box).
+        self.target = [_lower_spikes(row) for row in self.target]
+        self.verify = [_lower_spikes(row) for row in self.verify]
+
+    @property
+    def busy(self) -> float:
+        """CPU cores other processes used on average while this model was measured (0 when
+        unknown): a model measured beside other work prices everything as if it always ran."""
+        return float(self.provenance.get("other_cores") or 0.0)
 
     # -- predictions ------------------------------------------------------------------------------
     def target_ms(self, tokens: float, context: int = 256) -> float:
@@ -211,6 +240,49 @@ def load_for(engine, path: Optional[str] = None) -> Optional[CostModel]:
 # ---------------------------------------------------------------------------------------------
 # Measurement
 # ---------------------------------------------------------------------------------------------
+class OtherLoad:
+    """How many CPU cores *other* processes kept busy between :meth:`start` and :meth:`cores`:
+    the whole machine's busy time (``/proc/stat``) minus this process's CPU time, per second of
+    wall time. None where ``/proc/stat`` cannot be read (not Linux)."""
+
+    @staticmethod
+    def _machine_busy_s() -> Optional[float]:
+        try:
+            with open("/proc/stat") as f:
+                fields = [float(x) for x in f.readline().split()[1:]]
+        except (OSError, ValueError, IndexError):
+            return None
+        if len(fields) < 5:
+            return None
+        idle = fields[3] + fields[4]                      # idle + iowait
+        return (sum(fields[:8]) - idle) / float(os.sysconf("SC_CLK_TCK"))
+
+    @staticmethod
+    def _own_cpu_s() -> float:
+        t = os.times()
+        return t.user + t.system
+
+    @staticmethod
+    def _wall_s() -> float:
+        return time.perf_counter()
+
+    def start(self) -> "OtherLoad":
+        self._t0, self._busy0, self._own0 = self._wall_s(), self._machine_busy_s(), self._own_cpu_s()
+        return self
+
+    def cores(self) -> Optional[float]:
+        busy = self._machine_busy_s()
+        wall = self._wall_s() - self._t0
+        if busy is None or self._busy0 is None or wall <= 0:
+            return None
+        return max(0.0, (busy - self._busy0) - (self._own_cpu_s() - self._own0)) / wall
+
+
+#: Other processes using more than this many cores on average while a cost model was measured
+#: make it "busy": reported, and a quick model measured so is measured again at the next start.
+BUSY_CORES = 0.3
+
+
 def _timer(dev):
     def now():
         if dev.type == "cuda":
@@ -242,13 +314,25 @@ def measure(engine, quick: bool = True, batch_sizes: Sequence[int] = (1, 2, 4, 8
         raise ValueError(f"cost model: passes must be an integer >= 1, got {passes!r}")
     kw = dict(quick=quick, batch_sizes=batch_sizes, tokens=tokens, contexts=contexts, repeats=repeats,
               node_grid=node_grid)
+    load = OtherLoad().start()
     cm = _measure_once(engine, progress=progress, desc="measuring round costs" +
                        (f" (pass 1/{passes})" if passes > 1 else ""), **kw)
     for i in range(1, passes):
         other = _measure_once(engine, progress=progress, desc=f"measuring round costs (pass {i + 1}/{passes})", **kw)
         for name in ("target", "plain", "draft", "verify"):
             setattr(cm, name, _elementwise_min(getattr(cm, name), getattr(other, name)))
+        cm.__post_init__()                    # the merged curves' spikes lowered as well
     cm.provenance["passes"] = passes
+    # CPU devices only: on a GPU the host's other work is not what distorts the times
+    others = load.cores() if getattr(getattr(engine, "device", None), "type", None) == "cpu" else None
+    if others is not None:
+        cm.provenance["other_cores"] = round(others, 3)
+        if others > BUSY_CORES:
+            import warnings
+            warnings.warn(f"other processes kept {others:.1f} CPU cores busy while this device's cost model was "
+                          "measured: its times are too high and its curves distorted"
+                          + (" (a quick model: measured again at the next start)" if quick else
+                             "; measure again on a quiet machine (`heterospec costs`)"), stacklevel=2)
     return cm
 
 
@@ -311,10 +395,7 @@ def _measure_once(engine, quick: bool, batch_sizes: Sequence[int], tokens: Optio
                 row.append(best_ms(lambda: target(toks, pos, cache, prefix, mask, num, return_features=True,
                                                     taps=engine._taps)))
                 bar.update()
-            # More tokens never cost less: a spike (a descheduled run) is lowered to the next size's.
-            for i in range(len(row) - 2, -1, -1):
-                row[i] = min(row[i], row[i + 1])
-            target_rows.append(row)
+            target_rows.append(row)          # spikes are lowered by CostModel itself
 
         # 2. Per batch size, the engine's own phases on B prompts of `ctx` tokens: a plain step,
         #    the draft tree at two depths and two extend lengths, and _verify + _commit for every
@@ -389,15 +470,54 @@ def _measure_once(engine, quick: bool, batch_sizes: Sequence[int], tokens: Optio
                                           "total_tokens": cfg.total_tokens}})
 
 
+#: An online time correction (observed / predicted step time, kept by the fitted policy next to
+#: the model) outside this band says the model no longer describes the device.
+TRUSTED_SCALE = (0.75, 1.33)
+
+
+def contradicted_by_use(cm: CostModel, path: str) -> Optional[float]:
+    """The first time correction outside ``TRUSTED_SCALE`` that the fitted policy learnt for
+    this measurement of the model at ``path`` (its online states, ``<path>.online-*.json``), or
+    None: the rounds of a real workload timed what the model predicts and found it that far off."""
+    import glob
+    stamp = str(cm.provenance.get("date")) if cm.provenance.get("date") else None
+    for f in sorted(glob.glob(glob.escape(path.removesuffix(".json")) + ".online-*.json")):
+        try:
+            with open(f) as fh:
+                state = json.load(fh)
+            if state.get("cost_model", stamp) != stamp:
+                continue                          # learnt against an earlier measurement
+            for key in ("plain_used", "time_used"):
+                for v in state.get(key, {}).values():
+                    if not TRUSTED_SCALE[0] <= float(v) <= TRUSTED_SCALE[1]:
+                        return float(v)
+        except (OSError, ValueError, TypeError, AttributeError):
+            continue
+    return None
+
+
 def for_engine(engine, path: Optional[str] = None, progress: bool = True) -> CostModel:
     """The cost model the engine uses: ``path`` / the cached one if measured here, else a quick
     measurement (saved to the cache for next time)."""
     cm = load_for(engine, path)
-    if cm is not None:
+    why = None
+    if cm is not None and path is None:
+        # A quick model (measured here automatically) that was measured beside other work, or
+        # whose use found its times far off, is measured again; a full one is the user's: reported.
+        off = contradicted_by_use(cm, cache_path(cm.fingerprint))
+        why = (f"was measured while other processes kept {cm.busy:.1f} CPU cores busy" if cm.busy > BUSY_CORES else
+               f"was found off in use (observed / predicted step time {off:.2f})" if off is not None else None)
+        if why and not cm.quick:
+            import warnings
+            warnings.warn(f"this device's cost model {why}; measure it again on a quiet machine "
+                          "(`heterospec costs`)", stacklevel=3)
+            why = None
+    if cm is not None and why is None:
         return cm
     if progress:
         print("heterospec: no cost model for this device yet; measuring a quick one "
-              "(`heterospec costs` measures the full one)", flush=True)
+              "(`heterospec costs` measures the full one)" if cm is None else
+              f"heterospec: this device's quick cost model {why}; measuring it again", flush=True)
     cm = measure(engine, quick=True, progress=progress)
     try:
         cm.save(cache_path(cm.fingerprint))

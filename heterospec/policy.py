@@ -860,7 +860,7 @@ class FittedPolicy(Policy):
         if plan.alternative is None:
             return plan
         if plan.speculate:
-            if n % self.PROBE_EVERY == 0 or n in self.EARLY_PLAIN_PROBES:
+            if n % self._plain_probe_every(b) == 0 or n in self.EARLY_PLAIN_PROBES:
                 return plan.alternative
             return plan
         # A plain bucket probes speculation (a burst of PROBE_BURST rounds) every PROBE_EVERY
@@ -877,6 +877,19 @@ class FittedPolicy(Policy):
             self._burst[b] = self.PROBE_BURST - 1
             return plan.alternative
         return plan
+
+    # A speculating bucket whose rounds have delivered CLEAR_WIN times the plain steps' rate or
+    # more probes plain steps PROBE_EVERY << CLEAR_WIN_BACKOFF rounds apart: each probe gives up
+    # most of a round's gain (~1.5 % of the time at one per 64 rounds, measured on the built-in
+    # pair), and a margin that wide is not lost to a drift a later probe would catch sooner.
+    CLEAR_WIN = 1.25
+    CLEAR_WIN_BACKOFF = 2
+
+    def _plain_probe_every(self, bucket: int) -> int:
+        r = self.realized(bucket)
+        if r is not None and r[0] >= self.CLEAR_WIN * r[1]:
+            return self.PROBE_EVERY << self.CLEAR_WIN_BACKOFF
+        return self.PROBE_EVERY
 
     def refit(self) -> None:
         """Forget the fitted plans (after the cost model learned something new)."""
@@ -913,22 +926,33 @@ class FittedPolicy(Policy):
 
     def position_scale(self) -> Tuple[float, ...]:
         """Per draft position ``j = 1..``: observed / predicted ``P(accepted >= j)`` on this
-        workload, in steps of 0.05 within [0.05, 2], changed only by HYSTERESIS or more. A
-        position with fewer than ``MIN_OBSERVED`` predicted acceptances takes the scale of the
-        position before it (1 for the first): the correction learnt where the policy drafts is
-        carried deeper, and drafting deeper, when it then pays, measures the deeper positions."""
+        workload, in steps of 0.05 within [0.05, 2], changed only by HYSTERESIS or more.
+
+        The first position's scale is its own ratio once it has ``MIN_OBSERVED`` predicted
+        acceptances. Every later position corrects the one before it: its scale is the previous
+        scale times the ratio of what it accepted to what the previous scale predicts for it,
+        shrunk towards 1 by ``POSITION_PRIOR`` predicted acceptances. A position with little
+        evidence so takes the scale of the position before it (drafting deeper, when that then
+        pays, measures it), and a few unlucky deep rounds lower it by a little, not to the floor:
+        with a shallow plan nothing deep is measured again, and a floor reached from 11
+        predicted acceptances stayed for good (bench/RESULTS.md, 26 Nov)."""
         prev = 1.0
         for j in range(len(self._pos_used)):
             obs, pred = self._pos_obs[j], self._pos_pred[j]
-            if pred >= self.MIN_OBSERVED:
-                r = min(2.0, max(0.05, obs / pred))
+            if j == 0:
+                r = obs / pred if pred >= self.MIN_OBSERVED else None
+            else:
+                r = prev * (obs + self.POSITION_PRIOR) / (pred * prev + self.POSITION_PRIOR)
+            if r is None:
+                self._pos_used[j] = prev
+            else:
+                r = min(2.0, max(0.05, r))
                 if abs(r - self._pos_used[j]) >= self.HYSTERESIS:
                     self._pos_used[j] = round(r / 0.05) * 0.05
-            else:
-                self._pos_used[j] = prev
             prev = self._pos_used[j]
         return tuple(self._pos_used)
 
+    POSITION_PRIOR = 8.0      # predicted acceptances behind "as the position before it"
     HYSTERESIS = 0.1          # a scale in use changes only when the measurement moved this much
 
     # The position scale corrects every bin alike; where the tables' bins are off by different
@@ -973,7 +997,13 @@ class FittedPolicy(Policy):
                 "time_used": {str(b): v for b, v in self._time_used.items()},
                 "plain_used": {str(b): v for b, v in self._plain_used.items()},
                 # the guard's sums: the next process starts where this one's guard stood
-                "realized": {str(b): list(v) for b, v in self._realized.items()}}
+                "realized": {str(b): list(v) for b, v in self._realized.items()},
+                "cost_model": self._cost_stamp()}
+
+    def _cost_stamp(self) -> Optional[str]:
+        """When the cost model was measured: the time sums are corrections *of that model*."""
+        prov = getattr(self.cost, "provenance", None)
+        return str(prov.get("date")) if isinstance(prov, dict) and prov.get("date") else None
 
     def save_state(self) -> None:
         """Write :meth:`state` to ``state_path`` (if any); a failed write is not an error."""
@@ -1013,6 +1043,10 @@ class FittedPolicy(Policy):
                     return              # measured with other tables: start from these
         except (KeyError, TypeError, ValueError, AttributeError):
             return                      # an unreadable state is ignored: start from the tables
+        if state.get("cost_model") != self._cost_stamp():
+            # The device's cost model was measured again since: the time corrections and the
+            # guard's sums judged the old one; what was learnt about acceptance still holds.
+            time_, time_used, plain, plain_used, realized = {}, {}, {}, {}, {}
         self._pos_obs, self._pos_pred, self._pos_used = obs, pred, used
         self._time, self._time_used, self._plain, self._plain_used = time_, time_used, plain, plain_used
         self._bin_obs, self._freq_used = bins, bins_used
@@ -1104,9 +1138,14 @@ class FittedPolicy(Policy):
                     for j, sj in enumerate(plan.survival[b][:min(n, npos)]):
                         sums[b][0][j] += 1.0 if a > j else 0.0
                         sums[b][1][j] += sj
+                # Every position is forgotten, also those this action did not draft: evidence
+                # from rounds long ago (another prompt, another plan) fades into the prior.
+                for j in range(npos):
+                    self._pos_obs[j] *= self.FORGET
+                    self._pos_pred[j] *= self.FORGET
                 for j, sj in enumerate(plan.survival[b][:n]):
-                    self._pos_obs[j] = self._pos_obs[j] * self.FORGET + (1.0 if a > j else 0.0)
-                    self._pos_pred[j] = self._pos_pred[j] * self.FORGET + sj
+                    self._pos_obs[j] += 1.0 if a > j else 0.0
+                    self._pos_pred[j] += sj
 
     def max_tree_nodes(self, batch_size: int) -> int:
         # plans move within a call (corrections, guard, probes): any action of the grid may come

@@ -262,6 +262,17 @@ def test_unusable_out_dir_rejected_before_loading(cmd, no_load, tmp_path, capsys
     assert "argument --out:" in line and "exists and is not a directory" in line
 
 
+def test_costs_out_names_a_file(no_load, tmp_path, capsys):
+    """`costs --out` is the cost model file (not a directory to create): a directory is refused
+    before loading, a file in a missing directory gets its directory."""
+    line = _usage_error(["costs", "--out", str(tmp_path)], capsys, "costs")
+    assert "argument --out:" in line and "is a directory; name the cost model file" in line
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    line = _usage_error(["costs", "--out", str(a_file / "cm.json")], capsys, "costs")
+    assert "argument --out:" in line and "exists and is not a directory" in line
+
+
 def test_out_dir_is_created_up_front(tmp_path, monkeypatch, capsys):
     """A usable --out is created before loading (so a bad one cannot fail after a long run)."""
     monkeypatch.delenv("HETEROSPEC_DEBUG", raising=False)
