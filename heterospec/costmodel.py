@@ -215,6 +215,12 @@ def cache_path(fp: dict) -> str:
     return os.path.join(str(cache_root()), COSTS_DIR, f"{fp['device']}-{fp['target_dtype']}-{key}.json")
 
 
+def online_state_path(model_path: str, key: str = "*") -> str:
+    """Where the fitted policy keeps its online corrections of the model at ``model_path`` for
+    one draft and tree (``key``; ``"*"``: a glob pattern of all of them)."""
+    return model_path.removesuffix(".json") + f".online-{key}.json"
+
+
 def load_for(engine, path: Optional[str] = None) -> Optional[CostModel]:
     """The cost model for ``engine`` on this device: ``path`` if given and measured here, else the
     cached one of this fingerprint. A file measured elsewhere is reported (warning) and not used."""
@@ -481,7 +487,7 @@ def contradicted_by_use(cm: CostModel, path: str) -> Optional[float]:
     None: the rounds of a real workload timed what the model predicts and found it that far off."""
     import glob
     stamp = str(cm.provenance.get("date")) if cm.provenance.get("date") else None
-    for f in sorted(glob.glob(glob.escape(path.removesuffix(".json")) + ".online-*.json")):
+    for f in sorted(glob.glob(online_state_path(glob.escape(path)))):
         try:
             with open(f) as fh:
                 state = json.load(fh)

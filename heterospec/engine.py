@@ -633,7 +633,7 @@ class Engine:
             return None
         key = hashlib.sha1(json.dumps([tables.provenance.get("date"), tables.provenance.get("rounds"),
                                        cfg.top_k, cfg.total_tokens], sort_keys=True).encode()).hexdigest()[:12]
-        return costmodel.cache_path(cm.fingerprint).removesuffix(".json") + f".online-{key}.json"
+        return costmodel.online_state_path(costmodel.cache_path(cm.fingerprint), key)
 
     # -- prefill --------------------------------------------------------------------------------
     def _prefill(self, ids: List[List[int]], method: str, params: SamplingParams, gen, cache_len: int,

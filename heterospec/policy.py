@@ -860,7 +860,8 @@ class FittedPolicy(Policy):
         if plan.alternative is None:
             return plan
         if plan.speculate:
-            if n % self._plain_probe_every(b) == 0 or n in self.EARLY_PLAIN_PROBES:
+            # (the spacing is a multiple of PROBE_EVERY: the guard is consulted only then)
+            if (n % self.PROBE_EVERY == 0 and n % self._plain_probe_every(b) == 0) or n in self.EARLY_PLAIN_PROBES:
                 return plan.alternative
             return plan
         # A plain bucket probes speculation (a burst of PROBE_BURST rounds) every PROBE_EVERY
