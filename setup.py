@@ -109,7 +109,8 @@ def _ahead_of_time() -> dict:
     include_dirs = [CSRC]
     if not with_cuda:
         ext = CppExtension(
-            "heterospec._C", sources, include_dirs=include_dirs, extra_compile_args=extra, extra_link_args=openmp
+            "heterospec._C", sources, include_dirs=include_dirs, extra_compile_args=extra,
+            extra_link_args=EXT.link_flags(openmp)
         )
     else:
         if not os.environ.get("TORCH_CUDA_ARCH_LIST") and torch.cuda.device_count() == 0:
@@ -122,7 +123,7 @@ def _ahead_of_time() -> dict:
             sources,
             include_dirs=include_dirs,
             extra_compile_args=extra,
-            extra_link_args=openmp,
+            extra_link_args=EXT.link_flags(openmp),
             define_macros=[("HETEROSPEC_WITH_CUDA", "1")],
         )
 
@@ -138,6 +139,7 @@ def _ahead_of_time() -> dict:
             t0 = time.time()
             with EXT.CompileProgress(self.build_temp, n, [_say]):
                 super().build_extension(ext)
+            EXT.check_shared_cxx_runtime(self.get_ext_fullpath(ext.name))
             _say(f"heterospec: C++ ops built in {time.time() - t0:.0f} s")
 
     return {"ext_modules": [ext], "cmdclass": {"build_ext": BuildExtensionWithProgress, "build_py": BuildPyWithSources}}

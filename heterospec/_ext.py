@@ -75,6 +75,45 @@ def nvcc_flags() -> List[str]:
     return ["-O3", "-lineinfo", "--expt-relaxed-constexpr"]
 
 
+def link_flags(openmp: List[str]) -> List[str]:
+    """Linker flags of every build: OpenMP, and libstdc++ as a shared library.
+
+    A compiler that links libstdc++ statically (a wrapper adding ``-static-libstdc++``, as on the
+    GPU host's ``/opt/gcc/bin/g++``) gives ``_C`` its own copy of the C++ runtime: every C++
+    exception our ops throw (each ValueError of a bad input) then unwinds through two runtimes and
+    the process dies with SIGSEGV instead of raising. Naming the shared library here, before the
+    driver appends its static one, resolves those symbols from ``libstdc++.so`` (the archive is
+    then never pulled in). GNU ld / lld on Linux only."""
+    if not sys.platform.startswith("linux"):
+        return list(openmp)
+    return list(openmp) + ["-Wl,--push-state,--no-as-needed,-Bdynamic,-lstdc++,--pop-state"]
+
+
+def needed_libraries(path: str) -> Optional[List[str]]:
+    """The DT_NEEDED entries of a shared library (``readelf -d``), or None when they cannot be read."""
+    readelf = shutil.which("readelf")
+    if readelf is None or not os.path.isfile(path):
+        return None
+    try:
+        out = subprocess.run([readelf, "-d", path], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", out)
+
+
+def check_shared_cxx_runtime(path: str) -> None:
+    """Refuse a built library without a shared libstdc++ (see link_flags): its first C++ exception
+    would kill the process. No-op off Linux or without readelf."""
+    needed = needed_libraries(path) if sys.platform.startswith("linux") else None
+    if needed is None or any(n.startswith("libstdc++") for n in needed):
+        return
+    raise RuntimeError(
+        f"{path} was linked without the shared libstdc++ (NEEDED: {', '.join(needed) or 'none'}): the C++ "
+        f"compiler ({os.environ.get('CXX', 'c++')}) links it statically, so every error our ops raise would "
+        f"crash the process (SIGSEGV) instead of raising ValueError. Build with another compiler "
+        f"(e.g. CXX=/usr/bin/g++) or one whose linker accepts -Wl,--push-state.")
+
+
 def openmp_flags(torch) -> List[str]:
     """-fopenmp when torch uses OpenMP: at::parallel_for is inline, so with torch's OpenMP backend it
     is a `#pragma omp parallel` in our own code, and without -fopenmp every CPU kernel silently runs on
@@ -257,7 +296,7 @@ def _jit(reason: str) -> str:
             cuda_flags = nvcc_flags() + ["-DHETEROSPEC_WITH_CUDA=1"]
             if not os.environ.get("TORCH_CUDA_ARCH_LIST") and torch.cuda.device_count() == 0:
                 os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0"   # torch cannot infer the arch without a GPU
-    build_dir = _cache_dir(torch, csrc, with_cuda, cflags + cuda_flags + openmp)
+    build_dir = _cache_dir(torch, csrc, with_cuda, cflags + cuda_flags + link_flags(openmp))
     lib = os.path.join(build_dir, JIT_NAME + ".so")
     if os.path.isfile(os.path.join(build_dir, _BUILD_MARKER)) and os.path.isfile(lib):
         torch.ops.load_library(lib)
@@ -288,11 +327,15 @@ def _jit(reason: str) -> str:
     try:
         with CompileProgress(build_dir, n, [stderr_line]):
             load(name=JIT_NAME, sources=sources, extra_cflags=cflags, extra_cuda_cflags=cuda_flags or None,
-                 extra_ldflags=openmp, extra_include_paths=[csrc], build_directory=build_dir,
+                 extra_ldflags=link_flags(openmp), extra_include_paths=[csrc], build_directory=build_dir,
                  with_cuda=with_cuda, is_python_module=False, verbose=False)
     except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
         tail = "\n".join(str(exc).splitlines()[-40:])
         raise _jit_error(f"the build in {build_dir} failed:\n{tail}") from exc
+    try:
+        check_shared_cxx_runtime(lib)
+    except RuntimeError as exc:
+        raise _jit_error(str(exc)) from exc
     with open(os.path.join(build_dir, _BUILD_MARKER), "w") as f:
         json.dump({"torch": torch.__version__, "cuda": with_cuda, "sources": n,
                    "seconds": round(time.time() - t0, 1), "created": time.strftime("%Y-%m-%dT%H:%M:%S")}, f)

@@ -214,7 +214,11 @@ def run_e2e(engine, sets: Sequence[str], n: int = 8, max_new_tokens: int = 128, 
             for m in order:
                 t0 = time.perf_counter()
                 method, policy = method_and_policy(m)
-                res = engine.generate(prompt.text, max_new_tokens=max_new_tokens, method=method, policy=policy)
+                try:
+                    res = engine.generate(prompt.text, max_new_tokens=max_new_tokens, method=method, policy=policy)
+                except Exception as exc:   # name the run: a GPU fault is otherwise one anonymous line
+                    raise RuntimeError(f"run_e2e: {m} on {name} prompt {prompt.id} (#{i}) failed after "
+                                       f"{len(runs)} runs: {exc}") from exc
                 wall = time.perf_counter() - t0
                 d = res.stats.to_dict()
                 d.update(set=name, prompt_id=prompt.id, wall_s=wall, finish=res.finish_reason, method=m)

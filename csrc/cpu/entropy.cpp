@@ -8,7 +8,6 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <bit>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -106,7 +105,11 @@ inline float exp_nonpos_portable(float t) {
   p = p * r + 0.5f;
   p = p * r + 1.f;
   p = p * r + 1.f;
-  const float scale = std::bit_cast<float>((std::bit_cast<int32_t>(shifted) - 0x4B400000 + 127) << 23);
+  int32_t bits;  // std::bit_cast is C++20; torch < 2.13 builds extensions as C++17
+  std::memcpy(&bits, &shifted, sizeof bits);
+  bits = (bits - 0x4B400000 + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
   return p * scale * keep;
 }
 

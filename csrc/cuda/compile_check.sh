@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Compile-only check of every CUDA source (csrc/cuda/*.cu) with nvcc: no GPU, no CUDA torch needed.
+# Compile-only check of every CUDA source (csrc/cuda/*.cu) with nvcc: no GPU, no CUDA torch needed,
+# and of every C++ source (csrc/*.cpp, csrc/cpu/*.cpp) as C++17 with the host compiler: torch < 2.13
+# builds extensions as C++17 (the GPU host's torch 2.11 did; a std::bit_cast broke its build).
 #
 #   bash csrc/cuda/compile_check.sh                # sm_90, 2 parallel jobs
 #   CUDA_ARCH=80 bash csrc/cuda/compile_check.sh   # another arch (or "90a", "80;90", ...)
 #   JOBS=1 NVCC=/path/to/nvcc bash csrc/cuda/compile_check.sh csrc/cuda/draft.cu  # some files only
 #
-# Environment: CUDA_ARCH (default 90; ';'-separated list allowed), JOBS (default 2), NVCC (default
+# Environment: CXX (host compiler of the C++17 check, default g++), CUDA_ARCH (default 90; ';'-separated list allowed), JOBS (default 2), NVCC (default
 # nvcc on PATH, else /usr/local/cuda/bin/nvcc), PYTHON (default python3), NVCC_EXTRA (extra flags).
 # Torch headers come from the installed torch (a CPU wheel is fine). Its headers lack the
 # generated c10/cuda/impl/cuda_cmake_macros.h, so a stub is written to a temporary include dir
@@ -74,7 +76,7 @@ files=()
 if [ "$#" -gt 0 ]; then
   for f in "$@"; do files+=("$(readlink -f "$f")"); done  # absolute: diagnostics then name csrc/...
 else
-  files=("$here"/*.cu)
+  files=("$here"/*.cu "$csrc"/*.cpp "$csrc"/cpu/*.cpp)
 fi
 if [ ! -e "${files[0]}" ]; then
   echo "compile_check: no .cu files" >&2
@@ -85,9 +87,15 @@ elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
 
 compile_one() {  # $1 = source; writes $work/<name>.{log,status}
   local src="$1" name t0 t1 rc
-  name="$(basename "$src" .cu)"
+  name="$(basename "$src")"
   t0=$(date +%s.%N)
-  "$nvcc" "${flags[@]}" "$src" -o "$work/$name.o" >"$work/$name.log" 2>&1
+  if [[ "$src" == *.cpp ]]; then   # C++17 syntax check (what torch < 2.13 compiles extensions as)
+    "${CXX:-g++}" -std=c++17 -fsyntax-only -fopenmp -w "-D_GLIBCXX_USE_CXX11_ABI=$abi" -DHETEROSPEC_WITH_CUDA=1 \
+      -DTORCH_EXTENSION_NAME=_C -DTORCH_API_INCLUDE_EXTENSION_H -I "$csrc" -I "$torch_inc" \
+      -I "$torch_inc/torch/csrc/api/include" -I "$py_inc" "$src" >"$work/$name.log" 2>&1
+  else
+    "$nvcc" "${flags[@]}" "$src" -o "$work/$name.o" >"$work/$name.log" 2>&1
+  fi
   rc=$?
   t1=$(date +%s.%N)
   secs="$(elapsed "$t0" "$t1")"
@@ -119,7 +127,7 @@ wait
 
 failed=0
 for f in "${files[@]}"; do
-  name="$(basename "$f" .cu)"
+  name="$(basename "$f")"
   rc=1
   [ -f "$work/$name.status" ] && read -r rc <"$work/$name.status"
   if [ "$rc" -ne 0 ]; then

@@ -139,6 +139,7 @@ class GraphFlashInfer(FlashInferAttention):
             paged_kv_indices_buf=torch.zeros(B, **i32), paged_kv_last_page_len_buf=torch.zeros(B, **i32),
             custom_mask_buf=torch.zeros(B * (-(-max_tokens * max_kv // 8) + 1), dtype=torch.uint8, device=device),
             mask_indptr_buf=torch.zeros(B + 1, **i32))
+        reserve_graph_rows(self._wrapper, B * max_tokens)
         self._planned = None
 
     def plan(self, tree_mask: torch.Tensor, prefix_lens: torch.Tensor, cache: KVCache, n_heads: int,
@@ -199,23 +200,61 @@ class TorchPrefixPass:
         return o.to(q.dtype), lse.transpose(1, 2)
 
 
+def reserve_graph_rows(wrapper, rows: int) -> None:
+    """Fix a CUDA-graph-mode FlashInfer wrapper's query-row capacity before its first ``plan``.
+
+    FlashInfer (0.7.x) takes the capacity from the first plan's ``qo_indptr`` and refuses any later
+    plan with more rows ("The total number of rows in qo_indptr ... cannot exceed ..."): planned
+    first for a decode step (1 row), a wrapper could never verify a tree. The capacity also fixes
+    the launch grid and the split-KV buffers, so it must not change once a graph is captured."""
+    if getattr(wrapper, "_max_total_num_rows", None) is None:
+        wrapper._max_total_num_rows = int(rows)
+
+
+def _is_workspace_overflow(exc: BaseException) -> bool:
+    msg = str(exc)
+    return "Buffer overflow when allocating memory" in msg or "Increase the workspace buffer size" in msg
+
+
 class FlashInferPrefixPass:
     """The prefix pass with FlashInfer's batch prefill in CUDA-graph mode (fixed index buffers,
     no mask): request b's cache slab is one page of ``S`` slots of which the first ``L_b`` hold
     its prefix. ``host_plan`` runs on the host before every capture and replay (lengths known
-    there from the round's one read); FlashInfer returns the log-sum-exp in base 2."""
+    there from the round's one read); FlashInfer returns the log-sum-exp in base 2.
 
-    def __init__(self, device, batch_size: int):
-        import flashinfer  # lazy: only on CUDA hosts
+    One wrapper per row class (``T`` rounded up to a power of two, at least 16): a CUDA-graph
+    wrapper's row capacity is fixed at its first plan, and a graph replays only with the wrapper
+    it was captured with, so the wrapper must be a function of ``T`` alone. The wrappers share a
+    float workspace; a first plan that overflows it (FlashInfer sizes its split-KV buffers by the
+    row capacity and the SM count: 416 MiB for a batch of 64 on an H200) gets a workspace twice
+    as large, up to ``MAX_WORKSPACE_BYTES`` (earlier wrappers keep the one they were planned with)."""
 
-        i32 = dict(dtype=torch.int32, device=device)
-        B = batch_size
-        self.batch_size = B
-        self._workspace = torch.empty(_FLASHINFER_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-        self._wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+    MIN_ROWS = 16
+    MAX_WORKSPACE_BYTES = 8 << 30
+
+    def __init__(self, device, batch_size: int, workspace_bytes: int = _FLASHINFER_WORKSPACE_BYTES):
+        import flashinfer  # noqa: F401  (lazy: only on CUDA hosts; fail here, not at the first plan)
+
+        self.device = device
+        self.batch_size = batch_size
+        self._workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=device)
+        self._wrappers = {}   # row class -> wrapper (planned at least once)
+
+    @classmethod
+    def row_class(cls, T: int) -> int:
+        return max(cls.MIN_ROWS, 1 << (int(T) - 1).bit_length())
+
+    def _new_wrapper(self, rows: int):
+        import flashinfer
+
+        i32 = dict(dtype=torch.int32, device=self.device)
+        B = self.batch_size
+        w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
             self._workspace, kv_layout="NHD", use_cuda_graph=True, backend="fa2",
             qo_indptr_buf=torch.zeros(B + 1, **i32), paged_kv_indptr_buf=torch.zeros(B + 1, **i32),
             paged_kv_indices_buf=torch.zeros(B, **i32), paged_kv_last_page_len_buf=torch.zeros(B, **i32))
+        reserve_graph_rows(w, B * rows)
+        return w
 
     def host_plan(self, lens, T: int, n_heads: int, cache: KVCache, scale: float) -> None:
         B = len(lens)
@@ -225,14 +264,33 @@ class FlashInferPrefixPass:
         if min(lens) < 1 or max(lens) + T > S:
             raise ValueError(f"prefix lengths {min(lens)}..{max(lens)} with a tree of {T} do not fit a cache of {S}")
         i32 = dict(dtype=torch.int32)
-        self._wrapper.plan(
-            torch.arange(B + 1, **i32) * T, torch.arange(B + 1, **i32), torch.arange(B, **i32),
-            torch.tensor(lens, **i32), n_heads, n_kv, D, S, causal=False,
-            q_data_type=dtype, kv_data_type=dtype, sm_scale=scale)
+        args = (torch.arange(B + 1, **i32) * T, torch.arange(B + 1, **i32), torch.arange(B, **i32),
+                torch.tensor(lens, **i32), n_heads, n_kv, D, S)
+        kw = dict(causal=False, q_data_type=dtype, kv_data_type=dtype, sm_scale=scale)
+        rows = self.row_class(T)
+        w = self._wrappers.get(rows)
+        if w is not None:
+            w.plan(*args, **kw)
+            return
+        w = self._new_wrapper(rows)
+        while True:
+            try:
+                w.plan(*args, **kw)
+                break
+            except RuntimeError as exc:
+                grow = 2 * self._workspace.numel()
+                if not _is_workspace_overflow(exc) or grow > self.MAX_WORKSPACE_BYTES:
+                    raise
+                self._workspace = torch.empty(grow, dtype=torch.uint8, device=self.device)
+                w = self._new_wrapper(rows)
+        self._wrappers[rows] = w
 
     def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor):
         B, T, Hq, D = q.shape
-        o, lse = self._wrapper.run(q.reshape(B * T, Hq, D), (k_cache, v_cache), return_lse=True)
+        w = self._wrappers.get(self.row_class(T))
+        if w is None:
+            raise RuntimeError(f"FlashInferPrefixPass: host_plan a [{B}, {T}] tree before running it")
+        o, lse = w.run(q.reshape(B * T, Hq, D), (k_cache, v_cache), return_lse=True)
         return o.view(B, T, Hq, D), (lse.float() * math.log(2.0)).view(B, T, Hq)
 
 
