@@ -27,7 +27,7 @@ from typing import Iterable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .config import CALIBRATION_LABELS
-from .entropy import BINS_FILENAME, EntropyBins
+from .entropy import BINS_FILENAME, EntropyBins, bins_path_to_write
 
 
 def traces_from_records(records: Iterable, label: str = "tcr") -> Tuple[np.ndarray, np.ndarray]:
@@ -337,8 +337,10 @@ def calibrate_policy(engine, prompts: Sequence, max_new_tokens: int = 128, sourc
     """Calibrate HeteroSpec for ``engine``'s pair from one set of traces (:func:`collect_traces`):
     the acceptance tables of the fitted policy and the paper's CART bins (TCR label of the
     engine's own tree). With ``out_dir`` both are saved there (``acceptance_tables.json``,
-    ``entropy_bins.json``). Returns ``(tables, bins)`` and sets both on the engine."""
-    from .policy import TABLES_FILENAME
+    ``entropy_bins.json``, or ``acceptance_tables_k<top_k>.json``, ``entropy_bins_d<depth>_k<K>.json``
+    when the directory holds another tree's: ``tables.path`` and ``bins.path`` say which). Returns
+    ``(tables, bins)`` and sets both on the engine."""
+    from .policy import AcceptanceTables
 
     if not prompts:
         raise ValueError("calibrate: no calibration prompts given")
@@ -360,10 +362,15 @@ def calibrate_policy(engine, prompts: Sequence, max_new_tokens: int = 128, sourc
         bins.provenance["rank_rises_with_entropy"] = rank_rises_with_entropy(bins)
         engine.bins = bins
     if out_dir is not None:
+        # One directory holds the calibrations of several trees (the CPU's and the GPU's):
+        # acceptance_tables[_k<top_k>].json, entropy_bins[_d<depth>_k<K>].json.
         os.makedirs(out_dir, exist_ok=True)
-        tables.save(os.path.join(out_dir, TABLES_FILENAME))
+        tables.path = AcceptanceTables.path_to_write(out_dir, cfg.top_k)
         if bins is not None:
-            bins.save(os.path.join(out_dir, BINS_FILENAME))
+            bins.path = bins_path_to_write(out_dir, cfg)
+        tables.save(tables.path)
+        if bins is not None:
+            bins.save(bins.path)
     engine.tables = tables
     return tables, bins
 

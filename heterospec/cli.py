@@ -257,11 +257,13 @@ def cmd_calibrate(args) -> int:
         tables, bins = calibrate_policy(engine, prompts, max_new_tokens=args.max_new_tokens, source=source,
                                         out_dir=out_dir or None)
         if out_dir:
-            print(f"wrote {os.path.join(out_dir, 'acceptance_tables.json')}")
-            print(f"wrote {os.path.join(out_dir, 'entropy_bins.json')}")
+            print(f"wrote {getattr(tables, 'path', None) or os.path.join(out_dir, 'acceptance_tables.json')}")
+            if bins is not None:
+                print(f"wrote {getattr(bins, 'path', None) or os.path.join(out_dir, 'entropy_bins.json')}")
         for o in tables.provenance["options"]:
             print(json.dumps(o))
-        print(json.dumps(bins.to_dict(), indent=2))
+        if bins is not None:
+            print(json.dumps(bins.to_dict(), indent=2))
         return 0
     bins = engine.calibrate(prompts, max_new_tokens=args.max_new_tokens, label=args.label, source=source,
                             save=False)

@@ -312,7 +312,10 @@ class Engine:
         # HeteroSpec's per-bin actions: "fitted" (acceptance tables of the draft + this device's
         # cost model; the paper's formulas when the draft has no tables) or "paper".
         self.policy = policy
-        self._tables = tables
+        if tables is not None and not isinstance(tables, AcceptanceTables):
+            raise ValueError(f"Engine tables must be heterospec AcceptanceTables, got {type(tables).__name__}")
+        # top_k -> tables (None: the ones given, for a tree they were not fitted for)
+        self._tables = {} if tables is None else {tables.top_k: tables, None: tables}
         self._cost_model = cost_model          # a CostModel, a path, or None (cache / quick measure)
         self._persist_online = False           # True once the cost model came from this device's cache
         self._fitted = {}
@@ -408,17 +411,27 @@ class Engine:
 
     @property
     def tables(self) -> Optional[AcceptanceTables]:
-        """The draft's acceptance tables (``acceptance_tables.json`` next to it), if any."""
-        if self._tables is None:
-            self._tables = AcceptanceTables.find(self.draft_dir)
-        return self._tables
+        """The draft's acceptance tables for this engine's tree (``acceptance_tables_k<top_k>.json``
+        next to it, else ``acceptance_tables.json``), if any."""
+        return self.tables_for(self.config.top_k)
 
     @tables.setter
     def tables(self, value: Optional[AcceptanceTables]) -> None:
         if value is not None and not isinstance(value, AcceptanceTables):
             raise ValueError(f"Engine.tables must be heterospec AcceptanceTables, got {type(value).__name__}")
-        self._tables = value
+        self._tables = {} if value is None else {value.top_k: value, None: value}
         self._fitted = {}
+
+    def tables_for(self, top_k: int) -> Optional[AcceptanceTables]:
+        """Acceptance tables for a tree of ``top_k`` (a call's own config may differ from the
+        engine's): tables set on the engine for it, else the draft's file for it, else any."""
+        if top_k not in self._tables:
+            found = AcceptanceTables.find(self.draft_dir, top_k)
+            given = self._tables.get(None)
+            if given is not None and (found is None or found.top_k != top_k):
+                found = given
+            self._tables[top_k] = found
+        return self._tables[top_k]
 
     @property
     def cost_model(self):
@@ -611,7 +624,7 @@ class Engine:
         if isinstance(policy, Policy):
             return policy
         if policy == "fitted":
-            tables = self.tables
+            tables = self.tables_for(cfg.top_k)
             if tables is not None and tables.top_k == cfg.top_k:
                 key = (cfg.top_k, cfg.total_tokens)
                 if key not in self._fitted:
@@ -744,7 +757,9 @@ class Engine:
         graphs = self.round_graphs if self.static_rounds else None
         if graphs is None:
             return self._draft_tree(st, cfg, plan)
-        graphs.bind_storage(st.target_cache.k, st.draft_cache.k)
+        self.draft.keep_tree_pools = True          # captured rounds keep using their tree buffers
+        if graphs.bind_storage(st.target_cache.k, st.draft_cache.k):
+            self.draft.release_tree_pools()         # no graph left that uses the old ones
         B, n, F = st.ext_feats.shape
         W = -(-n // _EXTEND_BUCKET) * _EXTEND_BUCKET
         tcache, dcache = st.target_cache, st.draft_cache

@@ -20,6 +20,26 @@ from typing import List, Optional
 from .config import SpecConfig
 
 BINS_FILENAME = "entropy_bins.json"
+
+
+def bins_tag(config: SpecConfig) -> str:
+    """The tree tag of a bins file: H(P*) sums ``depth + 1`` per-step entropies of the top K, so
+    bins hold for one (depth, K)."""
+    return f"d{config.depth}_k{config.resolved_entropy_k}"
+
+
+def bins_path_to_write(out_dir: str, config: SpecConfig) -> str:
+    """Where calibrated bins for ``config``'s tree are saved (see ``_io.tree_file_to_write``)."""
+    from ._io import tree_file_to_write
+
+    def same(path):
+        try:
+            with open(path) as f:
+                tree = (json.load(f).get("provenance") or {}).get("tree") or {}
+        except (OSError, ValueError, TypeError):
+            return False
+        return (tree.get("depth"), tree.get("entropy_k")) == (config.depth, config.resolved_entropy_k)
+    return tree_file_to_write(out_dir, BINS_FILENAME[:-len(".json")], bins_tag(config), same)
 # Fallback edges when no calibration file exists, as fractions of the largest possible path
 # entropy (depth + 1) * log(K): a conservative guess that puts only very peaked rounds in the
 # aggressive bins. Calibrate for real use (`heterospec calibrate`).
@@ -102,11 +122,13 @@ class EntropyBins:
 
     @classmethod
     def find(cls, draft_dir: Optional[str], config: SpecConfig, quiet: bool = False) -> "EntropyBins":
-        """The calibrated bins next to the draft, else the documented fallback (with a warning)."""
-        if draft_dir:
-            path = os.path.join(draft_dir, BINS_FILENAME)
-            if os.path.exists(path):
-                return cls.load(path)
+        """The calibrated bins next to the draft (``entropy_bins_d<depth>_k<K>.json`` for this tree
+        when present, else ``entropy_bins.json``), else the documented fallback (with a warning)."""
+        from ._io import find_tree_file
+
+        path = find_tree_file(draft_dir, BINS_FILENAME[:-len(".json")], bins_tag(config))
+        if path:
+            return cls.load(path)
         if not quiet:
             warnings.warn(f"no {BINS_FILENAME} next to the draft ({draft_dir or 'in-memory draft'}): "
                           "HeteroSpec uses fallback entropy bins; run `heterospec calibrate` to fit "

@@ -29,9 +29,10 @@ is reported once as a warning and that configuration runs eagerly; ``counts["fai
 ``emulate=True`` stands in for CUDA on any device with the same contract, so the engine's graph
 plumbing is tested on CPU: "capture" runs the half once on the static inputs and keeps its outputs;
 "replay" runs it again on the static inputs and copies the results into the kept outputs. A caller
-that reads an output after its graph replayed again computes something else there too, and a
-half that reads a tensor other than those it read at capture (a Python attribute rebound since)
-raises.
+that reads an output after its graph replayed again computes something else there too; a half
+that reads a tensor other than those it read at capture (a Python attribute rebound since)
+raises, and so does the replay of a half one of whose captured reads has been freed since (a
+graph keeps no tensor alive: on a GPU that replay reads and writes freed memory).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ import warnings
 from typing import Callable, Hashable, List, Optional, Sequence
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -56,7 +58,7 @@ class _ExternalReads(TorchDispatchMode):
 
     def __init__(self):
         super().__init__()
-        self.made, self.read = set(), {}
+        self.made, self.read = set(), {}   # read: storage address -> (weak ref, shape), no strong ref
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -67,8 +69,11 @@ class _ExternalReads(TorchDispatchMode):
         for t in pytree.tree_leaves((args, kwargs)):
             if isinstance(t, torch.Tensor):
                 ptr = t.untyped_storage().data_ptr()
-                if ptr and ptr not in self.made:
-                    self.read.setdefault(ptr, t)     # kept alive: its address cannot be reused
+                if ptr and ptr not in self.made and ptr not in self.read:
+                    # Weakly: a CUDA graph does not keep what it reads alive either. A storage that
+                    # dies while the graph lives is a use-after-free at the next replay (checked
+                    # there); a strong reference here would hide exactly that.
+                    self.read[ptr] = (StorageWeakRef(t.untyped_storage()), list(t.shape))
         out = func(*args, **kwargs)
         for t in pytree.tree_leaves(out):
             if isinstance(t, torch.Tensor):
@@ -145,10 +150,15 @@ class _CapturedHalf:
             if dst is not None:
                 _load(dst, src)
         if self.emulate:
+            freed = [shape for ref, shape in self.external.values() if ref.expired()]
+            if freed:
+                raise RuntimeError(f"a replayed round half reads {len(freed)} tensor(s) freed since its capture "
+                                   f"(shapes {freed[:4]}): a CUDA graph would read or write freed memory; keep "
+                                   "them alive for as long as the graph (RoundGraphs.run keep=..., or their owner)")
             reads = _ExternalReads()
             with reads:
                 fresh = self.fn(*self.static_in)
-            stray = [list(t.shape) for ptr, t in reads.read.items() if ptr not in self.external]
+            stray = [shape for ptr, (_, shape) in reads.read.items() if ptr not in self.external]
             if stray:
                 raise RuntimeError(f"a replayed round half read {len(stray)} tensor(s) it did not read when it was "
                                    f"captured (shapes {stray[:4]}): a CUDA graph would read the captured ones; "
@@ -180,17 +190,20 @@ class RoundGraphs:
         # what happened, for reports and tests: eager runs, captures, replays, graphs dropped
         self.counts = collections.Counter()
 
-    def bind_storage(self, *tensors: Optional[torch.Tensor]) -> None:
+    def bind_storage(self, *tensors: Optional[torch.Tensor]) -> bool:
         """Name the tensors the halves update in place (the KV caches). When they are not the ones
-        the kept graphs were captured with (a new batch, a compacted one), every graph is dropped."""
+        the kept graphs were captured with (a new batch, a compacted one), every graph is dropped.
+        Returns whether that happened (then buffers kept alive for the old graphs may go)."""
         storage = tuple((t.data_ptr(), tuple(t.shape)) for t in tensors if t is not None)
-        if storage != self._storage:
-            if self._graphs:
-                self.counts["dropped"] += len(self._graphs)
-            self._graphs.clear()
-            self._seen.clear()
-            self._uncapturable.clear()
-            self._storage = storage
+        if storage == self._storage:
+            return False
+        if self._graphs:
+            self.counts["dropped"] += len(self._graphs)
+        self._graphs.clear()
+        self._seen.clear()
+        self._uncapturable.clear()
+        self._storage = storage
+        return True
 
     def run(self, key: Hashable, fn: Callable[..., List[Optional[torch.Tensor]]], inputs: Tensors, *,
             shapes: Optional[Sequence[Optional[Sequence[int]]]] = None,

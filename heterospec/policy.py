@@ -262,12 +262,26 @@ class AcceptanceTables:
             raise ValueError(f"acceptance tables {path} are not valid: {e}") from None
 
     @classmethod
-    def find(cls, draft_dir: Optional[str]) -> Optional["AcceptanceTables"]:
-        if draft_dir:
-            path = os.path.join(draft_dir, TABLES_FILENAME)
-            if os.path.exists(path):
-                return cls.load(path)
-        return None
+    def find(cls, draft_dir: Optional[str], top_k: Optional[int] = None) -> Optional["AcceptanceTables"]:
+        """The tables next to the draft: for tree ``top_k`` ``acceptance_tables_k<top_k>.json`` when
+        present, else ``acceptance_tables.json`` (of whatever top_k: the caller compares)."""
+        from ._io import find_tree_file
+
+        path = find_tree_file(draft_dir, TABLES_FILENAME[:-len(".json")], f"k{top_k}" if top_k else None)
+        return cls.load(path) if path else None
+
+    @staticmethod
+    def path_to_write(out_dir: str, top_k: int) -> str:
+        """Where calibration tables for tree ``top_k`` are saved (see ``_io.tree_file_to_write``)."""
+        from ._io import tree_file_to_write
+
+        def same(path):
+            try:
+                with open(path) as f:
+                    return int(json.load(f).get("top_k", -1)) == top_k
+            except (OSError, ValueError, TypeError):
+                return False
+        return tree_file_to_write(out_dir, TABLES_FILENAME[:-len(".json")], f"k{top_k}", same)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1250,3 +1250,44 @@ def test_bin_scale_keeps_an_easy_bin_easy_when_another_bin_fails():
     again = FittedPolicy(tables, cost, SpecConfig(top_k=4, depth=1, total_tokens=4))
     again.load_state(json.loads(json.dumps(policy.state())))
     assert again.bin_scale() == policy.bin_scale()
+
+
+def test_calibration_files_per_tree(tmp_path):
+    """A draft directory holds the calibrations of several trees (the CPU's (4, 3, 8) and the
+    GPU's (10, 7, 60)): the first keeps the historical names, a second tree gets tagged names and
+    never replaces the first, and each engine finds the files of its own tree."""
+    from heterospec._io import find_tree_file
+    from heterospec.config import SpecConfig
+    from heterospec.entropy import EntropyBins, bins_path_to_write
+
+    d = str(tmp_path)
+
+    def tables(k):
+        return AcceptanceTables(k, [0], [1], [BinningOption(0, k, "accept", [], [1], [[[0.0]]])], {"top_k": k})
+
+    cpu, gpu = SpecConfig(top_k=4, depth=3, total_tokens=8), SpecConfig(top_k=10, depth=7, total_tokens=60)
+    assert AcceptanceTables.path_to_write(d, 4).endswith("/acceptance_tables.json")
+    tables(4).save(AcceptanceTables.path_to_write(d, 4))
+    assert AcceptanceTables.path_to_write(d, 4).endswith("/acceptance_tables.json")        # same tree: again
+    assert AcceptanceTables.path_to_write(d, 10).endswith("/acceptance_tables_k10.json")   # another tree
+    tables(10).save(AcceptanceTables.path_to_write(d, 10))
+    assert AcceptanceTables.find(d, 4).top_k == 4 and AcceptanceTables.find(d, 10).top_k == 10
+    assert AcceptanceTables.find(d).top_k == 4 and AcceptanceTables.find(d, 6).top_k == 4   # the caller compares
+    assert AcceptanceTables.find(str(tmp_path / "none"), 4) is None
+
+    def bins(cfg, edge):
+        return EntropyBins([edge], provenance={"tree": {"depth": cfg.depth, "entropy_k": cfg.resolved_entropy_k}})
+    bins(cpu, 0.5).save(bins_path_to_write(d, cpu))
+    gp = bins_path_to_write(d, gpu)
+    assert gp.endswith(f"/entropy_bins_d7_k{gpu.resolved_entropy_k}.json")
+    bins(gpu, 2.5).save(gp)
+    assert EntropyBins.find(d, cpu).edges == [0.5] and EntropyBins.find(d, gpu).edges == [2.5]
+    assert find_tree_file(d, "entropy_bins", None).endswith("/entropy_bins.json")
+
+    # the engine: tables for each call's tree, the ones set on it for a tree without a file
+    engine, _, _ = _tiny_engine(seed=3)
+    engine.draft_dir = d
+    assert engine.tables_for(10).top_k == 10 and engine.tables_for(4).top_k == 4
+    engine.tables = tables(3)
+    assert engine.tables_for(3).top_k == 3 and engine.tables_for(10).top_k == 10
+    assert engine.tables_for(7).top_k == 3           # no file for 7: the tables given

@@ -258,9 +258,19 @@ def test_emulation_refuses_what_a_cuda_graph_cannot_hold():
         g.run("h2d", lambda x: [x + torch.tensor([1.0])], [torch.zeros(1)])
     live = {"t": torch.ones(1)}
     g.run("live", lambda x: [x + live["t"]], [torch.zeros(1)])
+    old = live["t"]
     live["t"] = torch.full((1,), 2.0)            # rebound: a real graph would still read the old one
     with pytest.raises(RuntimeError, match="did not read when it was captured"):
         g.run("live", lambda x: [x + live["t"]], [torch.zeros(1)])
+    # ... and once the old one is gone, the graph would read freed memory
+    del old
+    with pytest.raises(RuntimeError, match="freed since its capture"):
+        g.run("live", lambda x: [x + live["t"]], [torch.zeros(1)])
+    held = {"t": torch.ones(3)}
+    g.run("held", lambda x: [x + held["t"]], [torch.zeros(3)])
+    held["t"] = torch.full((3,), 2.0)            # the captured one dies with no one holding it
+    with pytest.raises(RuntimeError, match="freed since its capture \\(shapes \\[\\[3\\]\\]\\)"):
+        g.run("held", lambda x: [x + held["t"]], [torch.zeros(3)])
 
 
 def test_a_plan_seen_again_as_a_new_object_is_prepared_before_capture():
@@ -396,3 +406,38 @@ def test_flashinfer_prefix_pass_two_tree_sizes_replayed_on_cuda():
             graph.replay()
             ref = sd.run(sd.plan(tree_mask, lens, cache, 4, scale), q, cache.k[0], cache.v[0])
             torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
+
+
+class _AlternatingPolicy(Policy):
+    """Two plans of different depth, round after round: two draft graphs live at once, each over
+    a tree-buffer shape of its own (capacity = deepest depth x top_k)."""
+    def __init__(self):
+        self.n = 0
+
+    def plan(self, batch_size, context=None):
+        self.n += 1
+        if self.n % 2:
+            return Plan("deep", decide_depth=1, entropy_k=3, edges=[1.0], depth=[7, 6], budget=[8, 7])
+        return Plan("shallow", decide_depth=1, entropy_k=3, edges=[1.0], depth=[1, 1], budget=[3, 2])
+
+
+def test_draft_tree_buffers_outlive_the_graphs_that_use_them():
+    """The static tree layout (CUDA's; forced here on CPU) recycles the draft's tree buffers per
+    shape. It once kept only the latest shape's: with two plans alternating, the first plan's
+    graph replayed into buffers freed when the second plan's were made - on an H200 a use-after-
+    free (26 Nov: an illegal memory access in the end-to-end run). The emulation now refuses a
+    replay whose captured reads were freed, so this fails if the draft drops buffers a live graph
+    still uses."""
+    engine = _engine()
+    engine.draft.kernel_friendly_attention = True          # the static tree layout, as on CUDA
+    ar = engine.generate_batch(PROMPTS, max_new_tokens=24, method="autoregressive", chat=False)
+    out = engine.generate_batch(PROMPTS, max_new_tokens=24, method="heterospec", chat=False,
+                                policy=_AlternatingPolicy())
+    assert [r.token_ids for r in out] == [r.token_ids for r in ar]
+    c = engine.round_graphs.counts
+    assert c["captured"] >= 4 and c["replayed"] > c["captured"], dict(c)
+    assert len(engine.draft._tree_pool) == 2                 # one buffer set per live shape
+    # a new batch (new caches): the graphs go, and with them every tree buffer but the latest
+    engine.generate_batch(PROMPTS[:2], max_new_tokens=8, method="heterospec", chat=False,
+                          policy=_FixedPolicy(MIXED))
+    assert len(engine.draft._tree_pool) == 1

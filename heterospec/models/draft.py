@@ -278,7 +278,13 @@ class Eagle3Draft(nn.Module):
 
     def __init__(self, config: DraftConfig, own_embedding: bool = False):
         super().__init__()
-        self._tree_pool: dict = {}  # static tree buffers, recycled across rounds of the same shape
+        # Static tree buffers, recycled across rounds of the same shape: only the latest shape's,
+        # unless keep_tree_pools (the engine sets it while CUDA graphs replay rounds): then one set
+        # per shape until release_tree_pools(), since a captured round keeps using the buffers it
+        # was captured with and a graph keeps nothing alive itself (dropping them was a use-after-
+        # free on the GPU).
+        self._tree_pool: dict = {}
+        self.keep_tree_pools = False
         c = self.config = config
         H = c.hidden_size
         self.fc = nn.Linear(3 * c.target_hidden_size, H, bias=False) if c.use_aux_hidden_state else None
@@ -545,6 +551,10 @@ class Eagle3Draft(nn.Module):
             raise ValueError(f"new_tree: capacity must be >= 1, got {capacity}")
         return DraftTreeState(capacity=None if capacity is None else int(capacity), static=static)
 
+    def release_tree_pools(self) -> None:
+        """Forget the recycled tree buffers (once no captured round can replay into them)."""
+        self._tree_pool = {}
+
     def _tree_storage(self, state: DraftTreeState, cache: KVCache, B: int, k: int, x: torch.Tensor) -> None:
         """Allocate (first step) or grow the state's buffers so that k more nodes fit."""
         N = state.n
@@ -571,7 +581,10 @@ class Eagle3Draft(nn.Module):
             pooled = (torch.zeros(shape, dtype=dt, device=dev), torch.zeros(shape, dtype=dt, device=dev),
                       torch.zeros((B, cap, cap), dtype=torch.bool, device=dev))
             if state.static:
-                self._tree_pool = {key: pooled}  # keep one shape: the latest round's
+                if self.keep_tree_pools:
+                    self._tree_pool[key] = pooled
+                else:
+                    self._tree_pool = {key: pooled}  # keep one shape: the latest round's
         kb, vb, ab = pooled
         if state.kbuf is not None:  # grow: keep what this round wrote
             used = off + N
