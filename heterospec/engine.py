@@ -718,11 +718,10 @@ class Engine:
         root's features join the draft's pending extend, so a later round drafts from there."""
         t0 = time.perf_counter()
         drafting = st.ext_tokens is not None
-        logits, feats = self.target(st.root[:, None], st.prefix_lens[:, None], st.target_cache, st.prefix_lens,
-                                    None, None, return_features=drafting, taps=self._taps if drafting else None)
+        root, feat = self._plain_step(st, params, gen, drafting)
         st.prefix_lens += 1
         st.host_lens = [n + 1 for n in st.host_lens]
-        st.root = self._pick(logits[:, 0], params, gen)
+        st.root = root
         if drafting:   # entry ext_num[b]: the old root's feature, paired with the new token
             B, n = st.ext_tokens.shape
             rows = torch.arange(B, device=self.device)
@@ -735,7 +734,7 @@ class Engine:
                 st.ext_feats = torch.cat([st.ext_feats, st.ext_feats.new_zeros(B, grow, st.ext_feats.shape[-1])],
                                          dim=1)
             st.ext_tokens[rows, st.ext_num] = st.root
-            st.ext_feats[rows, st.ext_num] = feats[:, 0]
+            st.ext_feats[rows, st.ext_num] = feat
             st.ext_num = st.ext_num + 1
         dt = time.perf_counter() - t0
         for b in st.active():
@@ -749,6 +748,42 @@ class Engine:
                                              verify_s=dt, plain=True))
         self._emit(st, [[int(t)] for t in st.root.tolist()], max_new_tokens, stream)
 
+    def _bind_graph_storage(self, graphs: RoundGraphs, st: _Batch) -> None:
+        """Tell the graphs which caches this batch updates; when that drops them (new caches),
+        the draft's tree buffers kept for them may go too."""
+        if graphs.bind_storage(st.target_cache.k, st.draft_cache.k if st.draft_cache is not None else None) \
+                and self.draft is not None:
+            self.draft.release_tree_pools()
+
+    def _plain_step(self, st: _Batch, params: SamplingParams, gen, drafting: bool):
+        """The target forward of one plain step and the token it picks -> ``(root [B], feature
+        [B, F] or None)``; with CUDA graphs replayed per (batch, sampling, drafting): an eager
+        one-token step of a GPU is launch-bound (an 8B-shaped one took 24 ms eagerly and 7.4 ms
+        replayed on an H200), and it is both autoregressive decoding and HeteroSpec's plain rounds."""
+        taps = self._taps if drafting else None
+        tcache = st.target_cache
+
+        def step(root, prefix_lens, attn=None):
+            logits, feats = self.target(root[:, None], prefix_lens[:, None], tcache, prefix_lens, None, None,
+                                        return_features=drafting, taps=taps, attn=attn)
+            return [self._pick(logits[:, 0], params, gen), feats[:, 0] if drafting else None]
+
+        graphs = self.round_graphs if self.static_rounds else None
+        if graphs is None:
+            return tuple(step(st.root, st.prefix_lens))
+        self._bind_graph_storage(graphs, st)
+        attn = self._split_attention(st.size)
+        if attn is None and self.target.backend.name != "sdpa":
+            return tuple(step(st.root, st.prefix_lens))     # a backend that cannot be captured as it is
+        if attn is not None:     # FlashInfer's prefix pass, planned on the host (one query row)
+            c = self.target.config
+            attn.host_plan(st.host_lens, 1, c.num_heads, tcache, c.head_dim ** -0.5)
+        rng = None if params.greedy else gen
+        key = ("plain", drafting, params.greedy, params.temperature, params.top_p, params.top_k, id(rng), id(attn))
+        out = graphs.run(key, lambda root, lens: step(root, lens, attn), [st.root, st.prefix_lens],
+                         generator=rng, keep=(rng, attn))
+        return out[0], out[1]
+
     # -- one round's two halves: eagerly, or replayed as CUDA graphs --------------------------------
     def _draft_half(self, st: _Batch, cfg: SpecConfig, plan: Plan) -> _Tree:
         """The draft half of a round (:meth:`_draft_tree`); with CUDA graphs, replayed per
@@ -758,8 +793,7 @@ class Engine:
         if graphs is None:
             return self._draft_tree(st, cfg, plan)
         self.draft.keep_tree_pools = True          # captured rounds keep using their tree buffers
-        if graphs.bind_storage(st.target_cache.k, st.draft_cache.k):
-            self.draft.release_tree_pools()         # no graph left that uses the old ones
+        self._bind_graph_storage(graphs, st)
         B, n, F = st.ext_feats.shape
         W = -(-n // _EXTEND_BUCKET) * _EXTEND_BUCKET
         tcache, dcache = st.target_cache, st.draft_cache

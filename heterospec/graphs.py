@@ -20,6 +20,10 @@ The contract of a captured half (:class:`RoundGraphs`):
   finished requests) gets new graphs; the old ones are freed.
 - **Python values** (the plan, sampling parameters, the generator) are baked in at capture; the
   key holds every one that changes what the half computes.
+- **Everything else a half reads** (weights, plan tensors, the draft's recycled tree buffers,
+  attention workspaces) must outlive the graph: a graph holds addresses, not references. Pass
+  such objects in ``keep``, or let their owner hold them while graphs live (the draft keeps one
+  tree-buffer set per shape until the graphs are dropped).
 
 A configuration is captured the second time it is seen: the first round of a configuration runs
 eagerly (a one-off plan never pays for a capture). At most ``max_graphs`` are kept, least recently
@@ -194,9 +198,15 @@ class RoundGraphs:
         """Name the tensors the halves update in place (the KV caches). When they are not the ones
         the kept graphs were captured with (a new batch, a compacted one), every graph is dropped.
         Returns whether that happened (then buffers kept alive for the old graphs may go)."""
-        storage = tuple((t.data_ptr(), tuple(t.shape)) for t in tensors if t is not None)
-        if storage == self._storage:
-            return False
+        # None: a tensor this call does not update (autoregressive decoding has no draft cache),
+        # so no graph captured in it reads it either: it neither drops the graphs nor forgets the
+        # one the others were captured with.
+        storage = tuple(None if t is None else (t.data_ptr(), tuple(t.shape)) for t in tensors)
+        old = self._storage
+        if old is not None and len(old) == len(storage):
+            if all(n is None or o is None or n == o for n, o in zip(storage, old)):
+                self._storage = tuple(o if n is None else n for n, o in zip(storage, old))
+                return False
         if self._graphs:
             self.counts["dropped"] += len(self._graphs)
         self._graphs.clear()

@@ -204,6 +204,27 @@ def test_cost_model_measures_the_engines_phases_in_steady_state(monkeypatch):
         assert cm.plain_ms(B) > 0 and cm.verify_ms(B, 3) > 0 and cm.draft_ms(B, 2, 2.0) > 0
 
 
+def test_cost_model_times_replayed_halves_when_the_engine_uses_graphs(monkeypatch):
+    """With CUDA graphs (emulated here) the cost model times what the engine runs: the round
+    halves and plain steps replayed from graphs, not eager forwards (launch-bound on a GPU)."""
+    from heterospec import Eagle3Draft, TargetModel
+    from heterospec.graphs import RoundGraphs
+    target = TargetModel.from_hf(tiny_hf_llama(seed=5))
+    engine = Engine(target, Eagle3Draft.for_target(target, seed=5), config=SpecConfig(top_k=3, depth=2, total_tokens=6))
+    engine.static_rounds = True
+    engine.round_graphs = RoundGraphs("cpu", emulate=True)
+    engine.draft.kernel_friendly_attention = True
+    halves = []
+    for name in ("_draft_half", "_verify_half"):
+        real = getattr(engine, name)
+        monkeypatch.setattr(engine, name, lambda *a, _r=real, _n=name, **k: (halves.append(_n), _r(*a, **k))[1])
+    cm = costmodel.measure(engine, quick=True, repeats=1, progress=False)
+    assert "_draft_half" in halves and "_verify_half" in halves
+    c = engine.round_graphs.counts
+    assert c["captured"] >= 3 and c["replayed"] > 0, dict(c)      # plain step, draft and verify graphs
+    assert all(math.isfinite(x) and x >= 0 for x in cm.plain + [x for r in cm.draft + cm.verify for x in r])
+
+
 def test_cost_model_passes_keep_each_entrys_fastest(monkeypatch):
     """A slow minute inflates the entries measured in it: with passes > 1 every entry is the
     fastest of its passes (not the faster pass as a whole)."""

@@ -34,6 +34,7 @@ def _engine(seed=3, graphs=True):
                     bins=EntropyBins([0.5, 1.0, 2.0]))
     engine.static_rounds = True
     engine.round_graphs = RoundGraphs("cpu", emulate=True) if graphs else None
+    draft.kernel_friendly_attention = True     # CUDA's formulation and static tree-buffer layout
     return engine
 
 
@@ -82,7 +83,29 @@ def test_plain_steps_between_rounds_reuse_the_padded_extend(split):
     assert [r.token_ids for r in out] == [r.token_ids for r in ar]
     assert any(r.plain for r in out[0].stats.records)
     c = engine.round_graphs.counts
-    assert c["captured"] <= 3 and c["replayed"] >= 8, dict(c)
+    # the autoregressive call's plain-step graph (dropped with its caches), then the draft half,
+    # the verify half and the drafting plain step: nothing captured twice
+    assert c["captured"] <= 4 and c["replayed"] >= 8, dict(c)
+
+
+@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize("sampling", [False, True])
+def test_plain_steps_are_replayed_too(split, sampling):
+    """Autoregressive decoding (and HeteroSpec's plain rounds) replay one graph per step instead of
+    launching a one-token forward eagerly (launch-bound on a GPU); same tokens, same draws."""
+    from heterospec.models.attention import SplitTreeAttention, TorchPrefixPass
+
+    kw = dict(max_new_tokens=24, method="autoregressive", chat=False)
+    if sampling:
+        kw.update(temperature=0.8, top_p=0.9, seed=5)
+    eager = _engine(graphs=False).generate_batch(PROMPTS, **kw)
+    engine = _engine()
+    if split:
+        engine.split_attention_factory = lambda B: SplitTreeAttention(TorchPrefixPass())
+    graphed = engine.generate_batch(PROMPTS, **kw)
+    assert [r.token_ids for r in graphed] == [r.token_ids for r in eager]
+    c = engine.round_graphs.counts
+    assert c["captured"] == 1 and c["replayed"] >= 20, dict(c)
 
 
 def test_engine_graph_switch():
@@ -300,11 +323,16 @@ def test_graphs_and_caches_serve_the_next_call():
     assert [r.token_ids for r in first] == [r.token_ids for r in second] == [r.token_ids for r in ar]
     assert engine._kept_caches == kept and all(c is not None for c in kept.values())
     c = engine.round_graphs.counts
-    assert counts["captured"] == 2 and not counts.get("dropped"), counts
-    assert c["captured"] == 2 and c["replayed"] > counts["replayed"] and not c.get("dropped"), dict(c)
+    # the autoregressive call's plain step, the draft half, the verify half: an autoregressive call
+    # (no draft cache) and a speculative one on the same kept caches share the graphs
+    assert counts["captured"] == 3 and not counts.get("dropped"), counts
+    assert c["captured"] == 3 and c["replayed"] > counts["replayed"] and not c.get("dropped"), dict(c)
+    again = engine.generate_batch(PROMPTS, max_new_tokens=n, method="autoregressive", chat=False)
+    assert [r.token_ids for r in again] == [r.token_ids for r in ar]
+    assert engine.round_graphs.counts["captured"] == 3 and not engine.round_graphs.counts.get("dropped")
     # another batch size: new caches, the old graphs go
     engine.generate_batch(PROMPTS[:2], max_new_tokens=n, method="heterospec", chat=False, policy=policy)
-    assert engine.round_graphs.counts["dropped"] == 2
+    assert engine.round_graphs.counts["dropped"] == 3
 
 
 class _FakeGraphWrapper:
