@@ -53,6 +53,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 Tensors = Sequence[Optional[torch.Tensor]]
 
 
+_HOST_READS = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default)
+
+
 class _ExternalReads(TorchDispatchMode):
     """Emulation only: the storages an emulated half reads that it did not create itself (static
     inputs, caches, weights, plan tensors). A CUDA graph reads the storages it was captured with,
@@ -66,6 +69,11 @@ class _ExternalReads(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in _HOST_READS:
+            # .item() / int(t) / bool(t) / nonzero: a device-to-host sync, which a capture refuses
+            raise RuntimeError(f"a captured round half reads a value on the host ({func}): a CUDA graph "
+                               "cannot hold a device-to-host sync; run it under heterospec._checks.sync_free() "
+                               "or move the read out of the half")
         if func is torch.ops.aten.lift_fresh.default:
             # torch.tensor(<host data>): on CUDA a pageable host-to-device copy, not capturable
             raise RuntimeError("a captured round half builds a tensor from host data (torch.tensor / "
