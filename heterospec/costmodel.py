@@ -345,6 +345,30 @@ def measure(engine, quick: bool = True, batch_sizes: Sequence[int] = (1, 2, 4, 8
 def _measure_once(engine, quick: bool, batch_sizes: Sequence[int], tokens: Optional[Sequence[int]],
                   contexts: Sequence[int], repeats: Optional[int], progress: bool,
                   node_grid: Sequence[int], desc: str) -> CostModel:
+    """One pass; with CUDA graphs it times the replayed halves, and if that fails (a path never
+    run on this GPU) the eager ones, with a warning, rather than no model at all."""
+    graphed = bool(getattr(engine, "static_rounds", False) and getattr(engine, "round_graphs", None) is not None)
+    if graphed:
+        try:
+            return _measure_pass(engine, quick, batch_sizes, tokens, contexts, repeats, progress, node_grid, desc,
+                                 graphed=True)
+        except Exception as e:  # noqa: BLE001 - any failure of the graphed path: measure eagerly instead
+            import warnings
+            warnings.warn(f"heterospec: timing the replayed round halves failed ({type(e).__name__}: {e}); the "
+                          "cost model times eager forwards instead", RuntimeWarning, stacklevel=3)
+            graphs, engine.round_graphs = engine.round_graphs, None     # plain steps eager too
+            try:
+                return _measure_pass(engine, quick, batch_sizes, tokens, contexts, repeats, progress, node_grid,
+                                     desc, graphed=False)
+            finally:
+                engine.round_graphs = graphs
+    return _measure_pass(engine, quick, batch_sizes, tokens, contexts, repeats, progress, node_grid, desc,
+                         graphed=False)
+
+
+def _measure_pass(engine, quick: bool, batch_sizes: Sequence[int], tokens: Optional[Sequence[int]],
+                  contexts: Sequence[int], repeats: Optional[int], progress: bool,
+                  node_grid: Sequence[int], desc: str, graphed: bool) -> CostModel:
     from tqdm.auto import tqdm
 
     from . import ops
@@ -359,7 +383,6 @@ def _measure_once(engine, quick: bool, batch_sizes: Sequence[int], tokens: Optio
     # With CUDA graphs the engine replays its round halves and plain steps: time those (the
     # first timed run of each captures it, the fastest run is a replay), not eager forwards,
     # which a GPU runs launch-bound (an 8B-shaped verify: 24 ms eager, 7-11 ms replayed, H200).
-    graphed = bool(getattr(engine, "static_rounds", False) and getattr(engine, "round_graphs", None) is not None)
     if graphed:
         reps = max(reps, 3)
     if quick:

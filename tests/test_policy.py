@@ -225,6 +225,23 @@ def test_cost_model_times_replayed_halves_when_the_engine_uses_graphs(monkeypatc
     assert all(math.isfinite(x) and x >= 0 for x in cm.plain + [x for r in cm.draft + cm.verify for x in r])
 
 
+def test_cost_model_falls_back_to_eager_timing_when_replays_fail(monkeypatch):
+    """A graphed path never run on this GPU must not leave the engine without a cost model."""
+    from heterospec import Eagle3Draft, TargetModel
+    from heterospec.graphs import RoundGraphs
+    target = TargetModel.from_hf(tiny_hf_llama(seed=5))
+    engine = Engine(target, Eagle3Draft.for_target(target, seed=5), config=SpecConfig(top_k=3, depth=2, total_tokens=6))
+    engine.static_rounds = True
+    graphs = engine.round_graphs = RoundGraphs("cpu", emulate=True)
+
+    def broken(*a, **k):
+        raise RuntimeError("capture failed")
+    monkeypatch.setattr(engine, "_draft_half", broken)
+    with pytest.warns(RuntimeWarning, match="timing the replayed round halves failed .*capture failed"):
+        cm = costmodel.measure(engine, quick=True, repeats=1, progress=False)
+    assert engine.round_graphs is graphs and cm.plain and cm.draft and cm.verify
+
+
 def test_cost_model_passes_keep_each_entrys_fastest(monkeypatch):
     """A slow minute inflates the entries measured in it: with passes > 1 every entry is the
     fastest of its passes (not the faster pass as a whole)."""
