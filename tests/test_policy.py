@@ -1329,3 +1329,21 @@ def test_calibration_files_per_tree(tmp_path):
     engine.tables = tables(3)
     assert engine.tables_for(3).top_k == 3 and engine.tables_for(10).top_k == 10
     assert engine.tables_for(7).top_k == 3           # no file for 7: the tables given
+
+
+@pytest.mark.parametrize("top_k,depth,total", [(4, 3, 8), (10, 7, 60)])
+def test_shipped_draft_is_calibrated_for_the_cpu_and_the_gpu_tree(top_k, depth, total):
+    """Both device defaults find acceptance tables and entropy bins of their own tree next to the
+    shipped draft (the GPU run of 26 Nov fell back to the paper's actions and warned that its bins
+    were for depth 3 and K 4)."""
+    from heterospec.defaults import DRAFT_ASSET_DIR
+    cfg = SpecConfig(top_k=top_k, depth=depth, total_tokens=total)
+    tables = AcceptanceTables.find(str(DRAFT_ASSET_DIR), top_k)
+    assert tables is not None and tables.top_k == top_k
+    assert tables.provenance["tree"] == {"top_k": top_k, "depth": depth, "total_tokens": total,
+                                         "pstar_pool": cfg.pstar_pool}
+    assert tables.provenance["rounds"] >= 1000 and all(sum(o.counts) == tables.provenance["rounds"]
+                                                       for o in tables.options)
+    bins = EntropyBins.find(str(DRAFT_ASSET_DIR), cfg, quiet=True)
+    tree = bins.provenance["tree"]
+    assert (tree["depth"], tree["entropy_k"]) == (depth, cfg.resolved_entropy_k)
