@@ -13,8 +13,8 @@
 #   call n:        bash scripts/gpu_chain.sh finish [SECONDS]   carry .gpu-carry/n
 #
 # SECONDS: the driver's deadline from now (a later call may move it, e.g. from the lease time the
-# previous reply reported). Driver order: env build test_ops | FlashInfer: install fi_warm |
-# test_engine | real pair: e2e | latency test_models bench_ops. State and logs: .gpu-state/
+# previous reply reported). Driver order: env build | FlashInfer: install fi_warm | real pair:
+# e2e | test_engine test_ops | latency test_models bench_ops. State and logs: .gpu-state/
 # (chain.log, logs/<stage>.log); outputs: .gpu-state/out, copied to $OUT by every call.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -64,11 +64,13 @@ case "${1:-}" in
     copy_out
     ;;
   drive)
-    session env build test_ops
+    # The end-to-end figures first (the payload is whole about a minute after the first call,
+    # while the build runs), then correctness, then the microbenchmarks.
+    session env build
     wait_for fi && session install fi_warm
-    session test_engine
     GPU_E2E_N="${GPU_E2E_N:-4}"; export GPU_E2E_N
     wait_for e2e && session e2e
+    session test_engine test_ops
     session latency test_models bench_ops
     echo "[chain] driver done at +$(($(now) - $(stat -c %Y "$STATE/chain.pid")))s"
     ;;

@@ -7,7 +7,7 @@
 # which leaves ~44 MiB per call for carried files. The payload (~158 MiB) is two bundles:
 #   fi.tar   flashinfer-python (59 MiB) + apache-tvm-ffi (3 MiB) wheels         ~62 MiB
 #   e2e.tar  SmolLM2-135M-Instruct GGUF (94 MiB) + sha256, gguf / prompt-set wheels ~96 MiB
-# laid end to end as one byte stream and cut into CHUNK_MIB (default 40) parts, one per call:
+# laid end to end as one byte stream and cut into CHUNK_MIB (default 32) parts, one per call:
 #
 #   call 1  carry .gpu-carry/1   stream bytes [0, 40) MiB      (FlashInfer, first part)
 #   call 2  carry .gpu-carry/2   [40, 80)  -> fi.tar complete: FlashInfer installs in this call
@@ -28,7 +28,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 FLASHINFER_VERSION="${FLASHINFER_VERSION:-0.7.2.post1}"
 TVM_FFI_VERSION="${TVM_FFI_VERSION:-0.1.15.post2}"
 GGUF_VERSION="${GGUF_VERSION:-0.19.0}"
-CHUNK_MIB="${CHUNK_MIB:-40}"
+CHUNK_MIB="${CHUNK_MIB:-32}"
 LIMIT_MIB=64
 
 PY="${PYTHON:-python}"
