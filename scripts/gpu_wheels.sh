@@ -21,7 +21,7 @@
 # calls are gone: the session reports FlashInfer / e2e as pending (the SDPA-only stages still run).
 #
 # Usage: bash scripts/gpu_wheels.sh            (idempotent; prints each call's size)
-#        CHUNK_MIB=36 bash scripts/gpu_wheels.sh   (if the tree grows: smaller parts, more calls)
+#        CHUNK_MIB=28 bash scripts/gpu_wheels.sh   (if the tree grows: smaller parts, more calls)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -102,9 +102,10 @@ for ((i = 1; i <= n; i++)); do
   if ((bytes > LIMIT_MIB * 1048576)); then ok="TOO BIG"; status=1; fi
   echo "call $i: $(mib "$bytes") MiB (tree $(mib "$tree_bytes") + .gpu-carry/$i)  $ok"
 done
-echo "run, back to back: run(command=\"bash scripts/gpu_session.sh\", carry=[\".gpu-carry/1\"]), then" \
-  "carry=[\".gpu-carry/2\"] ... [\".gpu-carry/$n\"] (see docs/gpu.md)"
+echo "run, back to back (docs/gpu.md section 1): run(command=\"bash scripts/gpu_chain.sh start 600\"," \
+  "carry=[\".gpu-carry/1\"]), then \"bash scripts/gpu_chain.sh collect\" with .gpu-carry/2 ..." \
+  "$((n - 1)), then \"bash scripts/gpu_chain.sh finish\" with .gpu-carry/$n"
 if ((status)); then
-  echo "over the limit: shrink the tree or use smaller parts (CHUNK_MIB=36 bash scripts/gpu_wheels.sh)" >&2
+  echo "over the limit: shrink the tree or use smaller parts (CHUNK_MIB=28 bash scripts/gpu_wheels.sh)" >&2
 fi
 exit "$status"
