@@ -23,30 +23,37 @@ def write_json_atomic(path: str, obj, indent: Optional[int] = None) -> None:
             os.remove(tmp)
 
 
-def tree_file(base: str, tag: str) -> str:
-    """``<base>_<tag>.json``: a calibration file for one tree (``tag`` e.g. ``k10`` or ``d7_k10``)
-    next to the draft, beside the historical ``<base>.json``."""
-    return f"{base}_{tag}.json"
+def tree_file(filename: str, tag: str) -> str:
+    """``<stem>_<tag>.json`` for ``<stem>.json``: a calibration file for one tree (``tag`` e.g.
+    ``k10`` or ``d7_k10``) next to the draft, beside the historical ``<stem>.json``."""
+    stem, ext = os.path.splitext(filename)
+    return f"{stem}_{tag}{ext}"
 
 
-def find_tree_file(directory: Optional[str], base: str, tag: Optional[str]) -> Optional[str]:
-    """The calibration file for a tree: ``<base>_<tag>.json`` when present, else ``<base>.json``
-    (whatever tree it holds: the caller compares), else None."""
+def find_tree_file(directory: Optional[str], filename: str, tag: Optional[str]) -> Optional[str]:
+    """The calibration file for a tree: its tagged name when present, else ``filename`` (whatever
+    tree it holds: the caller compares), else None."""
     if not directory:
         return None
-    for name in ([tree_file(base, tag)] if tag else []) + [f"{base}.json"]:
+    for name in ([tree_file(filename, tag)] if tag else []) + [filename]:
         path = os.path.join(directory, name)
         if os.path.exists(path):
             return path
     return None
 
 
-def tree_file_to_write(directory: str, base: str, tag: str, same_tree) -> str:
-    """Where a calibration for a tree goes: ``<base>.json`` when the directory has none yet or
-    holds this tree's (``same_tree(path)``), so a draft's first calibration keeps the historical
-    name; ``<base>_<tag>.json`` otherwise, so that calibrating a second tree (the GPU's
+def tree_file_to_write(directory: str, filename: str, tag: str, same_tree) -> str:
+    """Where a calibration for a tree goes: ``filename`` when the directory has none yet or holds
+    this tree's (``same_tree(its parsed JSON)``), so a draft's first calibration keeps the
+    historical name; the tagged name otherwise, so that calibrating a second tree (the GPU's
     (10, 7, 60) next to the CPU's (4, 3, 8)) never replaces the first."""
-    plain = os.path.join(directory, f"{base}.json")
-    if not os.path.exists(plain) or same_tree(plain):
-        return plain
-    return os.path.join(directory, tree_file(base, tag))
+    plain = os.path.join(directory, filename)
+    if os.path.exists(plain):
+        try:
+            with open(plain) as f:
+                same = bool(same_tree(json.load(f)))
+        except (OSError, ValueError, TypeError, AttributeError):
+            same = False
+        if not same:
+            return os.path.join(directory, tree_file(filename, tag))
+    return plain

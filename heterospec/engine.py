@@ -314,8 +314,8 @@ class Engine:
         self.policy = policy
         if tables is not None and not isinstance(tables, AcceptanceTables):
             raise ValueError(f"Engine tables must be heterospec AcceptanceTables, got {type(tables).__name__}")
-        # top_k -> tables (None: the ones given, for a tree they were not fitted for)
-        self._tables = {} if tables is None else {tables.top_k: tables, None: tables}
+        self._tables_given = tables            # set on the engine (used for any tree without a file)
+        self._tables_found = {}                # top_k -> the draft directory's tables for that tree
         self._cost_model = cost_model          # a CostModel, a path, or None (cache / quick measure)
         self._persist_online = False           # True once the cost model came from this device's cache
         self._fitted = {}
@@ -419,19 +419,19 @@ class Engine:
     def tables(self, value: Optional[AcceptanceTables]) -> None:
         if value is not None and not isinstance(value, AcceptanceTables):
             raise ValueError(f"Engine.tables must be heterospec AcceptanceTables, got {type(value).__name__}")
-        self._tables = {} if value is None else {value.top_k: value, None: value}
+        self._tables_given, self._tables_found = value, {}
         self._fitted = {}
 
     def tables_for(self, top_k: int) -> Optional[AcceptanceTables]:
         """Acceptance tables for a tree of ``top_k`` (a call's own config may differ from the
         engine's): tables set on the engine for it, else the draft's file for it, else any."""
-        if top_k not in self._tables:
-            found = AcceptanceTables.find(self.draft_dir, top_k)
-            given = self._tables.get(None)
-            if given is not None and (found is None or found.top_k != top_k):
-                found = given
-            self._tables[top_k] = found
-        return self._tables[top_k]
+        given = self._tables_given
+        if given is not None and given.top_k == top_k:
+            return given
+        if top_k not in self._tables_found:
+            self._tables_found[top_k] = AcceptanceTables.find(self.draft_dir, top_k)
+        found = self._tables_found[top_k]
+        return given if given is not None and (found is None or found.top_k != top_k) else found
 
     @property
     def cost_model(self):
@@ -750,10 +750,28 @@ class Engine:
 
     def _bind_graph_storage(self, graphs: RoundGraphs, st: _Batch) -> None:
         """Tell the graphs which caches this batch updates; when that drops them (new caches),
-        the draft's tree buffers kept for them may go too."""
+        the draft's tree buffers kept for them may go too (until then the draft keeps one set
+        per shape: captured rounds go on using theirs)."""
+        if self.draft is not None:
+            self.draft.keep_tree_pools = True
         if graphs.bind_storage(st.target_cache.k, st.draft_cache.k if st.draft_cache is not None else None) \
                 and self.draft is not None:
             self.draft.release_tree_pools()
+
+    def _target_graphs(self, st: _Batch, T: int):
+        """``(graphs, attn)`` for a target forward of ``T`` rows per request replayed from CUDA
+        graphs, or ``(None, None)`` when it runs eagerly (no graphs, or a backend that cannot be
+        captured as it is). With FlashInfer (whose custom-mask plan depends on the tree) the
+        replayed forward attends in two passes (SplitTreeAttention), its prefix pass planned
+        here, on the host, before every replay."""
+        graphs = self.round_graphs if self.static_rounds else None
+        attn = self._split_attention(st.size) if graphs is not None else None
+        if graphs is None or (attn is None and self.target.backend.name != "sdpa"):
+            return None, None
+        if attn is not None:
+            c = self.target.config
+            attn.host_plan(st.host_lens, T, c.num_heads, st.target_cache, c.head_dim ** -0.5)
+        return graphs, attn
 
     def _plain_step(self, st: _Batch, params: SamplingParams, gen, drafting: bool):
         """The target forward of one plain step and the token it picks -> ``(root [B], feature
@@ -768,16 +786,10 @@ class Engine:
                                         return_features=drafting, taps=taps, attn=attn)
             return [self._pick(logits[:, 0], params, gen), feats[:, 0] if drafting else None]
 
-        graphs = self.round_graphs if self.static_rounds else None
+        graphs, attn = self._target_graphs(st, 1)
         if graphs is None:
             return tuple(step(st.root, st.prefix_lens))
         self._bind_graph_storage(graphs, st)
-        attn = self._split_attention(st.size)
-        if attn is None and self.target.backend.name != "sdpa":
-            return tuple(step(st.root, st.prefix_lens))     # a backend that cannot be captured as it is
-        if attn is not None:     # FlashInfer's prefix pass, planned on the host (one query row)
-            c = self.target.config
-            attn.host_plan(st.host_lens, 1, c.num_heads, tcache, c.head_dim ** -0.5)
         rng = None if params.greedy else gen
         key = ("plain", drafting, params.greedy, params.temperature, params.top_p, params.top_k, id(rng), id(attn))
         out = graphs.run(key, lambda root, lens: step(root, lens, attn), [st.root, st.prefix_lens],
@@ -792,7 +804,6 @@ class Engine:
         graphs = self.round_graphs if self.static_rounds else None
         if graphs is None:
             return self._draft_tree(st, cfg, plan)
-        self.draft.keep_tree_pools = True          # captured rounds keep using their tree buffers
         self._bind_graph_storage(graphs, st)
         B, n, F = st.ext_feats.shape
         W = -(-n // _EXTEND_BUCKET) * _EXTEND_BUCKET
@@ -813,18 +824,12 @@ class Engine:
 
     def _verify_half(self, st: _Batch, tree: _Tree, plan: Plan, params: SamplingParams, gen) -> "_Verdict":
         """The verification half of a round (:meth:`_verify`); with CUDA graphs, replayed per
-        configuration. The sdpa backend is captured as it is; with FlashInfer (whose custom-mask
-        plan depends on the tree) the replayed forward attends in two passes
-        (:class:`~heterospec.models.attention.SplitTreeAttention`), the prefix pass planned here."""
+        configuration (the target forward's attention: :meth:`_target_graphs`)."""
         done = torch.tensor([f is not None for f in st.finished], device=self.device)
-        graphs = self.round_graphs if self.static_rounds else None
-        attn = self._split_attention(st.size) if graphs is not None else None
-        if graphs is None or (attn is None and self.target.backend.name != "sdpa"):
+        graphs, attn = self._target_graphs(st, plan.max_nodes + 1)
+        if graphs is None:
             return self._verify(st, tree, plan, params, gen, done)
         tcache = st.target_cache
-        if attn is not None:     # FlashInfer's prefix pass is planned here, on the host, every round
-            c = self.target.config
-            attn.host_plan(st.host_lens, plan.max_nodes + 1, c.num_heads, tcache, c.head_dim ** -0.5)
 
         def verify(*args):
             *tree_args, root, prefix_lens, done_ = args

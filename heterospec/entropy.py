@@ -32,14 +32,12 @@ def bins_path_to_write(out_dir: str, config: SpecConfig) -> str:
     """Where calibrated bins for ``config``'s tree are saved (see ``_io.tree_file_to_write``)."""
     from ._io import tree_file_to_write
 
-    def same(path):
-        try:
-            with open(path) as f:
-                tree = (json.load(f).get("provenance") or {}).get("tree") or {}
-        except (OSError, ValueError, TypeError):
-            return False
+    def same(d):
+        tree = (d.get("provenance") or {}).get("tree") or {}
         return (tree.get("depth"), tree.get("entropy_k")) == (config.depth, config.resolved_entropy_k)
-    return tree_file_to_write(out_dir, BINS_FILENAME[:-len(".json")], bins_tag(config), same)
+    return tree_file_to_write(out_dir, BINS_FILENAME, bins_tag(config), same)
+
+
 # Fallback edges when no calibration file exists, as fractions of the largest possible path
 # entropy (depth + 1) * log(K): a conservative guess that puts only very peaked rounds in the
 # aggressive bins. Calibrate for real use (`heterospec calibrate`).
@@ -126,7 +124,7 @@ class EntropyBins:
         when present, else ``entropy_bins.json``), else the documented fallback (with a warning)."""
         from ._io import find_tree_file
 
-        path = find_tree_file(draft_dir, BINS_FILENAME[:-len(".json")], bins_tag(config))
+        path = find_tree_file(draft_dir, BINS_FILENAME, bins_tag(config))
         if path:
             return cls.load(path)
         if not quiet:

@@ -267,7 +267,7 @@ class AcceptanceTables:
         present, else ``acceptance_tables.json`` (of whatever top_k: the caller compares)."""
         from ._io import find_tree_file
 
-        path = find_tree_file(draft_dir, TABLES_FILENAME[:-len(".json")], f"k{top_k}" if top_k else None)
+        path = find_tree_file(draft_dir, TABLES_FILENAME, f"k{top_k}" if top_k else None)
         return cls.load(path) if path else None
 
     @staticmethod
@@ -275,13 +275,7 @@ class AcceptanceTables:
         """Where calibration tables for tree ``top_k`` are saved (see ``_io.tree_file_to_write``)."""
         from ._io import tree_file_to_write
 
-        def same(path):
-            try:
-                with open(path) as f:
-                    return int(json.load(f).get("top_k", -1)) == top_k
-            except (OSError, ValueError, TypeError):
-                return False
-        return tree_file_to_write(out_dir, TABLES_FILENAME[:-len(".json")], f"k{top_k}", same)
+        return tree_file_to_write(out_dir, TABLES_FILENAME, f"k{top_k}", lambda d: int(d.get("top_k", -1)) == top_k)
 
 
 # ---------------------------------------------------------------------------------------------

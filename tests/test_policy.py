@@ -1320,7 +1320,7 @@ def test_calibration_files_per_tree(tmp_path):
     assert gp.endswith(f"/entropy_bins_d7_k{gpu.resolved_entropy_k}.json")
     bins(gpu, 2.5).save(gp)
     assert EntropyBins.find(d, cpu).edges == [0.5] and EntropyBins.find(d, gpu).edges == [2.5]
-    assert find_tree_file(d, "entropy_bins", None).endswith("/entropy_bins.json")
+    assert find_tree_file(d, "entropy_bins.json", None).endswith("/entropy_bins.json")
 
     # the engine: tables for each call's tree, the ones set on it for a tree without a file
     engine, _, _ = _tiny_engine(seed=3)
