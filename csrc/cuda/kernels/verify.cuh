@@ -97,6 +97,7 @@ void verify_greedy_run(const VerifyGreedyParams& p, Launch&& launch) {
 // ---- verify_sampling --------------------------------------------------------------------------
 constexpr int kSampleThreads = 512;
 constexpr int kSampleItems = 32;  // contiguous elements per thread per inverse-CDF tile
+constexpr int kPassLoads = 8;     // 16-byte loads per thread in flight in the row-mass pass
 
 struct VerifySamplingParams {
   VerifyTree tree;
@@ -160,17 +161,39 @@ __global__ void __launch_bounds__(NT) verify_sampling_kernel(VerifySamplingParam
       tot += x;
       if (x > 0.f && !is_kid(v, kids, nk)) res += x;
     };
+    // kPassLoads loads per thread are issued before any is used: one block streams a whole row
+    // (the path is sequential), so its speed is the bytes it keeps in flight, not the arithmetic.
+    // Padding slots read as 0 and change no sum.
     if (VEC4) {
       const float4* row4 = reinterpret_cast<const float4*>(row);
-      for (int64_t q = tid; q < V / 4; q += NT) {
-        const float4 f = __ldg(row4 + q);
-        visit(4 * q, f.x);
-        visit(4 * q + 1, f.y);
-        visit(4 * q + 2, f.z);
-        visit(4 * q + 3, f.w);
+      const int64_t V4 = V / 4;
+      for (int64_t q0 = tid; q0 < V4; q0 += static_cast<int64_t>(NT) * kPassLoads) {
+        float4 f[kPassLoads];
+#pragma unroll
+        for (int u = 0; u < kPassLoads; ++u) {
+          const int64_t q = q0 + static_cast<int64_t>(u) * NT;
+          f[u] = q < V4 ? __ldg(row4 + q) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int u = 0; u < kPassLoads; ++u) {
+          const int64_t q = q0 + static_cast<int64_t>(u) * NT;
+          visit(4 * q, f[u].x);
+          visit(4 * q + 1, f[u].y);
+          visit(4 * q + 2, f[u].z);
+          visit(4 * q + 3, f[u].w);
+        }
       }
     } else {
-      for (int64_t v = tid; v < V; v += NT) visit(v, __ldg(row + v));
+      for (int64_t v0 = tid; v0 < V; v0 += static_cast<int64_t>(NT) * kPassLoads * 4) {
+        float x[kPassLoads * 4];
+#pragma unroll
+        for (int u = 0; u < kPassLoads * 4; ++u) {
+          const int64_t v = v0 + static_cast<int64_t>(u) * NT;
+          x[u] = v < V ? __ldg(row + v) : 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < kPassLoads * 4; ++u) visit(v0 + static_cast<int64_t>(u) * NT, x[u]);
+      }
     }
     tot = block_sum(tot, red_d);
     res = block_sum(res, red_d);
