@@ -83,10 +83,30 @@ def link_flags(openmp: List[str]) -> List[str]:
     exception our ops throw (each ValueError of a bad input) then unwinds through two runtimes and
     the process dies with SIGSEGV instead of raising. Naming the shared library here, before the
     driver appends its static one, resolves those symbols from ``libstdc++.so`` (the archive is
-    then never pulled in). GNU ld / lld on Linux only."""
+    then never pulled in). The library is named by the path of the runtime this process (torch)
+    has loaded: ``-lstdc++`` is not enough where the compiler's own library folder holds only
+    ``libstdc++.a`` (the GPU host, 26 Nov: ld takes the first folder with either file). GNU ld / lld
+    on Linux only."""
     if not sys.platform.startswith("linux"):
         return list(openmp)
-    return list(openmp) + ["-Wl,--push-state,--no-as-needed,-Bdynamic,-lstdc++,--pop-state"]
+    runtime = shared_cxx_runtime()
+    lib = runtime if runtime and "," not in runtime else "-Bdynamic,-lstdc++"
+    return list(openmp) + [f"-Wl,--push-state,--no-as-needed,{lib},--pop-state"]
+
+
+def shared_cxx_runtime() -> Optional[str]:
+    """The shared libstdc++ mapped into this process (torch loads it), or None (not Linux, not loaded)."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                parts = line.split(None, 5)
+                if len(parts) == 6 and os.path.basename(parts[5].strip()).startswith("libstdc++.so"):
+                    path = parts[5].strip()
+                    if os.path.isfile(path):
+                        return path
+    except OSError:
+        return None
+    return None
 
 
 def needed_libraries(path: str) -> Optional[List[str]]:

@@ -144,7 +144,8 @@ stage_fi_warm() {
 stage_build() {
   set -e
   MAX_JOBS=10 "$PY" -m pip install -v --no-build-isolation --no-deps -e . ||
-    { echo "pip -e failed; trying setup.py build_ext --inplace"; MAX_JOBS=10 "$PY" setup.py build_ext --inplace; }
+    { echo "pip -e failed; trying setup.py build_ext --inplace with CXX=/usr/bin/g++ (the host's default g++ links" \
+        "libstdc++ statically)"; CXX=/usr/bin/g++ MAX_JOBS=10 "$PY" setup.py build_ext --inplace; }
   "$PY" - << 'EOF'
 import torch, heterospec
 ok = torch._C._dispatch_has_kernel_for_dispatch_key("heterospec::topk_entropy", "CUDA")

@@ -7,6 +7,7 @@ compiler that asks for the static one."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -59,6 +60,30 @@ def test_link_flags_override_a_static_libstdcxx_compiler(tmp_path):
     # no second copy of the runtime inside the library
     syms = subprocess.run(["nm", "-D", "--defined-only", str(fixed)], capture_output=True, text=True).stdout
     assert "__cxa_throw" not in syms
+
+
+@linux_gnu
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+def test_link_flags_win_over_a_folder_with_only_the_static_libstdcxx(tmp_path):
+    # The GPU host's compiler searches a folder holding libstdc++.a but no libstdc++.so first:
+    # `-Bdynamic -lstdc++` then takes the archive; naming the loaded runtime by path does not.
+    archive = subprocess.run(["g++", "-print-file-name=libstdc++.a"], capture_output=True, text=True).stdout.strip()
+    if not os.path.isabs(archive) or not os.path.isfile(archive):
+        pytest.skip("no libstdc++.a to stage")
+    only_static = tmp_path / "gcc-lib"
+    only_static.mkdir()
+    os.symlink(archive, only_static / "libstdc++.a")
+    src = tmp_path / "x.cpp"
+    src.write_text('#include <stdexcept>\nextern "C" void boom() { throw std::runtime_error("x"); }\n')
+    base = ["g++", "-shared", "-fPIC", "-static-libstdc++", f"-L{only_static}", str(src)]
+    by_name = tmp_path / "by_name.so"
+    subprocess.run(base + ["-o", str(by_name), "-Wl,--push-state,--no-as-needed,-Bdynamic,-lstdc++,--pop-state"],
+                   check=True, timeout=120)
+    assert not any(n.startswith("libstdc++") for n in _ext.needed_libraries(str(by_name)))  # the old flag loses
+    assert _ext.shared_cxx_runtime() is not None  # torch has loaded it
+    fixed = tmp_path / "fixed.so"
+    subprocess.run(base + ["-o", str(fixed)] + _ext.link_flags([]), check=True, timeout=120)
+    _ext.check_shared_cxx_runtime(str(fixed))
 
 
 def test_link_flags_keep_openmp():
