@@ -530,11 +530,12 @@ class Engine:
                 # still timed against the plan, so the policy learns what they really cost.
                 plan = (pol.round_plan(len(active), context) if speculative else
                         pol.plan(len(active), context) if pol is not None else None)
+                one_offs = self._graph_one_offs()
                 if plan is None or not plan.speculate or not speculative:
                     t_plain = time.perf_counter()
                     self._decode_one(st, params, gen, max_new_tokens, stream, record=method != "autoregressive")
                     if plan is not None and hasattr(pol, "observe"):     # plain steps are timed too
-                        pol.observe(plan, [], [], time.perf_counter() - t_plain,
+                        pol.observe(plan, [], [], self._round_seconds(t_plain, one_offs),
                                     progress=_progress(st, behind, least))
                 else:
                     # tokens the draft catches up on this round (a host read: not on static rounds)
@@ -551,7 +552,7 @@ class Engine:
                     if hasattr(pol, "observe"):   # the fitted policy learns this workload and device
                         recs = [st.stats[b].records[-1] for b in active]
                         pol.observe(plan, [r.bin for r in recs], [r.accept_len for r in recs],
-                                    time.perf_counter() - t_draft, extend_tokens=pending,
+                                    self._round_seconds(t_draft, one_offs), extend_tokens=pending,
                                     progress=_progress(st, behind, least))
             total = time.perf_counter() - t0
         if isinstance(pol, FittedPolicy):
@@ -747,6 +748,16 @@ class Engine:
                                              tcr=1, pstar_rank=0, pstar_accepted=False, draft_s=0.0,
                                              verify_s=dt, plain=True))
         self._emit(st, [[int(t)] for t in st.root.tolist()], max_new_tokens, stream)
+
+    def _graph_one_offs(self) -> int:
+        return self.round_graphs.one_offs() if self.round_graphs is not None else 0
+
+    def _round_seconds(self, t0: float, one_offs: int) -> Optional[float]:
+        """The wall time of a round or plain step since ``t0`` for the policy's time corrections,
+        or None when it ran a configuration's first eager run or captured a CUDA graph: one-off
+        costs a 3x slower "round" would teach the policy (on an H200 the first rounds' captures
+        made the fitted policy stop speculating for the whole run)."""
+        return None if self._graph_one_offs() != one_offs else time.perf_counter() - t0
 
     def _bind_graph_storage(self, graphs: RoundGraphs, st: _Batch) -> None:
         """Tell the graphs which caches this batch updates; when that drops them (new caches),

@@ -238,6 +238,7 @@ class RoundGraphs:
             self._seen[key] += 1
             if self._seen[key] <= self.capture_after:
                 self.counts["eager"] += 1
+                self.counts["first"] += 1
                 return list(fn(*inputs))
             if key in self._uncapturable:
                 self.counts["eager"] += 1
@@ -262,6 +263,12 @@ class RoundGraphs:
         self._graphs.move_to_end(key)
         self.counts["replayed"] += 1
         return half.replay(inputs)
+
+    def one_offs(self) -> int:
+        """Calls so far that ran a configuration's first eager run or its capture: a round that
+        made one is not a sample of what its configuration costs (a capture took 0.1-8 s on an
+        H200), so the engine does not time it (the policy's time corrections would learn it)."""
+        return self.counts["first"] + self.counts["captured"] + self.counts["failed"]
 
     def __len__(self) -> int:
         return len(self._graphs)

@@ -88,6 +88,35 @@ def test_plain_steps_between_rounds_reuse_the_padded_extend(split):
     assert c["captured"] <= 4 and c["replayed"] >= 8, dict(c)
 
 
+def test_rounds_that_capture_are_not_timed_for_the_policy():
+    """A round or plain step that ran a configuration's first eager run or captured its graph
+    reaches the policy untimed (seconds=None): on an H200 such rounds took 3x a replayed one and
+    the fitted policy's time correction stopped speculation for the whole run."""
+
+    class Recording(Policy):
+        def __init__(self):
+            self.i, self.seconds = 0, []
+
+        def plan(self, batch_size, context=None):
+            self.i += 1
+            return MIXED if self.i % 3 else Plan("plain", speculate=False)
+
+        def observe(self, plan, bins, accepted, seconds, **kw):
+            self.seconds.append(seconds)
+
+    engine, pol = _engine(), Recording()
+    engine.generate_batch(PROMPTS, max_new_tokens=30, method="heterospec", chat=False, policy=pol)
+    untimed = sum(s is None for s in pol.seconds)
+    one_offs = engine.round_graphs.one_offs()
+    assert one_offs >= 3, dict(engine.round_graphs.counts)   # draft, verify, plain step: first run + capture
+    assert 1 <= untimed <= one_offs, (untimed, one_offs)
+    assert len(pol.seconds) - untimed >= 5 and all(s is None or s > 0 for s in pol.seconds)
+    # eager engines time every round
+    eager, pol2 = _engine(graphs=False), Recording()
+    eager.generate_batch(PROMPTS, max_new_tokens=30, method="heterospec", chat=False, policy=pol2)
+    assert pol2.seconds and None not in pol2.seconds
+
+
 @pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize("sampling", [False, True])
 def test_plain_steps_are_replayed_too(split, sampling):
