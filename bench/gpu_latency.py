@@ -308,23 +308,36 @@ def step_split(engine, prompt, rounds=10, warmup=2, configs=None) -> list:
                     one_round()
             _sync(dev)
             total = (time.perf_counter() - t0) / rounds
-            # The same rounds replayed as CUDA graphs (heterospec.graphs; the engine's CUDA default).
-            graphed = []
-            if policy is not None and engine.round_graphs is not None and engine.static_rounds:
+            # The same rounds replayed as CUDA graphs (heterospec.graphs; the engine's CUDA default),
+            # and for a FlashInfer target also with its split attention in the replays.
+            graphed, graphed_split = [], []
+            if engine.round_graphs is not None and engine.static_rounds:
                 def graph_round():
+                    if policy is None:                   # plain steps replay their own graph
+                        engine._decode_one(st, params, gen, n_tok, None)
+                        return
                     with sync_free():
                         tree = engine._draft_half(st, cfg, policy)
                         verdict = engine._verify_half(st, tree, policy, params, gen)
                     engine._commit(st, tree, verdict, n_tok, None, 0.0, 0.0)
 
-                for _ in range(warmup + 1):          # eager once, then capture
-                    graph_round()
-                _sync(dev)
-                for _ in range(rounds):
-                    t0 = time.perf_counter()
-                    graph_round()
+                def timed(out):
+                    for _ in range(warmup + 1):          # eager once, then capture
+                        graph_round()
                     _sync(dev)
-                    graphed.append(time.perf_counter() - t0)
+                    for _ in range(rounds):
+                        t0 = time.perf_counter()
+                        graph_round()
+                        _sync(dev)
+                        out.append(time.perf_counter() - t0)
+
+                timed(graphed)
+                if engine.target.backend.name == "flashinfer":
+                    engine.graph_attention = "split"
+                    try:
+                        timed(graphed_split)
+                    finally:
+                        engine.graph_attention = "sdpa"
         parts = {k: 1e3 * v / rounds for k, v in timer.totals.items()}
         python = max(0.0, 1e3 * total - sum(parts.values()))
         recs = st.stats[0].records[-rounds:]
@@ -335,7 +348,9 @@ def step_split(engine, prompt, rounds=10, warmup=2, configs=None) -> list:
                          split_total_ms=round(1e3 * total, 3), draft_ms=round(parts["draft"], 3),
                          verify_ms=round(parts["verify"], 3), ops_ms=round(parts["ops"], 3),
                          python_ms=round(python, 3), python_frac=round(python / (1e3 * total), 3),
-                         graph_round_ms=round(1e3 * statistics.median(graphed), 3) if graphed else None))
+                         graph_round_ms=round(1e3 * statistics.median(graphed), 3) if graphed else None,
+                         graph_split_round_ms=round(1e3 * statistics.median(graphed_split), 3)
+                         if graphed_split else None))
     return rows
 
 
@@ -362,12 +377,17 @@ def latency_markdown(rows) -> str:
 
 def split_markdown(rows) -> str:
     out = ["| config | tree layers | verified nodes | round ms (plain) | split total ms | draft | verify | ops "
-           "| Python | Python % | round ms (CUDA graphs) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "| Python | Python % | round ms (CUDA graphs) | round ms (graphs, FlashInfer split) |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def ms(v):
+        return "-" if v is None else f"{v:.2f}"
+
     for r in rows:
-        g = r.get("graph_round_ms")
         out.append(f"| {r['config']} | {r['depth']} | {r['nodes']} | {r['round_ms']:.2f} | {r['split_total_ms']:.2f} | "
                    f"{r['draft_ms']:.2f} | {r['verify_ms']:.2f} | {r['ops_ms']:.2f} | {r['python_ms']:.2f} | "
-                   f"{100 * r['python_frac']:.0f} | {'-' if g is None else f'{g:.2f}'} |")
+                   f"{100 * r['python_frac']:.0f} | {ms(r.get('graph_round_ms'))} | "
+                   f"{ms(r.get('graph_split_round_ms'))} |")
     return "\n".join(out)
 
 

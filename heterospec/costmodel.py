@@ -80,6 +80,9 @@ def fingerprint(engine) -> dict:
           "draft_dtype": str(next(draft.parameters()).dtype).removeprefix("torch.") if draft is not None else None}
     if dev.type == "cuda":
         fp["gpu"] = torch.cuda.get_device_name(dev)
+        fp["attention"] = target.backend.name
+        fp["graphs"] = (getattr(engine, "graph_attention", None)
+                        if getattr(engine, "round_graphs", None) is not None else None)
     else:
         fp.update(_cpu_info())
         fp["threads"] = torch.get_num_threads()

@@ -333,8 +333,15 @@ class Engine:
         if cuda_graphs is None:
             cuda_graphs = self.device.type == "cuda"
         self.round_graphs = RoundGraphs(self.device) if cuda_graphs else None
-        # batch size -> SplitTreeAttention (a FlashInfer target's replayed verification)
+        # How a FlashInfer target attends in replayed forwards: "sdpa" (one static masked pass over
+        # the cache, captured as it is) or "split" (SplitTreeAttention: FlashInfer over the prefix,
+        # planned on the host before every replay, plus the tree block). "sdpa" by default: it was
+        # the faster of the two in graph mode at every tree size and context measured on an H200
+        # (bench/RESULTS.md, GPU). Prefill and eager rounds use the target's own backend.
+        self.graph_attention = "sdpa"
+        # batch size -> SplitTreeAttention (graph_attention "split", or a factory set by tests)
         self.split_attention_factory, self._split = None, {}
+        self._graph_sdpa = None
         self._kept_caches = {}       # with graphs: id(model) -> (KV cache, its k, its v) kept between calls
         limit = int(getattr(target.config, "max_position_embeddings", 0) or 0) or 4096
         rotary = getattr(target, "rotary", None)
@@ -772,16 +779,25 @@ class Engine:
     def _target_graphs(self, st: _Batch, T: int):
         """``(graphs, attn)`` for a target forward of ``T`` rows per request replayed from CUDA
         graphs, or ``(None, None)`` when it runs eagerly (no graphs, or a backend that cannot be
-        captured as it is). With FlashInfer (whose custom-mask plan depends on the tree) the
-        replayed forward attends in two passes (SplitTreeAttention), its prefix pass planned
-        here, on the host, before every replay."""
+        captured as it is). A FlashInfer target (whose custom-mask plan depends on the tree and
+        cannot be captured) attends with SDPA in replays (``graph_attention == "sdpa"``), or in
+        two passes (SplitTreeAttention, ``"split"``) whose prefix pass is planned here, on the
+        host, before every replay."""
         graphs = self.round_graphs if self.static_rounds else None
-        attn = self._split_attention(st.size) if graphs is not None else None
-        if graphs is None or (attn is None and self.target.backend.name != "sdpa"):
+        if graphs is None:
             return None, None
-        if attn is not None:
-            c = self.target.config
-            attn.host_plan(st.host_lens, T, c.num_heads, st.target_cache, c.head_dim ** -0.5)
+        attn = self._split_attention(st.size)
+        if attn is None:
+            if self.target.backend.name == "sdpa":
+                return graphs, None
+            if self.graph_attention != "sdpa":
+                return None, None
+            if self._graph_sdpa is None:
+                from .models.attention import SdpaAttention
+                self._graph_sdpa = SdpaAttention()
+            return graphs, self._graph_sdpa
+        c = self.target.config
+        attn.host_plan(st.host_lens, T, c.num_heads, st.target_cache, c.head_dim ** -0.5)
         return graphs, attn
 
     def _plain_step(self, st: _Batch, params: SamplingParams, gen, drafting: bool):
@@ -861,10 +877,13 @@ class Engine:
         return _Verdict(**dict(zip(_VERDICT_TENSORS, out[:nv])))
 
     def _split_attention(self, batch_size: int):
-        """The CUDA-graph verification's attention for a FlashInfer target (None: the target's own
-        backend is captured as it is), one per batch size."""
+        """The split attention of replayed target forwards (a FlashInfer target with
+        ``graph_attention == "split"``, or a factory set by tests), one per batch size; None
+        otherwise (see :meth:`_target_graphs`)."""
+        if self.graph_attention not in ("sdpa", "split"):
+            raise ValueError(f"Engine.graph_attention must be 'sdpa' or 'split', got {self.graph_attention!r}")
         factory = self.split_attention_factory
-        if factory is None and self.target.backend.name == "flashinfer":
+        if factory is None and self.target.backend.name == "flashinfer" and self.graph_attention == "split":
             from .models.attention import FlashInferPrefixPass, SplitTreeAttention
             factory = self.split_attention_factory = (
                 lambda B: SplitTreeAttention(FlashInferPrefixPass(self.device, B)))

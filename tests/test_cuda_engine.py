@@ -114,17 +114,22 @@ GRAPH_CASES = [(F32, "sdpa"), (BF16, "sdpa"), (BF16, "flashinfer")]
 
 @pytest.mark.parametrize("dtype,backend", GRAPH_CASES, ids=_ids(GRAPH_CASES))
 @pytest.mark.parametrize("method", ["eagle3", "heterospec"])
-def test_cuda_graphs_on_and_off_decode_the_same(dtype, backend, method):
-    """Rounds replayed as CUDA graphs (the CUDA default) decode what eager rounds decode; with
-    FlashInfer the replayed verification attends in two passes (SplitTreeAttention)."""
+@pytest.mark.parametrize("graph_attention", ["sdpa", "split"])
+def test_cuda_graphs_on_and_off_decode_the_same(dtype, backend, method, graph_attention):
+    """Rounds replayed as CUDA graphs (the CUDA default) decode what eager rounds decode; a
+    FlashInfer target's replayed forwards attend with SDPA (the default) or in two passes
+    (SplitTreeAttention, FlashInfer over the prefix)."""
+    if backend == "sdpa" and graph_attention == "split":
+        pytest.skip("graph_attention applies to a FlashInfer target")
     engine = _engine(dtype, backend, bins=0)
+    engine.graph_attention = graph_attention
     graphs = engine.round_graphs
     assert graphs is not None, "CUDA graphs are on by default on CUDA"
     prompts = _prompts(engine.target.config.vocab_size, n=3, seed=11)
     on = engine.generate_batch(prompts, max_new_tokens=40, method=method, chat=False)
     counts = dict(graphs.counts)
     assert counts.get("failed", 0) == 0 and counts.get("replayed", 0) >= 6, counts
-    assert (backend == "flashinfer") == bool(engine._split)
+    assert (backend == "flashinfer" and graph_attention == "split") == bool(engine._split)
     engine.round_graphs = None
     off = engine.generate_batch(prompts, max_new_tokens=40, method=method, chat=False)
     for p, a, b in zip(prompts, on, off):

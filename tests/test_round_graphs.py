@@ -498,3 +498,29 @@ def test_draft_tree_buffers_outlive_the_graphs_that_use_them():
     engine.generate_batch(PROMPTS[:2], max_new_tokens=8, method="heterospec", chat=False,
                           policy=_FixedPolicy(MIXED))
     assert len(engine.draft._tree_pool) == 1
+
+
+def test_a_flashinfer_target_replays_with_sdpa_or_split_attention():
+    """A FlashInfer target's custom-mask plan cannot be captured: replayed forwards attend with
+    SDPA (``graph_attention="sdpa"``, the default) or in two passes (``"split"``). Here a stand-in
+    backend named "flashinfer" (SDPA underneath) takes FlashInfer's place on CPU."""
+    from heterospec.models.attention import SdpaAttention, SplitTreeAttention, TorchPrefixPass
+
+    class StandIn(SdpaAttention):
+        name = "flashinfer"
+
+    ar = _engine(graphs=False).generate_batch(PROMPTS, max_new_tokens=16, method="autoregressive", chat=False)
+    for mode in ("sdpa", "split"):
+        engine = _engine()
+        engine.target._backend = StandIn()
+        engine.graph_attention = mode
+        if mode == "split":   # the FlashInfer prefix pass needs CUDA: the torch one stands in
+            engine.split_attention_factory = lambda B: SplitTreeAttention(TorchPrefixPass())
+        out = engine.generate_batch(PROMPTS, max_new_tokens=16, method="eagle3", chat=False)
+        assert [r.token_ids for r in out] == [r.token_ids for r in ar], mode
+        assert engine.round_graphs.counts["replayed"] > 4, dict(engine.round_graphs.counts)
+        assert (engine._graph_sdpa is not None) == (mode == "sdpa") and bool(engine._split) == (mode == "split")
+    engine = _engine()
+    engine.graph_attention = "flashinfer"
+    with pytest.raises(ValueError, match="graph_attention must be 'sdpa' or 'split'"):
+        engine.generate_batch(PROMPTS, max_new_tokens=4, method="eagle3", chat=False)

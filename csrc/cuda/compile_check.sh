@@ -6,6 +6,7 @@
 #   bash csrc/cuda/compile_check.sh                # sm_90, 2 parallel jobs
 #   CUDA_ARCH=80 bash csrc/cuda/compile_check.sh   # another arch (or "90a", "80;90", ...)
 #   JOBS=1 NVCC=/path/to/nvcc bash csrc/cuda/compile_check.sh csrc/cuda/draft.cu  # some files only
+#   RESOURCES=1 bash csrc/cuda/compile_check.sh csrc/cuda/draft.cu   # + registers / spills per kernel
 #
 # Environment: CXX (host compiler of the C++17 check, default g++), CUDA_ARCH (default 90; ';'-separated list allowed), JOBS (default 2), NVCC (default
 # nvcc on PATH, else /usr/local/cuda/bin/nvcc), PYTHON (default python3), NVCC_EXTRA (extra flags).
@@ -71,6 +72,7 @@ flags=(-c -O3 -lineinfo --expt-relaxed-constexpr -Xcompiler -fPIC -Xcompiler -Wn
   "${gencode[@]}")
 # shellcheck disable=SC2206
 [ -n "${NVCC_EXTRA:-}" ] && flags+=(${NVCC_EXTRA})
+[ "${RESOURCES:-0}" = 1 ] && flags+=(-Xptxas -v)
 
 files=()
 if [ "$#" -gt 0 ]; then
@@ -102,6 +104,11 @@ compile_one() {  # $1 = source; writes $work/<name>.{log,status}
   echo "$rc" >"$work/$name.status"
   if [ "$rc" -eq 0 ]; then
     printf '  ok    %6ss  %s\n' "$secs" "${src#"$csrc"/}"
+    if [ "${RESOURCES:-0}" = 1 ] && [[ "$src" == *.cu ]]; then   # ptxas: registers and spills per kernel
+      awk '/Compiling entry function/ { match($0, /\x27[^\x27]+\x27/); fn = substr($0, RSTART + 1, RLENGTH - 2) }
+           /bytes spill stores/ { sp = $0 } /Used [0-9]+ registers/ { print fn; print "    " sp; print "   " $0 }' \
+        "$work/$name.log" | (command -v c++filt >/dev/null && c++filt || cat) | sed 's/^/        /'
+    fi
     # Warnings in our sources only (torch's headers warn under C++17, e.g. AutogradState.h).
     if grep -q "^$csrc/.*warning" "$work/$name.log"; then
       echo "        warnings in heterospec sources:"
