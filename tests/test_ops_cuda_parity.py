@@ -311,6 +311,17 @@ def test_verify_sampling(dev, B, T, V):
             _eq(a, b, name + " (unaligned)")
 
 
+def test_verify_sampling_shared_memory_limit_is_named(dev):
+    """The CUDA kernel keeps a node's child tokens and the row's segment masses in shared memory:
+    a tree and vocabulary too large for it is a clear error, not a failed launch."""
+    _cuda_only(dev)
+    B, T, V = 1, 6200, 8  # 8 * 6200 + 16 * 16 > 49152
+    tokens, fc, ns, n = (t.cuda() for t in _tree_inputs(B, T, V, _gen(5)))
+    probs = torch.full((B, T, V), 1.0 / V, device="cuda")
+    with pytest.raises(ValueError, match=r"T \* 8 \+ 16 \* ceil\(V / 1024\) <= 49152 bytes .* T = 6200, V = 8"):
+        hs.verify_sampling(tokens, probs, fc, ns, n, torch.zeros(B, T, device="cuda"), torch.zeros(B, device="cuda"))
+
+
 def test_verify_sampling_flags_invalid_rows(dev):
     g = _gen(9)
     tokens, fc, ns, n = _tree_inputs(3, 8, 50, g)

@@ -75,8 +75,11 @@ std::tuple<Tensor, Tensor, Tensor> verify_sampling_cuda(const Tensor& tree_token
   const int64_t V =
       check_verify_sampling_inputs(Backend::CUDA, op, in, tree_tokens, target_probs_in, coins_in, final_coins_in);
   HS_CHECK(in.B <= 0x7fffffffLL, op, ": the CUDA kernel supports B < 2^31, got ", in.B);
-  // The distinct child tokens of a node live in (dynamic) shared memory: T * 8 bytes.
-  HS_CHECK(in.T <= 4096, op, ": the CUDA kernel supports T <= 4096 tree positions, got T = ", in.T);
+  // The distinct child tokens of a node and the row's segment masses live in (dynamic) shared
+  // memory: T * 8 bytes + 16 bytes per 1024 vocabulary entries (rounded up to 16384).
+  HS_CHECK(cuda::verify_sampling_smem_bytes(in.T, V) <= 48 * 1024, op,
+           ": the CUDA kernel needs T * 8 + 16 * ceil(V / 1024) <= 49152 bytes of shared memory (T tree "
+           "positions, V vocabulary entries), got T = ", in.T, ", V = ", V);
 
   const c10::cuda::CUDAGuard guard(tree_tokens.device());
   const Tensor probs = target_probs_in.contiguous(), coins = coins_in.contiguous();

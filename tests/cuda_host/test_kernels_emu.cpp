@@ -721,7 +721,8 @@ void test_verify_sampling() {
   struct Case {
     int64_t B, T, V;
   };
-  for (const Case c : {Case{2, 1, 5}, Case{3, 9, 7}, Case{48, 16, 3}, Case{8, 16, 1003}, Case{3, 12, 20000}, Case{2, 8, 4096}}) {
+  for (const Case c : {Case{2, 1, 5}, Case{3, 9, 7}, Case{48, 16, 3}, Case{8, 16, 1003}, Case{3, 12, 20000}, Case{2, 8, 4096},
+                       Case{3, 6, 70001}, Case{2, 5, 65536}}) {  // the last two: 3 and 2 segments per warp
     const Trees t = make_trees(rng, c.B, c.T);
     TreeLinks l = links_of(t, rng, c.V);
     std::vector<float> probs(c.B * c.T * c.V);
