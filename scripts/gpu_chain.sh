@@ -72,6 +72,7 @@ case "${1:-}" in
     wait_for e2e && session e2e
     session test_engine test_ops
     session latency test_models bench_ops
+    session train_draft
     echo "[chain] driver done at +$(($(now) - $(stat -c %Y "$STATE/chain.pid")))s"
     ;;
   *)

@@ -7,6 +7,7 @@
 #     GPU_FIRST="e2e" bash scripts/gpu_session.sh   # as the first form, these stages first
 #
 # Stages, in order: env install fi_warm build test_ops test_models test_engine bench_ops latency e2e
+# train_draft
 # (then always: summary). Resumable: results live in .gpu-state/ (ignored, so the device keeps it
 # between calls while the machine stays warm), and the same command in the next call goes on
 # where this one stopped. A stage that cannot finish before the budget ends is left "pending".
@@ -95,7 +96,7 @@ write_outputs() {
   for f in gpu_latency.json bench_ops_cuda.json e2e/e2e.json; do
     [[ -f "$STATE/$f" ]] && cp "$STATE/$f" "$OUT/$(basename "$f")"
   done
-  tar -czf "$OUT/gpu_logs.tar.gz" -C "$STATE" --exclude=site --exclude=hcache --exclude=payload --exclude=out . 2> /dev/null || true
+  tar -czf "$OUT/gpu_logs.tar.gz" -C "$STATE" --exclude=site --exclude=hcache --exclude=payload --exclude=out --exclude=draft-run --exclude=draft-out . 2> /dev/null || true
 }
 
 # ------------------------------------------------------------------------------------ stages
@@ -181,8 +182,12 @@ stage_test_models() {
   wait_fi
   # test_models_target.py: only test_flashinfer_matches_sdpa uses CUDA; test_cuda_models.py adds
   # the CUDA/bf16/fp16 (sdpa + flashinfer) parametrisations; the rest are CPU tests (cheap).
+  local rc=0
   pytest_run tests/test_cuda_models.py tests/test_models_target.py tests/test_models_draft.py -m "not slow" \
-    --junitxml="$STATE/junit_test_models.xml"
+    --junitxml="$STATE/junit_test_models.xml" || rc=$?
+  # the draft trainer on the GPU (the train_draft stage uses it)
+  pytest_run tests/test_train.py -k "cuda or batch_moves" --junitxml="$STATE/junit_test_train.xml" || rc=$?
+  return $rc
 }
 
 stage_test_engine() {
@@ -235,9 +240,30 @@ stage_e2e() {
   "$PY" bench/gpu_latency.py --pair default --split-only --json "$STATE/split_default.json" \
     --md "$STATE/split_default.md" || echo "per-step split of the default pair failed (e2e figures stand)"
 }
+# Issue 11: continue the shipped draft's training on the GPU for the time left (GPU_TRAIN_S at
+# most), warm-started from the shipped draft over all of data/distill-v2, and bring the exported
+# draft back in 15 MiB parts ($OUT/draft.tar.part-*: cat them, untar, compare offline here).
+stage_train_draft() {
+  need_build
+  set -e
+  local target="$HETEROSPEC_CACHE/smollm2-135m-instruct" run="$STATE/draft-run"
+  [[ -f "$target/config.json" ]] || { echo "needs the converted target (the e2e stage makes it)"; exit 75; }
+  local left=$((DEADLINE - $(date +%s) - 75)) cap="${GPU_TRAIN_S:-240}"
+  local budget=$((left < cap ? left : cap))
+  ((budget >= 30)) || { echo "no time left to train (${left}s)"; exit 75; }
+  "$PY" -m heterospec.cli train-draft train --device cuda --target "$target" --data data/distill-v2 --run "$run" \
+    --init heterospec/assets/smollm2-135m-instruct-eagle3 --ttt-steps 7 --lr 3e-4 --warmup 20 \
+    --batch-tokens "${GPU_TRAIN_BATCH_TOKENS:-16384}" --steps 100000 --time-budget "$budget" --ckpt-every 100 \
+    --eval-every 100000 --val-seqs 32 2>&1 | tr '\r' '\n' | grep -v '^train-draft: *[0-9]*%' | tail -n 40
+  "$PY" -m heterospec.cli train-draft export --run "$run" --target "$target" --dest "$STATE/draft-out"
+  cp "$run/train_log.jsonl" "$run/train_config.json" "$STATE/draft-out/" 2> /dev/null || true
+  rm -f "$OUT"/draft.tar.part-*
+  tar -C "$STATE" -cf - draft-out | split -b 15M - "$OUT/draft.tar.part-"
+  ls -l "$OUT"/draft.tar.part-*
+}
 export -f say pytest_run status_of set_status need_build wait_fi stage_env stage_install stage_fi_warm stage_build stage_test_ops \
-  stage_test_models stage_test_engine stage_bench_ops stage_latency stage_e2e
-export START PY
+  stage_test_models stage_test_engine stage_bench_ops stage_latency stage_e2e stage_train_draft
+export START PY DEADLINE
 
 # ------------------------------------------------------------------------------------ payload
 # Copy this call's stream parts into $PAYLOAD, then unpack every bundle whose bytes are all there
@@ -298,6 +324,7 @@ PLAN=(
   "bench_ops     300  90"
   "latency       420  150"
   "e2e           480  240"
+  "train_draft   330  100"
 )
 ONLY="$*"
 declare -A ROW

@@ -6,6 +6,7 @@ prompt-disjointness tests which skip when their data packages are absent."""
 from __future__ import annotations
 
 import json
+import math
 import random
 
 import pytest
@@ -144,6 +145,37 @@ def test_loss_decreases(tmp_path, target):
         kls.append(sum(m["kl"]))
         losses.append(m["total"])
     assert losses[-1] < losses[0] and kls[-1] < 0.5 * kls[0], (losses[::5], kls[::5])
+
+
+def test_batch_moves_every_tensor_and_keeps_missing_taps():
+    b = T.Batch(torch.zeros(2, 3, dtype=torch.long), None, None, torch.full((2, 3), -1), torch.ones(2, 3),
+                torch.tensor([3, 2]), torch.tensor([1, 1]))
+    m = b.to("meta")
+    assert m.features is None and m.final_hidden is None
+    assert all(getattr(m, f).device.type == "meta"
+               for f in ("input_ids", "target_argmax", "attention_mask", "lengths", "prompt_lens"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_training_steps_on_cuda_follow_the_cpu(tmp_path, target):
+    """Train steps with the draft (and the taps' target) on the GPU take the CPU's steps: same
+    losses, same weights, within float32 reduction-order noise."""
+    data = make_data(tmp_path, target, n_shards=2, per_shard=6)
+    cpu = _trainer(tmp_path / "cpu", target, data)
+    import copy
+    gpu = _trainer(tmp_path / "gpu", copy.deepcopy(target), data, device="cuda")
+    assert gpu.device.type == "cuda" and next(gpu.draft.parameters()).is_cuda
+    for _ in range(3):
+        ma = cpu.train_step(cpu.stream.next_batch())
+        mb = gpu.train_step(gpu.stream.next_batch())
+        assert mb["total"] == pytest.approx(ma["total"], rel=2e-3, abs=1e-4)
+    for k, v in cpu.draft.state_dict().items():
+        torch.testing.assert_close(gpu.draft.state_dict()[k].cpu(), v, rtol=2e-3, atol=2e-4)
+    gpu.save_checkpoint()
+    resumed = _trainer(tmp_path / "gpu", copy.deepcopy(target), data, device="cuda")
+    assert resumed.step == 3
+    ev = gpu.evaluate(ttt_steps=2)
+    assert all(math.isfinite(x) for x in ev["loss"] if x == x)
 
 
 def test_resume_reproduces_state(tmp_path, target):

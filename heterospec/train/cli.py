@@ -106,6 +106,9 @@ def build_parser(prog: str = "heterospec train-draft") -> argparse.ArgumentParse
 
     p = sub.add_parser("train", help="train (or resume) the draft")
     common(p)
+    p.add_argument("--device", default="auto",
+                   help="where the draft trains and the taps are recomputed: auto (cuda if available), "
+                        "cpu, cuda, cuda:N")
     p.add_argument("--data", default=None)
     p.add_argument("--run", default=None, help="run dir (checkpoints, logs)")
     p.add_argument("--vocab-size", type=positive_int, default=8192)

@@ -148,6 +148,15 @@ class Batch:
     def num_tokens(self) -> int:
         return int(self.lengths.sum())
 
+    def to(self, device) -> "Batch":
+        """The batch on ``device`` (collate and the taps work on the CPU; the loss runs where the
+        draft is)."""
+        from dataclasses import fields, replace
+
+        return replace(self, **{f.name: (None if getattr(self, f.name) is None else
+                                         getattr(self, f.name).to(device, non_blocking=True))
+                                for f in fields(self)})
+
 
 def collate(seqs: list[Sequence_], max_len: int | None = None) -> Batch:
     """Right-padded batch. Rows past ``len - 1`` (no feature) are zero. Sequences longer than
@@ -409,13 +418,14 @@ def ttt_loss(draft, batch: Batch, head_kept: torch.Tensor, ttt_steps: int,
     out = draft.forward_train(batch.input_ids, batch.features, batch.attention_mask,
                               ttt_steps=ttt_steps, return_logits=False)
     t2d = draft.t2d
-    pos = torch.arange(S)
+    dev = batch.input_ids.device
+    pos = torch.arange(S, device=dev)
     # teacher distributions, once per batch, for every row that some step scores
     row_ok = ((pos[None] + 1 < batch.lengths[:, None]) & (pos[None] + 1 >= batch.prompt_lens[:, None])
               & (batch.target_argmax >= 0) & t2d[batch.target_argmax.clamp(min=0)])
     rb, rp = row_ok.nonzero(as_tuple=True)
-    row_index = torch.full((B, S), -1, dtype=torch.long)
-    row_index[rb, rp] = torch.arange(rb.numel())
+    row_index = torch.full((B, S), -1, dtype=torch.long, device=dev)
+    row_index[rb, rp] = torch.arange(rb.numel(), device=dev)
     with torch.no_grad():
         t_logits = batch.final_hidden[rb, rp] @ head_kept.T            # [R, Vd]
         t_logp = torch.log_softmax(t_logits, dim=-1)
@@ -495,6 +505,9 @@ class TrainConfig:
     # mixed precision of the draft's forward and backward (weights and AdamW stay float32):
     # auto = bfloat16 autocast where the CPU has native bf16 (or on CUDA), else float32
     amp: str = "auto"
+    # where the draft trains: "cpu", "cuda", "cuda:N" or "auto" (CUDA when available). The
+    # target's taps are recomputed there too; batches are built on the CPU.
+    device: str = "cpu"
 
 
 def lr_at(cfg: TrainConfig, step: int, train_seconds: float = 0.0) -> float:
@@ -521,7 +534,11 @@ class Trainer:
         torch.set_num_threads(max(1, cfg.threads))
         self.run = Path(cfg.run_dir)
         self.run.mkdir(parents=True, exist_ok=True)
+        from .distill import resolve_device_dtype
+
+        self.device, _ = resolve_device_dtype(cfg.device, "float32")
         self.target = target if target is not None else load_target_for_training(cfg.target_dir)
+        self.target.to(self.device)
         vocab_file = Path(cfg.data_dir) / f"vocab_{cfg.vocab_size}.json"
         run_vocab = self.run / "vocab.json"
         if run_vocab.exists():  # a resumed run keeps its own vocabulary
@@ -539,11 +556,12 @@ class Trainer:
         if cfg.init_from and not ck.exists():
             warm_start(self.draft, cfg.init_from, self.target)
             log(f"warm start from {cfg.init_from}")
+        self.draft.to(self.device)
         self.draft.train()
         if cfg.freeze_lm_head:
             self.draft.lm_head.weight.requires_grad_(False)
         self.head_kept = _target_head(self.target)[self.draft.to_target_ids(
-            torch.arange(kept.numel()))].contiguous()
+            torch.arange(kept.numel(), device=self.device))].contiguous()
         params = [p for p in self.draft.parameters() if p.requires_grad]
         decay = [p for p in params if p.dim() >= 2]
         no_decay = [p for p in params if p.dim() < 2]
@@ -609,7 +627,7 @@ class Trainer:
         if self._tap_model is None:
             from .distill import resolve_device_dtype
 
-            _, dt = resolve_device_dtype("cpu", self.cfg.taps_dtype)
+            _, dt = resolve_device_dtype(str(self.device), self.cfg.taps_dtype)
             if dt == torch.float32:
                 self._tap_model = self.target
             else:
@@ -625,15 +643,15 @@ class Trainer:
 
         from .distill import resolve_device_dtype
 
-        _, dt = resolve_device_dtype("cpu", self.cfg.amp)
+        _, dt = resolve_device_dtype(str(self.device), self.cfg.amp)
         if dt == torch.float32:
             return contextlib.nullcontext()
-        return torch.autocast("cpu", dtype=dt)
+        return torch.autocast(self.device.type, dtype=dt)
 
     def train_step(self, batch: Batch) -> dict:
         cfg = self.cfg
         t0 = time.time()
-        batch = with_taps(batch, self.tap_model())  # counted: recomputing is part of the step
+        batch = with_taps(batch, self.tap_model()).to(self.device)  # counted: recomputing is part of the step
         lr = lr_at(cfg, self.step, self.train_seconds)
         for g in self.opt.param_groups:
             g["lr"] = lr
@@ -676,7 +694,7 @@ class Trainer:
             while i < len(seqs) and seqs[i].tokens.numel() * (len(chunk) + 1) <= 2 * cfg.batch_tokens:
                 chunk.append(seqs[i])
                 i += 1
-            batch = with_taps(collate(chunk, cfg.max_len), self.tap_model())
+            batch = with_taps(collate(chunk, cfg.max_len), self.tap_model()).to(self.device)
             with self.autocast():
                 _, m = ttt_loss(self.draft, batch, self.head_kept, steps, cfg.decay)
             for s in range(steps):
@@ -1058,7 +1076,8 @@ def cli_dispatch(args, default_data, default_run) -> int:
                           val_seqs=args.val_seqs, eval_every=args.eval_every,
                           ckpt_every=args.ckpt_every, time_budget_s=args.time_budget,
                           seed=args.seed, threads=args.threads, target_dir=args.target,
-                          init_from=args.init, amp=args.amp, taps_dtype=args.taps_dtype)
+                          init_from=args.init, amp=args.amp, taps_dtype=args.taps_dtype,
+                          device=args.device)
         tr = Trainer(cfg)
         print(json.dumps(tr.fit(), indent=1), flush=True)
         return 0
