@@ -354,6 +354,82 @@ def step_split(engine, prompt, rounds=10, warmup=2, configs=None) -> list:
     return rows
 
 
+def plain_anatomy(engine, prompt, steps=20, warmup=3) -> dict:
+    """Where a plain (autoregressive) step's time goes, per graph attention of a FlashInfer
+    target ("sdpa" and "split"; one mode otherwise): the host's time to issue the step
+    (``Engine._plain_step``), the device's time for it (CUDA events around it), the whole step with
+    its one host read (``Engine._decode_one``), and the top kernels of the steps (torch.profiler).
+    On an H200 a replayed step of the 135M pair took 5.1 ms (second GPU run): this says why."""
+    from heterospec.sampling import make_generator
+
+    dev, params = engine.device, SamplingParams()
+    engine.target.config.eos_token_ids = ()
+    modes = ["sdpa", "split"] if engine.target.backend.name == "flashinfer" else [engine.graph_attention]
+    n_tok = 2 * (steps + warmup) + 16
+    out = {}
+    for mode in modes:
+        engine.graph_attention = mode
+        gen = make_generator(0, dev)
+        issue, device_ms = [], []
+        inner = engine._plain_step
+
+        def timed_plain_step(*a, **kw):
+            ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if dev.type == "cuda" else None
+            if ev:
+                ev[0].record()
+            t0 = time.perf_counter()
+            res = inner(*a, **kw)
+            issue.append(time.perf_counter() - t0)
+            if ev:
+                ev[1].record()
+                device_ms.append(ev)
+            return res
+
+        with torch.inference_mode():
+            st = engine._prefill([prompt], "autoregressive", params, gen, len(prompt) + n_tok, n_tok, None)
+            for _ in range(warmup):
+                engine._decode_one(st, params, gen, n_tok, None)
+            _sync(dev)
+            engine._plain_step = timed_plain_step
+            whole = []
+            try:
+                for _ in range(steps):
+                    t0 = time.perf_counter()
+                    engine._decode_one(st, params, gen, n_tok, None)
+                    whole.append(time.perf_counter() - t0)
+                _sync(dev)
+                acts = [torch.profiler.ProfilerActivity.CPU]
+                if dev.type == "cuda":
+                    acts.append(torch.profiler.ProfilerActivity.CUDA)
+                with torch.profiler.profile(activities=acts) as prof:
+                    for _ in range(min(steps, 10)):
+                        engine._decode_one(st, params, gen, n_tok, None)
+                    _sync(dev)
+            finally:
+                del engine._plain_step          # back to the class's method
+        sort = "cuda_time_total" if dev.type == "cuda" else "cpu_time_total"
+        out[mode] = {
+            "issue_ms": round(1e3 * statistics.median(issue), 3),
+            "device_ms": round(statistics.median(a.elapsed_time(b) for a, b in device_ms), 3) if device_ms else None,
+            "step_ms": round(1e3 * statistics.median(whole), 3),
+            "top": prof.key_averages().table(sort_by=sort, row_limit=12),
+        }
+    engine.graph_attention = "sdpa"
+    return out
+
+
+def anatomy_markdown(name: str, res: dict) -> str:
+    out = [f"Plain step anatomy, {name} (ms, median):\n",
+           "| graph attention | issue (host) | device (CUDA events) | whole step (with its host read) |",
+           "|---|---:|---:|---:|"]
+    for mode, r in res.items():
+        d = "-" if r["device_ms"] is None else f"{r['device_ms']:.3f}"
+        out.append(f"| {mode} | {r['issue_ms']:.3f} | {d} | {r['step_ms']:.3f} |")
+    for mode, r in res.items():
+        out.append(f"\nTop ops, {mode}:\n\n```\n{r['top']}\n```")
+    return "\n".join(out)
+
+
 # ---------------------------------------------------------------------------------------------
 # Reporting
 # ---------------------------------------------------------------------------------------------
@@ -397,7 +473,8 @@ def run(args) -> dict:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("no CUDA device: use --cpu-smoke")
     dtype = torch.float32 if smoke else torch.bfloat16
-    result = {"machine": machine(dev), "dtype": str(dtype), "weights": "random", "verify": [], "split": {}}
+    result = {"machine": machine(dev), "dtype": str(dtype), "weights": "random", "verify": [], "split": {},
+              "anatomy": {}}
     big = "tiny" if smoke else "llama3.1-8b"
     small = "tiny" if smoke else "smollm2-135m"
     contexts = args.contexts or ([16] if smoke else [1024, 4096])
@@ -421,8 +498,12 @@ def run(args) -> dict:
             torch.cuda.empty_cache()
         if not smoke:
             small_target = random_target(small, dev, dtype, attn_backend="auto")
-            result["split"][f"{small} (random weights)"] = step_split(random_engine(small_target, small), prompt[:256],
-                                                                      rounds, rwarm)
+            small_engine = random_engine(small_target, small)
+            result["split"][f"{small} (random weights)"] = step_split(small_engine, prompt[:256], rounds, rwarm)
+            result["anatomy"][f"{small} (random weights)"] = plain_anatomy(small_engine, prompt[:256])
+        else:
+            result["anatomy"]["tiny (random weights)"] = plain_anatomy(
+                random_engine(random_target(big, dev, dtype), big, spec), prompt[:16], steps=3, warmup=1)
     else:
         engine = default_engine(dev, dtype)
         result["split_backend"] = engine.target.backend.name
@@ -435,8 +516,11 @@ def run(args) -> dict:
             prompt = prompt["input_ids"]
         result["weights"] = "real (SmolLM2-135M-Instruct + shipped EAGLE-3 draft)"
         result["split"]["default pair (real weights)"] = step_split(engine, list(prompt), rounds, rwarm)
+        result["anatomy"]["default pair (real weights)"] = plain_anatomy(engine, list(prompt))
     for name, rows in result["split"].items():
         print(f"\n{name}\n" + split_markdown(rows), flush=True)
+    for name, res in result["anatomy"].items():
+        print("\n" + anatomy_markdown(name, res), flush=True)
     result["config"] = spec.to_dict()
     result["seconds"] = round(time.perf_counter() - t0, 1)
     return result
@@ -453,6 +537,8 @@ def to_markdown(result: dict) -> str:
         parts.append(f"\nPer-step split, {name}, top_k {c['top_k']}, depth {c['depth']}, total_tokens "
                      f"{c['total_tokens']} (ms per round; parts timed with a device sync around each):\n\n"
                      + split_markdown(rows))
+    for name, res in result.get("anatomy", {}).items():
+        parts.append("\n" + anatomy_markdown(name, res))
     return "\n".join(parts) + "\n"
 
 
