@@ -884,14 +884,16 @@ class Engine:
             raise ValueError(f"Engine.graph_attention must be 'sdpa' or 'split', got {self.graph_attention!r}")
         factory = self.split_attention_factory
         if factory is None and self.target.backend.name == "flashinfer" and self.graph_attention == "split":
-            from .models.attention import FlashInferPrefixPass, SplitTreeAttention
-            factory = self.split_attention_factory = (
-                lambda B: SplitTreeAttention(FlashInferPrefixPass(self.device, B)))
+            factory = self._flashinfer_split   # not kept as the factory: graph_attention may change back
         if factory is None:
             return None
         if batch_size not in self._split:
             self._split[batch_size] = factory(batch_size)
         return self._split[batch_size]
+
+    def _flashinfer_split(self, batch_size: int):
+        from .models.attention import FlashInferPrefixPass, SplitTreeAttention
+        return SplitTreeAttention(FlashInferPrefixPass(self.device, batch_size))
 
     # -- draft ------------------------------------------------------------------------------------
     def _draft_tree(self, st: _Batch, cfg: SpecConfig, plan: Plan, trace_ks: Sequence[int] = ()) -> _Tree:

@@ -520,6 +520,17 @@ def test_a_flashinfer_target_replays_with_sdpa_or_split_attention():
         assert [r.token_ids for r in out] == [r.token_ids for r in ar], mode
         assert engine.round_graphs.counts["replayed"] > 4, dict(engine.round_graphs.counts)
         assert (engine._graph_sdpa is not None) == (mode == "sdpa") and bool(engine._split) == (mode == "split")
+    # switching back and forth: each mode attends its own way (nothing of "split" sticks)
+    engine = _engine()
+    engine.target._backend = StandIn()
+    made = []
+    engine._flashinfer_split = lambda B: made.append(B) or SplitTreeAttention(TorchPrefixPass())
+    for mode in ("split", "sdpa", "split"):
+        engine.graph_attention = mode
+        _, attn = engine._target_graphs(engine._prefill([PROMPTS[0]], "autoregressive", heterospec.SamplingParams(),
+                                                        None, 16, 4, None), 1)
+        assert isinstance(attn, SplitTreeAttention) == (mode == "split"), mode
+    assert made == [1]                        # one split attention per batch size, made once
     engine = _engine()
     engine.graph_attention = "flashinfer"
     with pytest.raises(ValueError, match="graph_attention must be 'sdpa' or 'split'"):
