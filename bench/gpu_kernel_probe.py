@@ -1,6 +1,6 @@
 """How verify_sampling and topk_entropy scale on a GPU (a diagnosis for issue 12, not a benchmark).
 
-Times each op over a grid (CUDA events, graph-free, 30 calls after 5 warm-ups) next to a torch
+Times each op over a grid (GPU time per call, as bench/bench_ops_cuda.py times) next to a torch
 reduction that reads the same bytes, so the gap says whether a kernel is bound by memory,
 by latency (one block per row) or by its own work:
 
@@ -12,21 +12,9 @@ from __future__ import annotations
 import torch
 
 import heterospec  # noqa: F401 (registers torch.ops.heterospec)
+from bench_ops_cuda import gpu_us  # bench/ is on sys.path when this file runs as a script
 
 hs = torch.ops.heterospec
-
-
-def us(fn, reps: int = 30, warm: int = 5) -> float:
-    for _ in range(warm):
-        fn()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(reps):
-        fn()
-    b.record()
-    torch.cuda.synchronize()
-    return a.elapsed_time(b) * 1e3 / reps
 
 
 def chain_tree(B: int, T: int, V: int, gen):
@@ -55,9 +43,9 @@ def verify_sampling_grid() -> None:
                     rows = torch.arange(accept, device="cuda")[None, :]
                     p[:, :accept] = 0
                     p[torch.arange(B, device="cuda")[:, None], rows, tokens[:, 1:accept + 1]] = 1.0
-                t = us(lambda: hs.verify_sampling(tokens, p, fc, ns, n, coins, final))
+                t = gpu_us(lambda: hs.verify_sampling(tokens, p, fc, ns, n, coins, final))
                 alen = int(hs.verify_sampling(tokens, p, fc, ns, n, coins, final)[1][0])
-                ref = us(lambda: p[:, :accept + 1].sum(-1))
+                ref = gpu_us(lambda: p[:, :accept + 1].sum(-1))
                 print(f"  B={B} T={T} V={V} accepted={alen}: {t:8.1f} us   torch sum of {accept + 1} rows: {ref:6.1f} us")
 
 
@@ -67,9 +55,9 @@ def topk_entropy_grid() -> None:
                         (512, 128256, torch.float32), (512, 32000, torch.bfloat16)):
         x = (torch.randn(M, V, device="cuda") * 3).to(dtype)
         nbytes = x.numel() * x.element_size()
-        ref = us(lambda: x.amax(-1))
+        ref = gpu_us(lambda: x.amax(-1))
         for k in (1, 8, 64):
-            t = us(lambda: hs.topk_entropy(x, k, None))
+            t = gpu_us(lambda: hs.topk_entropy(x, k, None))
             print(f"  M={M} V={V} {str(dtype)[6:]} k={k}: {t:8.1f} us {nbytes / t / 1e6:6.2f} TB/s   "
                   f"amax: {ref:7.1f} us {nbytes / ref / 1e6:6.2f} TB/s")
 
