@@ -179,6 +179,16 @@ def load_prompt_sets(sets: Sequence[str], n: int, seed: int = 0) -> Dict[str, li
     return prompt_sets
 
 
+def _graph_totals(runs) -> dict:
+    """Per method, the CUDA-graph events of its timed runs (first eager runs, captures, replays)."""
+    out = {}
+    for r in runs:
+        for k, v in (r.get("graphs") or {}).items():
+            out.setdefault(r["method"], {}).setdefault(k, 0)
+            out[r["method"]][k] += v
+    return out
+
+
 def run_e2e(engine, sets: Sequence[str], n: int = 8, max_new_tokens: int = 128, out_dir: str = "bench/out",
             methods: Sequence[str] = ("autoregressive", "eagle3", "heterospec"), seed: int = 0,
             progress: bool = True) -> dict:
@@ -217,6 +227,8 @@ def run_e2e(engine, sets: Sequence[str], n: int = 8, max_new_tokens: int = 128, 
             order = methods[i % len(methods):] + methods[:i % len(methods)]
             outputs = {}
             for m in order:
+                graphs = getattr(engine, "round_graphs", None)
+                before = dict(graphs.counts) if graphs is not None else None
                 t0 = time.perf_counter()
                 method, policy = method_and_policy(m)
                 try:
@@ -227,6 +239,8 @@ def run_e2e(engine, sets: Sequence[str], n: int = 8, max_new_tokens: int = 128, 
                 wall = time.perf_counter() - t0
                 d = res.stats.to_dict()
                 d.update(set=name, prompt_id=prompt.id, wall_s=wall, finish=res.finish_reason, method=m)
+                if before is not None:   # CUDA graphs this run captured / replayed (captures are one-off costs)
+                    d["graphs"] = {k: v - before.get(k, 0) for k, v in graphs.counts.items() if v != before.get(k, 0)}
                 runs.append(d)
                 outputs[m] = res.token_ids
                 bar.update(1)
@@ -248,6 +262,7 @@ def run_e2e(engine, sets: Sequence[str], n: int = 8, max_new_tokens: int = 128, 
         "prompts_per_set": n, "max_new_tokens": max_new_tokens, "seed": seed, "methods": methods,
         "greedy_mismatches": mismatches,
         "dtype": str(next(engine.target.parameters()).dtype),
+        "graphs_in_timed_runs": _graph_totals(runs) or None,
     }
     table = markdown_table(summary, methods)
     # with no autoregressive run there is nothing to compare against: say so rather than "0"
@@ -260,6 +275,8 @@ def run_e2e(engine, sets: Sequence[str], n: int = 8, max_new_tokens: int = 128, 
         f.write(f"Tree: {meta['config']}; {n} prompts per set, max_new_tokens={max_new_tokens}, greedy\n\n")
         f.write(table + "\n")
         f.write(f"\nGreedy outputs differing from autoregressive: {checked}\n")
+        if meta["graphs_in_timed_runs"]:
+            f.write(f"\nCUDA graphs in the timed runs, per method: {meta['graphs_in_timed_runs']}\n")
     paths = plot(summary, runs, out_dir)
     print(table)
     print(f"greedy mismatches vs autoregressive: {checked}")

@@ -535,3 +535,20 @@ def test_a_flashinfer_target_replays_with_sdpa_or_split_attention():
     engine.graph_attention = "flashinfer"
     with pytest.raises(ValueError, match="graph_attention must be 'sdpa' or 'split'"):
         engine.generate_batch(PROMPTS, max_new_tokens=4, method="eagle3", chat=False)
+
+
+def test_e2e_reports_the_graph_events_of_its_timed_runs(tmp_path):
+    """With CUDA graphs (emulated) run_e2e warms each method up for longer and reports, per
+    method, the first runs / captures / replays that its timed runs still made."""
+    from heterospec.bench import run_e2e
+    from heterospec.datasets import Prompt
+
+    engine = _engine()
+    engine.tokenizer = None
+    sets = {"toy": [Prompt(id="a", text=[5, 9, 17, 33], source="toy"), Prompt(id="b", text=[7, 8, 9], source="toy")]}
+    res = run_e2e(engine, sets, n=2, max_new_tokens=12, out_dir=str(tmp_path), methods=("autoregressive", "eagle3"),
+                  progress=False)
+    totals = res["meta"]["graphs_in_timed_runs"]
+    assert totals and totals["eagle3"].get("replayed", 0) > 0 and totals["autoregressive"].get("replayed", 0) > 0
+    assert all("graphs" in r for r in res["runs"])
+    assert "CUDA graphs in the timed runs" in (tmp_path / "e2e.md").read_text()
