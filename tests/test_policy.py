@@ -1290,6 +1290,33 @@ def test_bin_scale_keeps_an_easy_bin_easy_when_another_bin_fails():
     assert again.bin_scale() == policy.bin_scale()
 
 
+def test_bin_factors_are_recomputed_only_when_acceptance_evidence_arrives():
+    """bin_scale / bin_frequencies are cached between speculative observations (plain steps bring
+    no acceptance evidence); a cached value always equals a fresh computation."""
+    tables = _tables(easy_accept=0.9, hard_accept=0.6, counts=(50, 50))
+    cost = LinearCost(a=10.0, b=1.0, c=0.5, e=0.5)
+    policy = FittedPolicy(tables, cost, SpecConfig(top_k=4, depth=1, total_tokens=4))
+    plain = Plan("plain", speculate=False, expected={"batch_size": 1, "plain": {"ms": 10.0}})
+    for r in range(120):
+        plan = policy.plan(1)
+        plan = plan if plan.speculate else plan.alternative
+        b = r % 2
+        policy.observe(plan, [b], [0 if b else len(plan.survival[b])])
+        if r % 3 == 0:
+            before = policy._evidence
+            policy.observe(plain, [], [], 0.01)                      # a plain step: no new evidence
+            assert policy._evidence == before
+        cached_scale, cached_freq = policy.bin_scale(), policy.bin_frequencies()
+        policy._derived.clear()
+        assert policy.bin_scale() == cached_scale and policy.bin_frequencies() == cached_freq, r
+    assert policy.bin_scale()[0] != (1.0, 1.0)          # the evidence did move the factors
+    n = policy._evidence
+    again = FittedPolicy(tables, cost, SpecConfig(top_k=4, depth=1, total_tokens=4))
+    again.bin_scale()
+    again.load_state(json.loads(json.dumps(policy.state())))
+    assert again.bin_scale() == policy.bin_scale() and n > 100
+
+
 def test_calibration_files_per_tree(tmp_path):
     """A draft directory holds the calibrations of several trees (the CPU's (4, 3, 8) and the
     GPU's (10, 7, 60)): the first keeps the historical names, a second tree gets tagged names and
