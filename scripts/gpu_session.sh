@@ -248,13 +248,13 @@ stage_train_draft() {
   set -e
   local target="$HETEROSPEC_CACHE/smollm2-135m-instruct" run="$STATE/draft-run"
   [[ -f "$target/config.json" ]] || { echo "needs the converted target (the e2e stage makes it)"; exit 75; }
-  local left=$((DEADLINE - $(date +%s) - 75)) cap="${GPU_TRAIN_S:-240}"
+  local left=$((DEADLINE - $(date +%s) - 150)) cap="${GPU_TRAIN_S:-240}"   # 150 s: final eval + export + parts
   local budget=$((left < cap ? left : cap))
   ((budget >= 30)) || { echo "no time left to train (${left}s)"; exit 75; }
   "$PY" -m heterospec.cli train-draft train --device cuda --target "$target" --data data/distill-v2 --run "$run" \
     --init heterospec/assets/smollm2-135m-instruct-eagle3 --ttt-steps 7 --lr 3e-4 --warmup 20 \
     --batch-tokens "${GPU_TRAIN_BATCH_TOKENS:-16384}" --steps 100000 --time-budget "$budget" --ckpt-every 100 \
-    --eval-every 100000 --val-seqs 32 2>&1 | tr '\r' '\n' | grep -v '^train-draft: *[0-9]*%' | tail -n 40
+    --eval-every 100000 --val-seqs 16 2>&1 | tr '\r' '\n' | grep -v '^train-draft: *[0-9]*%' | tail -n 40
   "$PY" -m heterospec.cli train-draft export --run "$run" --target "$target" --dest "$STATE/draft-out"
   cp "$run/train_log.jsonl" "$run/train_config.json" "$STATE/draft-out/" 2> /dev/null || true
   rm -f "$OUT"/draft.tar.part-*
