@@ -8,6 +8,7 @@ Also: :func:`verify_latency_curve`, how verification latency grows with tree tok
 
 from __future__ import annotations
 
+import collections
 import datetime
 import json
 import math
@@ -181,12 +182,10 @@ def load_prompt_sets(sets: Sequence[str], n: int, seed: int = 0) -> Dict[str, li
 
 def _graph_totals(runs) -> dict:
     """Per method, the CUDA-graph events of its timed runs (first eager runs, captures, replays)."""
-    out = {}
+    out = collections.defaultdict(collections.Counter)
     for r in runs:
-        for k, v in (r.get("graphs") or {}).items():
-            out.setdefault(r["method"], {}).setdefault(k, 0)
-            out[r["method"]][k] += v
-    return out
+        out[r["method"]].update(r.get("graphs") or {})
+    return {m: dict(c) for m, c in out.items() if c}
 
 
 def run_e2e(engine, sets: Sequence[str], n: int = 8, max_new_tokens: int = 128, out_dir: str = "bench/out",
@@ -228,7 +227,7 @@ def run_e2e(engine, sets: Sequence[str], n: int = 8, max_new_tokens: int = 128, 
             outputs = {}
             for m in order:
                 graphs = getattr(engine, "round_graphs", None)
-                before = dict(graphs.counts) if graphs is not None else None
+                before = collections.Counter(graphs.counts) if graphs is not None else None
                 t0 = time.perf_counter()
                 method, policy = method_and_policy(m)
                 try:
@@ -240,7 +239,7 @@ def run_e2e(engine, sets: Sequence[str], n: int = 8, max_new_tokens: int = 128, 
                 d = res.stats.to_dict()
                 d.update(set=name, prompt_id=prompt.id, wall_s=wall, finish=res.finish_reason, method=m)
                 if before is not None:   # CUDA graphs this run captured / replayed (captures are one-off costs)
-                    d["graphs"] = {k: v - before.get(k, 0) for k, v in graphs.counts.items() if v != before.get(k, 0)}
+                    d["graphs"] = dict(graphs.counts - before)
                 runs.append(d)
                 outputs[m] = res.token_ids
                 bar.update(1)
