@@ -209,10 +209,13 @@ class RoundGraphs:
         # None: a tensor this call does not update (autoregressive decoding has no draft cache),
         # so no graph captured in it reads it either: it neither drops the graphs nor forgets the
         # one the others were captured with.
-        storage = tuple(None if t is None else (t.data_ptr(), tuple(t.shape)) for t in tensors)
+        # (pointer, shape, weak reference): a tensor freed since (the rows kept after an earlier
+        # call's finished requests) is a change even when a new one lands at its address.
+        storage = tuple(None if t is None else (t.data_ptr(), tuple(t.shape), StorageWeakRef(t.untyped_storage()))
+                        for t in tensors)
         old = self._storage
         if old is not None and len(old) == len(storage):
-            if all(n is None or o is None or n == o for n, o in zip(storage, old)):
+            if all(n is None or o is None or (n[:2] == o[:2] and not o[2].expired()) for n, o in zip(storage, old)):
                 self._storage = tuple(o if n is None else n for n, o in zip(storage, old))
                 return False
         if self._graphs:
