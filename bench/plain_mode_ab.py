@@ -1,30 +1,89 @@
 """Where HeteroSpec's plain mode loses to autoregressive decoding at a batch size where it does not
-speculate (issue 10): autoregressive vs HeteroSpec (fitted policy) vs a policy that is always plain
-but keeps the draft's bookkeeping (taps, pending extend), interleaved in one process.
+speculate (issue 10): autoregressive vs HeteroSpec (fitted policy; with the draft's catch-up
+window, ``Engine.draft_window``, and without) vs a policy that is always plain but keeps the
+draft's bookkeeping (taps, pending extend), and a scripted plain policy that probes speculation
+as the fitted one does in a plain bucket (with and without the window), interleaved in one process.
 
-    python bench/plain_mode_ab.py        # batch 8 (4 MT-bench + 4 Alpaca prompts), 96 tokens, 4 passes
+    python bench/plain_mode_ab.py        # batch 8 (4 MT-bench + 4 Alpaca prompts), 96 tokens, 6 passes
 """
-import time, torch, heterospec, statistics
-from heterospec.policy import Policy, Plan
-torch.set_num_threads(2)
-eng = heterospec.Engine.from_pretrained(device="cpu", dtype=torch.float32)
+import argparse
+import re
+import statistics
+import time
+
+import torch
+
+import heterospec
 from heterospec.bench import load_prompt_sets
-prompts = [p.text for p in load_prompt_sets(["mtbench", "alpaca"], 4, 0)["mtbench"]] + \
-          [p.text for p in load_prompt_sets(["alpaca"], 4, 0)["alpaca"]]
+from heterospec.policy import Eagle3Policy, Plan, Policy
+
+ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+ap.add_argument("--passes", type=int, default=6)
+ap.add_argument("--max-new-tokens", type=int, default=96)
+args = ap.parse_args()
+torch.set_num_threads(2)
+flags = sorted(set(re.findall(r"avx512_bf16|avx2", open("/proc/cpuinfo").read())))
+print("CPU flags:", " ".join(flags), "| torch threads", torch.get_num_threads())
+eng = heterospec.Engine.from_pretrained(device="cpu", dtype=torch.float32)
+sets = load_prompt_sets(["mtbench", "alpaca"], 4, 0)
+prompts = [p.text for p in sets["mtbench"]] + [p.text for p in sets["alpaca"]]
+
+
 class PlainWithDraft(Policy):
     """Always plain, but keeps the draft's bookkeeping (taps, pending extend), as a plain bucket does."""
     def plan(self, b, context=None): return Plan("plain", speculate=False)
     def needs_draft(self, b): return True
     def max_tree_nodes(self, b): return 8
-cases = [("ar", dict(method="autoregressive")), ("hs", dict(method="heterospec")),
-         ("plain+draft", dict(method="heterospec", policy=PlainWithDraft()))]
-for name, kw in cases:
+
+
+class Probing(Policy):
+    """Plain, with a burst of 5 speculative (EAGLE-3) rounds every 64 rounds: what the fitted
+    policy does in a bucket where speculation does not pay, whatever it concludes on this box."""
+    def __init__(self):
+        self.n, self.spec = 0, Eagle3Policy(eng.config).plan(len(prompts))
+    def plan(self, b, context=None): return self.spec
+    def round_plan(self, b, context=None):
+        self.n += 1
+        return self.spec if self.n % 64 < 5 and self.n > 5 else Plan("plain", speculate=False)
+
+
+window = eng.draft_window
+# name, generate_batch arguments, the engine's draft_window for the run
+cases = [("ar", dict(method="autoregressive"), window), ("hs", dict(method="heterospec"), window),
+         ("hs-no-window", dict(method="heterospec"), None),
+         ("probing", dict(method="heterospec", policy=Probing()), window),
+         ("probing-no-window", dict(method="heterospec", policy=Probing()), None),
+         ("plain+draft", dict(method="heterospec", policy=PlainWithDraft()), window)]
+for name, kw, w in cases:
+    eng.draft_window = w
     eng.generate_batch(prompts, max_new_tokens=8, **kw)
-res = {n: [] for n, _ in cases}
-for rep in range(4):   # order reversed every other pass
-    for name, kw in (cases if rep % 2 == 0 else cases[::-1]):
-        t0 = time.perf_counter(); out = eng.generate_batch(prompts, max_new_tokens=96, **kw); dt = time.perf_counter() - t0
+# The draft's catch-up, counted where it happens: time in the draft's extend and the entries it
+# computed (the prompt's, at prefill, included), per run. Less noisy than tokens/s on a shared box.
+extend, catch_up = eng.draft.extend, [0.0, 0]
+
+
+def timed_extend(ids, feats, cache, prefix_lens, num_new, hole=None):
+    t = time.perf_counter()
+    out = extend(ids, feats, cache, prefix_lens, num_new, hole)
+    catch_up[0] += time.perf_counter() - t
+    catch_up[1] += int(num_new.sum())
+    return out
+
+
+eng.draft.extend = timed_extend
+res = {n: [] for n, _, _ in cases}
+share = {n: [] for n, _, _ in cases}
+for rep in range(args.passes):   # order reversed every other pass
+    for name, kw, w in (cases if rep % 2 == 0 else cases[::-1]):
+        eng.draft_window = w
+        catch_up[:] = [0.0, 0]
+        t0 = time.perf_counter()
+        out = eng.generate_batch(prompts, max_new_tokens=args.max_new_tokens, **kw)
+        dt = time.perf_counter() - t0
         res[name].append(sum(len(o.token_ids) for o in out) / dt)
+        share[name].append((catch_up[0] / dt, catch_up[1]))
 for n, v in res.items():
-    print(n, [round(x, 1) for x in v], "median", round(statistics.median(v), 1), "ratio",
-          round(statistics.median([a / b for a, b in zip(v, res["ar"])]), 3))
+    print(f"{n:17s} tok/s", [round(x, 1) for x in v], "median", round(statistics.median(v), 1), "ratio",
+          round(statistics.median([a / b for a, b in zip(v, res["ar"])]), 3),
+          "| draft extend: %.1f %% of the time, %d entries per run" % (
+              100 * statistics.median(s for s, _ in share[n]), statistics.median(e for _, e in share[n])))

@@ -447,7 +447,7 @@ def _measure_pass(engine, quick: bool, batch_sizes: Sequence[int], tokens: Optio
             prompts = [torch.randint(0, vocab, (ctx,), generator=gen).tolist() for _ in range(B)]
             params = SamplingParams()
             st = engine._prefill(prompts, "eagle3", params, None, ctx + 4 * (D + 2) * k + 2 * max(grid) + 64,
-                                 10 ** 9, None)
+                                 10 ** 9, None, draft_prompt=False)   # the prompt's entries: pending extends
             feats0, toks0 = st.ext_feats, st.ext_tokens
 
             def saved():

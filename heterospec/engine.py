@@ -121,6 +121,7 @@ class _Batch:
     ext_tokens: Optional[torch.Tensor] = None   # [B, n] tokens of the pending draft extend
     ext_feats: Optional[torch.Tensor] = None    # [B, n, 3H] target features paired with them
     ext_num: Optional[torch.Tensor] = None      # [B] valid entries per request
+    draft_hole: Optional[torch.Tensor] = None   # [B, 2] draft cache slots [lo, hi) never computed (draft_window)
     host_lens: List[int] = field(default_factory=list)   # prefix_lens as the host knows them
     outputs: List[List[int]] = field(default_factory=list)
     finished: List[Optional[str]] = field(default_factory=list)
@@ -139,7 +140,7 @@ class _Batch:
     def active(self) -> List[int]:
         return [b for b, f in enumerate(self.finished) if f is None]
 
-    _PER_ROW = ("prefix_lens", "root", "draft_lens", "ext_tokens", "ext_feats", "ext_num")
+    _PER_ROW = ("prefix_lens", "root", "draft_lens", "ext_tokens", "ext_feats", "ext_num", "draft_hole")
 
     def drop_finished(self) -> None:
         """Keep only the rows of requests still running, in every per-request tensor and both
@@ -339,6 +340,14 @@ class Engine:
         # the faster of the two in graph mode at every tree size and context measured on an H200
         # (bench/RESULTS.md, GPU). Prefill and eager rounds use the target's own backend.
         self.graph_attention = "sdpa"
+        # The draft's catch-up after plain steps: a request's pending extend keeps at most
+        # 2 * draft_window entries; at that point the oldest are dropped (the newest draft_window
+        # kept) and their draft cache slots become a masked hole. Without it, a plain stretch of
+        # n steps costs the next speculative round one draft layer over n tokens, a fixed share
+        # of plain decoding (~3 % at batch 8 on a CPU) however rarely the policy probes. The
+        # draft still sees the prompt and the latest tokens; the output never depends on it.
+        # None: catch up on every token.
+        self.draft_window: Optional[int] = 16
         # batch size -> SplitTreeAttention (graph_attention "split", or a factory set by tests)
         self.split_attention_factory, self._split = None, {}
         self._graph_sdpa = None
@@ -658,7 +667,11 @@ class Engine:
 
     # -- prefill --------------------------------------------------------------------------------
     def _prefill(self, ids: List[List[int]], method: str, params: SamplingParams, gen, cache_len: int,
-                 max_new_tokens: int, stream, speculative: Optional[bool] = None) -> _Batch:
+                 max_new_tokens: int, stream, speculative: Optional[bool] = None,
+                 draft_prompt: bool = True) -> _Batch:
+        """Prefill the target (and, speculating with ``draft_prompt``, the draft over the prompt:
+        every draft entry but the last, whose output the first round drafts from; otherwise the
+        whole prompt stays pending for the first round's extend)."""
         B, n_max, dev = len(ids), max(len(p) for p in ids), self.device
         lens = torch.tensor([len(p) for p in ids], device=dev)
         tokens = torch.zeros(B, n_max, dtype=torch.int64, device=dev)
@@ -684,10 +697,20 @@ class Engine:
             # The draft entry at position p pairs the target feature at p with the token at p + 1.
             st.draft_cache = self._new_cache(self.draft, B, cache_len)
             st.draft_lens = torch.zeros(B, dtype=torch.int64, device=dev)
+            st.draft_hole = torch.zeros(B, 2, dtype=torch.int64, device=dev)
             st.ext_tokens = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)
             st.ext_tokens[torch.arange(B, device=dev), lens - 1] = first
             st.ext_feats = feats
             st.ext_num = lens.clone()
+            if draft_prompt and n_max > 1:
+                # Here, not in the first round: a plain stretch before it (a plain plan) would
+                # otherwise leave the prompt pending and drop it from the draft's context.
+                self.draft.extend(st.ext_tokens[:, :n_max - 1], feats[:, :n_max - 1], st.draft_cache, st.draft_lens,
+                                  lens - 1)
+                rows = torch.arange(B, device=dev)
+                st.draft_lens = lens - 1
+                st.ext_tokens, st.ext_feats = first[:, None], feats[rows, lens - 1][:, None]
+                st.ext_num = torch.ones_like(lens)
         elapsed = time.perf_counter() - t0
         for b in range(B):
             st.stats[b].prefill_s = elapsed
@@ -733,10 +756,24 @@ class Engine:
         if drafting:   # entry ext_num[b]: the old root's feature, paired with the new token
             B, n = st.ext_tokens.shape
             rows = torch.arange(B, device=self.device)
-            # Static rounds (CUDA) grow the pending extend by one column, a shape known without a
-            # host read; elsewhere it grows geometrically, so a long plain stretch copies the
-            # pending features O(n) times in all, not O(n^2) (they start with the whole prompt).
-            grow = 1 if self.static_rounds else (0 if int(st.ext_num.max()) < n else max(n, 1))
+            keep = self.draft_window
+            if keep is not None and (not isinstance(keep, int) or keep < 1):
+                raise ValueError(f"Engine.draft_window must be None or an int >= 1, got {keep!r}")
+            cap = 2 * keep if keep else 0
+            # Static rounds (CUDA) grow the pending extend by one column up to the cap, a shape
+            # known without a host read (and drop rows' oldest entries there, on the device);
+            # elsewhere it grows geometrically, so a long plain stretch copies the pending
+            # features O(n) times in all, not O(n^2).
+            if self.static_rounds:
+                if cap and n >= cap:
+                    self._forget_oldest_pending(st, cap, keep)
+                grow = 0 if cap and n >= cap else 1
+            else:
+                most = int(st.ext_num.max())
+                if cap and most >= cap:
+                    self._forget_oldest_pending(st, cap, keep)
+                    most = int(st.ext_num.max())
+                grow = 0 if most < n else max(min(n, cap - n) if cap else n, 1)
             if grow:
                 st.ext_tokens = torch.cat([st.ext_tokens, st.ext_tokens.new_zeros(B, grow)], dim=1)
                 st.ext_feats = torch.cat([st.ext_feats, st.ext_feats.new_zeros(B, grow, st.ext_feats.shape[-1])],
@@ -755,6 +792,24 @@ class Engine:
                                              tcr=1, pstar_rank=0, pstar_accepted=False, draft_s=0.0,
                                              verify_s=dt, plain=True))
         self._emit(st, [[int(t)] for t in st.root.tolist()], max_new_tokens, stream)
+
+    @staticmethod
+    def _forget_oldest_pending(st: _Batch, cap: int, keep: int) -> None:
+        """Requests with ``cap`` or more pending draft entries keep the newest ``keep``; the
+        dropped entries' draft cache slots join the request's hole (merged with an earlier one:
+        one hole per request, so the context between two holes is masked too)."""
+        drop = torch.where(st.ext_num >= cap, st.ext_num - keep, torch.zeros_like(st.ext_num))   # [B]
+        n, F = st.ext_tokens.shape[1], st.ext_feats.shape[-1]
+        idx = (torch.arange(n, device=drop.device)[None, :] + drop[:, None]).clamp(max=n - 1)     # [B, n]
+        st.ext_tokens = st.ext_tokens.gather(1, idx)
+        st.ext_feats = st.ext_feats.gather(1, idx[:, :, None].expand(-1, -1, F))
+        lo, hi = st.draft_hole.unbind(1)
+        dropping = drop > 0
+        lo = torch.where(dropping & (lo == hi), st.draft_lens, lo)
+        hi = torch.where(dropping, st.draft_lens + drop, hi)
+        st.draft_hole = torch.stack([lo, hi], dim=1)
+        st.draft_lens = st.draft_lens + drop
+        st.ext_num = st.ext_num - drop
 
     def _graph_one_offs(self) -> int:
         return self.round_graphs.one_offs() if self.round_graphs is not None else 0
@@ -837,15 +892,17 @@ class Engine:
         tcache, dcache = st.target_cache, st.draft_cache
         plan.prepare(self.device)
 
-        def draft(ext_tokens, ext_feats, ext_num, draft_lens, prefix_lens, root):
+        def draft(ext_tokens, ext_feats, ext_num, draft_lens, prefix_lens, root, draft_hole):
             half = _Batch(prefix_lens=prefix_lens, root=root, target_cache=tcache, draft_cache=dcache,
-                          draft_lens=draft_lens, ext_tokens=ext_tokens, ext_feats=ext_feats, ext_num=ext_num)
+                          draft_lens=draft_lens, ext_tokens=ext_tokens, ext_feats=ext_feats, ext_num=ext_num,
+                          draft_hole=draft_hole)
             tree = self._draft_tree(half, cfg, plan)
             return [getattr(tree, f) for f in _TREE_TENSORS] + [half.draft_lens]
 
         out = graphs.run(("draft", _plan_key(plan), cfg.top_k, cfg.pstar_pool), draft,
-                         [st.ext_tokens, st.ext_feats, st.ext_num, st.draft_lens, st.prefix_lens, st.root],
-                         shapes=[(B, W), (B, W, F), None, None, None, None], keep=(plan,))
+                         [st.ext_tokens, st.ext_feats, st.ext_num, st.draft_lens, st.prefix_lens, st.root,
+                          st.draft_hole],
+                         shapes=[(B, W), (B, W, F), None, None, None, None, None], keep=(plan,))
         st.draft_lens = out[-1]
         return _Tree(**dict(zip(_TREE_TENSORS, out[:-1])))
 
@@ -907,7 +964,7 @@ class Engine:
         # 1. Extend the draft over the tokens committed last round; its last output is the root's.
         n = st.ext_tokens.shape[1] if self.static_rounds else int(st.ext_num.max())
         hidden = draft.extend(st.ext_tokens[:, :n], st.ext_feats[:, :n], st.draft_cache, st.draft_lens,
-                              st.ext_num)
+                              st.ext_num, st.draft_hole)
         st.draft_lens = st.draft_lens + st.ext_num                              # == st.prefix_lens
         h_root = hidden[rows, st.ext_num - 1]                                    # [B, H]
         lp_full, ids, ent = ops.topk_entropy(draft.logits(h_root), ek, None)
@@ -950,7 +1007,8 @@ class Engine:
             # 2. One draft forward over the frontier (depth `step`), k children per node.
             positions = (st.prefix_lens + step - 1)[:, None].expand(B, k)
             f_tokens = tokens.gather(1, frontier)
-            out = draft.tree_step(f_tokens, f_hidden, f_slot, positions, st.draft_cache, st.prefix_lens, state)
+            out = draft.tree_step(f_tokens, f_hidden, f_slot, positions, st.draft_cache, st.prefix_lens, state,
+                                  st.draft_hole)
             lp_full, ids, ent = ops.topk_entropy(
                 draft.logits(out).reshape(B * k, -1), ek, entropy.gather(1, frontier).reshape(-1))
             lp, ids = lp_full[:, :k].reshape(B, k, k), ids[:, :k].reshape(B, k, k)

@@ -891,7 +891,8 @@ class FittedPolicy(Policy):
             return plan
         # A plain bucket probes speculation (a burst of PROBE_BURST rounds) every PROBE_EVERY
         # rounds, twice as long after each probe that lost (up to 2 ** MAX_BACKOFF times): a
-        # losing probe costs a few steps' time plus the draft's catch-up over the plain stretch.
+        # losing probe costs a few steps' time plus the draft's catch-up over the plain stretch
+        # (at most 2 * Engine.draft_window tokens).
         since = self._since_probe[b] = self._since_probe.get(b, 0) + 1
         if since >= self.PROBE_EVERY << self._backoff.get(b, 0):
             self._since_probe[b] = 0

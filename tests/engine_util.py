@@ -79,7 +79,9 @@ class OracleDraft(torch.nn.Module):
         self.committed = [[t] for t in self.first_tokens[:batch_size]]
         return _Cache(self, batch_size)
 
-    def extend(self, input_ids, features, cache, prefix_lens, num_new):
+    def extend(self, input_ids, features, cache, prefix_lens, num_new, hole=None):
+        # A hole (the engine's draft_window) drops tokens from the oracle's context: the entries
+        # after it extend what the oracle saw before it.
         B, n = input_ids.shape
         out = torch.zeros(B, n, self.config.hidden_size, dtype=torch.float64)
         for b in range(B):
@@ -93,7 +95,7 @@ class OracleDraft(torch.nn.Module):
     def new_tree(self, batch_size):
         return None
 
-    def tree_step(self, input_ids, hidden, parent_slots, positions, cache, prefix_lens, state):
+    def tree_step(self, input_ids, hidden, parent_slots, positions, cache, prefix_lens, state, hole=None):
         B, k = input_ids.shape
         out = torch.zeros(B, k, self.config.hidden_size, dtype=torch.float64)
         for b in range(B):

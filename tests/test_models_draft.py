@@ -184,7 +184,7 @@ def test_engine_feeds_the_draft_its_own_taps(tmp_path):
             engine.generate(ids[0].tolist(), max_new_tokens=2, method="eagle3")
         finally:
             del engine.draft.extend
-        return seen[0]
+        return torch.cat(seen[:2], dim=1)      # the prompt (at prefill), then the first round's entry
 
     def expected(layers):
         return torch.cat([hidden[i] for i in layers], dim=-1)    # entry p: feature p, token p + 1
@@ -244,6 +244,45 @@ def test_extend_padding_and_batches(target, draft):
         _close(h[b, :n2], ref[0, n1:])
         _close(cache.k[:, b, : n1 + n2], c1.k[:, 0, : n1 + n2])
     assert bool((cache.k[0, 1, 5:] == 0).all())  # padding rows were never written
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_cache_slots_in_a_hole_are_never_read(target, draft, static):
+    """A request's hole [lo, hi) (the engine's draft_window: slots whose entries were dropped
+    from a long catch-up) is masked in extend and in both tree layouts: whatever those slots
+    hold, the outputs are the same; the same garbage outside a hole changes them."""
+    B, k = 2, 3
+    ids, feats = _features(target, B, 14, seed=21)
+    hole = torch.tensor([[3, 7], [0, 0]])          # request 1: no hole
+
+    def run(garbage, hole):
+        cache = draft.new_cache(B, 24)
+        draft.extend(ids[:, :10], feats[:, :10], cache, _i64(0, 0), _i64(10, 10))
+        if garbage:
+            g = torch.Generator().manual_seed(4)
+            cache.k[:, 0, 3:7] = 50 * torch.randn(cache.k[:, 0, 3:7].shape, generator=g)
+            cache.v[:, 0, 3:7] = 50 * torch.randn(cache.v[:, 0, 3:7].shape, generator=g)
+        h = draft.extend(ids[:, 10:], feats[:, 10:], cache, _i64(10, 10), _i64(4, 4), hole)
+        prefix = _i64(14, 14)
+        state = draft.new_tree(B, static=static)
+        x = h[:, -1:].expand(B, k, -1)
+        outs = [h]
+        for depth in range(1, 3):
+            par = torch.full((B, k), -1) if depth == 1 else torch.tensor([[0, 1, 2], [2, 2, 0]])
+            x = draft.tree_step(ids[:, depth:depth + k], x, par, (prefix[:, None] + depth - 1).expand(B, k),
+                                cache, prefix, state, hole)
+            outs.append(x)
+        return outs
+
+    for a, b in zip(run(False, hole), run(True, hole)):
+        _close(a, b)
+    no_hole = torch.zeros(2, 2, dtype=torch.long)
+    changed = [not torch.allclose(a[0], b[0], atol=1e-3) for a, b in zip(run(False, no_hole), run(True, no_hole))]
+    assert all(changed)
+    # the hole is masked, not ignored: request 0 differs from its hole-free run, request 1 does not
+    for a, b in zip(run(False, hole), run(False, no_hole)):
+        assert not torch.allclose(a[0], b[0], atol=1e-3)
+        _close(a[1], b[1])
 
 
 @pytest.mark.parametrize("static,capacity", [(False, None), (True, None), (True, 4), (False, 5)])

@@ -551,6 +551,44 @@ def test_plain_stretches_between_rounds_are_greedy_lossless():
     assert any(r.plain for r in recs) and any(not r.plain and r.accept_len > 0 for r in recs)
 
 
+def test_long_plain_stretches_keep_a_window_of_the_draft_catch_up():
+    """With draft_window 2, a request's pending extend never holds more than 4 entries: plain
+    stretches of 9 steps drop the oldest entries and leave a hole in the draft's context. The
+    output is the target's either way (greedy identical to autoregressive); without the window
+    the catch-up spans the whole stretch."""
+    engine, draft, hf = _tiny_engine(seed=29)
+    prompts = _prompts(hf.config.vocab_size, 3, seed=8)
+    spec = _mixed_plan(_edge_at_median(engine, draft, prompts))
+    plain = Plan("plain", speculate=False, decide_depth=0, entropy_k=3, edges=[], depth=[0], budget=[0], binned=False)
+    seen = []
+    extend = draft.extend
+
+    def spy(input_ids, features, cache, prefix_lens, num_new, hole=None):
+        seen.append((int(num_new.max()), None if hole is None else hole.clone()))
+        return extend(input_ids, features, cache, prefix_lens, num_new, hole)
+
+    draft.extend = spy
+    draft.set_prompts(prompts)
+    ar = engine.generate_batch(prompts, max_new_tokens=40, method="autoregressive", chat=False)
+    widths = {}
+    for window in (2, None):
+        engine.draft_window, seen[:] = window, []
+        draft.set_prompts(prompts)
+        hs = engine.generate_batch(prompts, max_new_tokens=40, method="heterospec",
+                                   policy=_Scripted(spec, lambda n: spec if n % 10 == 0 else plain), chat=False)
+        assert [r.token_ids for r in hs] == [r.token_ids for r in ar]
+        assert any(not r.plain and r.accept_len > 0 for x in hs for r in x.stats.records)
+        rounds = seen[1:]                        # seen[0]: the prompt, extended at prefill
+        widths[window] = max(n for n, _ in rounds)
+        holes = [h for _, h in rounds if h is not None and bool((h[:, 1] > h[:, 0]).any())]
+        assert bool(holes) == (window is not None)
+    assert widths[2] <= 4 < widths[None]
+    engine.draft_window = 0
+    with pytest.raises(ValueError, match="draft_window"):
+        engine.generate_batch(prompts, max_new_tokens=12, method="heterospec", chat=False,
+                              policy=_Scripted(spec, lambda n: spec if n % 10 == 0 else plain))
+
+
 def test_cache_covers_speculative_probes_of_a_plain_plan():
     """A call that starts under a plain plan (the guard, a plain bucket) may still run
     speculative probe rounds, up to the end of max_new_tokens: the KV caches are sized for

@@ -88,6 +88,45 @@ def test_plain_steps_between_rounds_reuse_the_padded_extend(split):
     assert c["captured"] <= 4 and c["replayed"] >= 8, dict(c)
 
 
+def test_replayed_rounds_after_long_plain_stretches_keep_the_window():
+    """Static rounds (CUDA) stop growing the pending extend at 2 * draft_window columns (or the
+    tree's width) and drop rows' oldest entries on the device: greedy output unchanged, and the
+    draft half's extend stops growing (no new graphs for longer stretches)."""
+
+    class Stretches(Policy):
+        def __init__(self):
+            self.i = 0
+
+        def plan(self, batch_size, context=None):
+            return MIXED
+
+        def round_plan(self, batch_size, context=None):
+            self.i += 1
+            return MIXED if self.i % 9 == 0 else Plan("plain", speculate=False)
+
+    engine = _engine()
+    ar = engine.generate_batch(PROMPTS, max_new_tokens=40, method="autoregressive", chat=False)
+    widths, run = [], engine.round_graphs.run
+
+    def spy(key, fn, inputs, **kw):
+        if key[0] == "draft":
+            widths.append(inputs[0].shape[1])        # the pending extend's columns
+        return run(key, fn, inputs, **kw)
+
+    engine.round_graphs.run = spy
+    widest = {}
+    for window in (2, None):
+        engine.draft_window, widths[:] = window, []
+        out = engine.generate_batch(PROMPTS, max_new_tokens=40, method="heterospec", chat=False, policy=Stretches())
+        assert [r.token_ids for r in out] == [r.token_ids for r in ar]
+        assert sum(not r.plain for r in out[0].stats.records) >= 3
+        widest[window] = max(widths)
+    # after a round the columns are the verified tree's (its accepted path); the window keeps
+    # plain steps from adding more
+    tree = MIXED.max_nodes + 1
+    assert widest[2] <= max(4, tree) < widest[None], widest
+
+
 def test_rounds_that_capture_are_not_timed_for_the_policy():
     """A round or plain step that ran a configuration's first eager run or captured its graph
     reaches the policy untimed (seconds=None): on an H200 such rounds took 3x a replayed one and

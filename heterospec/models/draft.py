@@ -246,6 +246,13 @@ def _load_state_dict(path: str) -> dict:
     raise FileNotFoundError(f"EAGLE-3 draft directory {path} has no model.safetensors or pytorch_model.bin")
 
 
+def _outside(cols: torch.Tensor, hole: torch.Tensor) -> torch.Tensor:
+    """[B, 1, W] bool: cache columns ``cols`` [W] outside each request's ``hole`` [B, 2] = [lo, hi)."""
+    lo, hi = hole[:, 0, None, None], hole[:, 1, None, None]
+    c = cols[None, None, :]
+    return (c < lo) | (c >= hi)
+
+
 def _target_spec(target) -> dict:
     """Sizes, embedding, dtype and device of a TargetModel or a transformers Llama model."""
     from .target import TargetModel
@@ -507,13 +514,16 @@ class Eagle3Draft(nn.Module):
     # ---- inference --------------------------------------------------------------------------
 
     def extend(self, input_ids: torch.Tensor, features: torch.Tensor, cache: KVCache, prefix_lens: torch.Tensor,
-               num_new: torch.Tensor) -> torch.Tensor:
+               num_new: torch.Tensor, hole: torch.Tensor | None = None) -> torch.Tensor:
         """Append committed entries to the draft cache.
 
         input_ids [B, n]: token p + 1 of each entry; features [B, n, 3Ht]: target feature at p;
         entry j of request b sits at draft position prefix_lens[b] + j and is written to that cache
         slot for j < num_new[b] (other rows are padding: computed, never written). Each entry attends
-        to the cache slots <= its position. Returns the pre-norm hidden [B, n, H].
+        to the cache slots <= its position, except those in ``hole`` [B, 2] (int64 ``[lo, hi)`` per
+        request; lo == hi: none): slots the draft never computed because its catch-up over a long
+        plain stretch kept only the latest entries (see ``Engine.draft_window``). Returns the
+        pre-norm hidden [B, n, H].
         """
         B, n = input_ids.shape
         if features.shape[:2] != (B, n):
@@ -533,7 +543,10 @@ class Eagle3Draft(nn.Module):
         # No host read on CUDA or in a sync-free round: attend over the whole cache.
         W = (S if prefix_lens.is_cuda or not host_reads_allowed(prefix_lens)
              else min(S, int(prefix_lens.max()) + n))
-        mask = torch.arange(W, device=x.device)[None, None, :] <= positions[:, :, None]  # [B, n, W]
+        cols = torch.arange(W, device=x.device)
+        mask = cols[None, None, :] <= positions[:, :, None]  # [B, n, W]
+        if hole is not None:
+            mask = mask & _outside(cols, hole)
         attend = sdpa_kernel_friendly if self._kernel_friendly(x) else sdpa
         o = attend(q, cache.k[0, :, :W], cache.v[0, :, :W], mask, attn.scale)
         return self._layer_out(residual, o)
@@ -594,14 +607,14 @@ class Eagle3Draft(nn.Module):
 
     def tree_step(self, input_ids: torch.Tensor, hidden: torch.Tensor, parent_slots: torch.Tensor,
                   positions: torch.Tensor, cache: KVCache, prefix_lens: torch.Tensor,
-                  state: DraftTreeState) -> torch.Tensor:
+                  state: DraftTreeState, hole: torch.Tensor | None = None) -> torch.Tensor:
         """Feed k tree nodes per request with exact ancestor masking.
 
         input_ids [B, k]: node tokens (target ids); hidden [B, k, H]: each node's parent output
         (for children of the root: the last extend output); parent_slots [B, k]: index of the parent
         among the nodes already in `state` (-1 = child of the root); positions [B, k]: draft
         positions (L + depth - 1). A node attends to draft cache slots < prefix_lens[b], its
-        ancestors in `state` and itself. The nodes' K/V and ancestor rows are appended to `state`
+        ancestors in `state` and itself (cache slots in ``hole``: see :meth:`extend`). The nodes' K/V and ancestor rows are appended to `state`
         (the cache is not written). Returns the pre-norm hidden [B, k, H].
         """
         B, k = input_ids.shape
@@ -637,14 +650,20 @@ class Eagle3Draft(nn.Module):
                 state.vbuf[:, :S] = expand_kv_heads(cache.v[0], Hq)
             state.kbuf[:, S + N:S + N + k] = expand_kv_heads(kk, Hq)
             state.vbuf[:, S + N:S + N + k] = expand_kv_heads(vv, Hq)
-            prefix = torch.arange(S, device=dev)[None, None, :] < prefix_lens[:, None, None]  # [B, 1, S]
+            cols = torch.arange(S, device=dev)
+            prefix = cols[None, None, :] < prefix_lens[:, None, None]  # [B, 1, S]
+            if hole is not None:
+                prefix = prefix & _outside(cols, hole)
             mask = additive_mask(torch.cat((prefix.expand(B, k, S), rows), dim=-1), q.dtype)  # [B, k, S + cap]
             o = sdpa_kernel_friendly(q, state.kbuf, state.vbuf, mask, attn.scale)
         else:
             state.kbuf[:, N:N + k], state.vbuf[:, N:N + k] = kk, vv
             # No host read on CUDA or in a sync-free round: attend over the whole cache.
             W = S if prefix_lens.is_cuda or not host_reads_allowed(prefix_lens) else min(S, int(prefix_lens.max()))
-            prefix = torch.arange(W, device=dev)[None, None, :] < prefix_lens[:, None, None]  # [B, 1, W]
+            cols = torch.arange(W, device=dev)
+            prefix = cols[None, None, :] < prefix_lens[:, None, None]  # [B, 1, W]
+            if hole is not None:
+                prefix = prefix & _outside(cols, hole)
             mask = torch.cat((prefix.expand(B, k, W), rows[:, :, :N + k]), dim=-1)
             keys = torch.cat((cache.k[0, :, :W], state.kbuf[:, :N + k]), 1)
             values = torch.cat((cache.v[0, :, :W], state.vbuf[:, :N + k]), 1)
