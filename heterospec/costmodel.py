@@ -33,11 +33,12 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import os
 import time
 from bisect import bisect_left
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import torch
 
@@ -382,7 +383,7 @@ def _measure_pass(engine, quick: bool, batch_sizes: Sequence[int], tokens: Optio
         raise ValueError("cost model: the engine has no draft")
     dev, target = engine.device, engine.target
     now = _timer(dev)
-    reps = repeats or (3 if quick else 5)
+    reps = repeats or (5 if quick else 7)
     # With CUDA graphs the engine replays its round halves and plain steps: time those (the
     # first timed run of each captures it, the fastest run is a replay), not eager forwards,
     # which a GPU runs launch-bound (an 8B-shaped verify: 24 ms eager, 7-11 ms replayed, H200).
@@ -400,19 +401,21 @@ def _measure_pass(engine, quick: bool, batch_sizes: Sequence[int], tokens: Optio
     gen = torch.Generator(device="cpu").manual_seed(0)
     vocab = target.config.vocab_size
     k = engine.config.top_k
-    steps = len(contexts) * len(tokens) + 3 * len(batch_sizes)
     node_grid = sorted(set(node_grid))
-    bar = tqdm(total=steps, desc=desc, disable=not progress, unit="step")
+    # Every timed phase is registered first (``timed``: a closure that sets up its own state)
+    # and run afterwards, one run of each per pass, ``reps`` passes, the fastest run kept: a
+    # machine whose speed drifts during the measurement (a shared box, a neighbour's burst)
+    # then shifts every phase alike instead of skewing the ratios the policy decides by
+    # (measured one phase after another, a slow spell once priced a plain step above a
+    # one-node verification, and the fitted policy verified 11 nodes where 5 paid).
+    # (Interleaved per batch size only: with CUDA graphs, every switch between batches' caches
+    # would drop the captured graphs.)
+    jobs: List[Callable[[], object]] = []
+    groups: List[int] = [0]          # where each batch size's phases start in ``jobs``
 
-    def best_ms(fn):
-        """The fastest of ``reps`` runs: other work on the machine only ever adds time."""
-        fn()                                               # warm-up
-        out = []
-        for _ in range(reps):
-            t0 = now()
-            fn()
-            out.append(1e3 * (now() - t0))
-        return min(out)
+    def timed(fn) -> int:
+        jobs.append(fn)
+        return len(jobs) - 1
 
     with torch.inference_mode():
         # 1. Target forward over T tokens after `context` cached tokens (one request: what
@@ -430,22 +433,24 @@ def _measure_pass(engine, quick: bool, batch_sizes: Sequence[int], tokens: Optio
                 num = torch.tensor([T], device=dev)
                 mask, pos, _, _ = ops.build_tree(parents, num, prefix)
                 toks = torch.randint(0, vocab, (1, T), generator=gen).to(dev)
-                row.append(best_ms(lambda: target(toks, pos, cache, prefix, mask, num, return_features=True,
-                                                    taps=engine._taps)))
-                bar.update()
+                row.append(timed(lambda toks=toks, pos=pos, mask=mask, num=num, cache=cache, prefix=prefix: target(
+                    toks, pos, cache, prefix, mask, num, return_features=True, taps=engine._taps)))
             target_rows.append(row)          # spikes are lowered by CostModel itself
 
         # 2. Per batch size, the engine's own phases on B prompts of `ctx` tokens: a plain step,
         #    the draft tree at two depths and two extend lengths, and _verify + _commit for every
-        #    N of the grid (on one drafted tree, the state restored after each).
+        #    N of the grid (on one drafted tree, the state restored before and after each).
         ctx = contexts[0]
-        plain, draft, verify = [], [], []
         cfg = engine.config
         D = max(cfg.depth, 1)
         grid = [n for n in node_grid if n - 1 <= k + 2 * k * k]
-        for B in batch_sizes:
+        params = SamplingParams()
+
+        def phases(B: int):
+            """Register batch size B's phases -> (plain, (draft d0, dD, n4), [verify per N])."""
+            if B != batch_sizes[0]:
+                groups.append(len(jobs))     # the first batch size shares its group with part 1
             prompts = [torch.randint(0, vocab, (ctx,), generator=gen).tolist() for _ in range(B)]
-            params = SamplingParams()
             st = engine._prefill(prompts, "eagle3", params, None, ctx + 4 * (D + 2) * k + 2 * max(grid) + 64,
                                  10 ** 9, None, draft_prompt=False)   # the prompt's entries: pending extends
             feats0, toks0 = st.ext_feats, st.ext_tokens
@@ -469,8 +474,11 @@ def _measure_pass(engine, quick: bool, batch_sizes: Sequence[int], tokens: Optio
             # copies B x context features per step, which no steady-state step does.
             pending(1, 8)
             s0 = saved()
-            plain.append(best_ms(lambda: (engine._decode_one(st, params, None, 10 ** 9, None), restore(s0))))
-            bar.update()
+
+            def plain_step():
+                restore(s0)
+                engine._decode_one(st, params, None, 10 ** 9, None)
+                restore(s0)
 
             def draft_at(depth, n):
                 plan = Eagle3Policy(cfg.replace(depth=depth, total_tokens=max(grid))).plan(B)
@@ -481,30 +489,49 @@ def _measure_pass(engine, quick: bool, batch_sizes: Sequence[int], tokens: Optio
                         return engine._draft_half(st, cfg.replace(depth=depth), plan)
                     return engine._draft_tree(st, cfg.replace(depth=depth), plan)
                 return run
-            d0 = best_ms(draft_at(0, 1))
-            dD = best_ms(draft_at(D, 1))
-            n4 = best_ms(draft_at(0, 4))
-            draft.append([d0, max(dD - d0, 0.0) / D, max(n4 - d0, 0.0) / 3])
-            bar.update()
 
+            out = (timed(plain_step), (timed(draft_at(0, 1)), timed(draft_at(D, 1)), timed(draft_at(0, 4))))
             tree = draft_at(2, 1)()
             s1 = saved()
-            row = []
-            for n in grid:
-                plan = Plan("cost", decide_depth=2, entropy_k=k, edges=[], depth=[2], budget=[n - 1])
-                tree.budget = torch.full((B,), n - 1, dtype=torch.int64, device=dev)
 
-                def one(plan=plan):
+            def verify_at(n):
+                plan = Plan("cost", decide_depth=2, entropy_k=k, edges=[], depth=[2], budget=[n - 1])
+
+                def one():
+                    restore(s1)
+                    tree.budget = torch.full((B,), n - 1, dtype=torch.int64, device=dev)
                     if graphed:
                         verdict = engine._verify_half(st, tree, plan, params, None)
                     else:
                         verdict = engine._verify(st, tree, plan, params, None)
                     engine._commit(st, tree, verdict, 10 ** 9, None, 0.0, 0.0)
                     restore(s1)
-                row.append(best_ms(one))
-            verify.append(row)
-            bar.update()
-    bar.close()
+                return one
+            return out + ([timed(verify_at(n)) for n in grid],)
+
+        plain, draft, verify = zip(*(phases(B) for B in batch_sizes))
+
+        # 3. Run them, group by group: a warm-up pass (graphs captured), then the timed passes,
+        #    each starting at another phase.
+        best = [math.inf] * len(jobs)
+        bar = tqdm(total=len(jobs) * (reps + 1), desc=desc, disable=not progress, unit="run")
+        for lo, hi in zip(groups, groups[1:] + [len(jobs)]):
+            group = list(range(lo, hi))
+            for i in group:
+                jobs[i]()
+                bar.update()
+            for r in range(reps):
+                start = r * len(group) // reps
+                for i in group[start:] + group[:start]:
+                    t0 = now()
+                    jobs[i]()
+                    best[i] = min(best[i], 1e3 * (now() - t0))
+                    bar.update()
+        bar.close()
+        target_rows = [[best[i] for i in row] for row in target_rows]
+        plain = [best[i] for i in plain]
+        draft = [[best[a], max(best[b] - best[a], 0.0) / D, max(best[c] - best[a], 0.0) / 3] for a, b, c in draft]
+        verify = [[best[i] for i in row] for row in verify]
     return CostModel(fingerprint=fingerprint(engine), tokens=list(tokens), contexts=list(contexts),
                      target=target_rows, batch_sizes=list(batch_sizes), plain=plain, draft=draft,
                      nodes=grid, verify=verify, tree_top_k=k, quick=quick,

@@ -204,6 +204,24 @@ def test_cost_model_measures_the_engines_phases_in_steady_state(monkeypatch):
         assert cm.plain_ms(B) > 0 and cm.verify_ms(B, 3) > 0 and cm.draft_ms(B, 2, 2.0) > 0
 
 
+def test_cost_model_interleaves_the_phases_it_times(monkeypatch):
+    """Each pass runs every phase once (plain step, draft trees, verification per N): a machine
+    whose speed drifts during the measurement shifts them alike instead of skewing their ratios
+    (measured one after another, a slow spell priced a plain step above a 1-node verify)."""
+    from heterospec import Eagle3Draft, TargetModel
+    target = TargetModel.from_hf(tiny_hf_llama(seed=5))
+    engine = Engine(target, Eagle3Draft.for_target(target, seed=5), config=SpecConfig(top_k=3, depth=2, total_tokens=6))
+    order = []
+    for name in ("_decode_one", "_draft_tree", "_verify"):
+        real = getattr(engine, name)
+        monkeypatch.setattr(engine, name, lambda *a, _r=real, _n=name, **k: (order.append(_n), _r(*a, **k))[1])
+    costmodel.measure(engine, quick=True, repeats=3, progress=False)
+    plain = [i for i, n in enumerate(order) if n == "_decode_one"]
+    assert len(plain) == 4                                   # a warm-up and 3 timed runs
+    assert all(b - a > 1 for a, b in zip(plain, plain[1:])), order   # never two in a row
+    assert order.count("_verify") == 4 * 8                   # 8 node counts of the quick grid
+
+
 def test_cost_model_times_replayed_halves_when_the_engine_uses_graphs(monkeypatch):
     """With CUDA graphs (emulated here) the cost model times what the engine runs: the round
     halves and plain steps replayed from graphs, not eager forwards (launch-bound on a GPU)."""
