@@ -4,7 +4,7 @@ window, ``Engine.draft_window``, and without) vs a policy that is always plain b
 draft's bookkeeping (taps, pending extend), and a scripted plain policy that probes speculation
 as the fitted one does in a plain bucket (with and without the window), interleaved in one process.
 
-    python bench/plain_mode_ab.py        # batch 8 (4 MT-bench + 4 Alpaca prompts), 96 tokens, 6 passes
+    python bench/plain_mode_ab.py [--batch 8]   # 4 MT-bench + 4 Alpaca prompts, 96 tokens, 6 passes
 """
 import argparse
 import re
@@ -20,13 +20,15 @@ from heterospec.policy import Eagle3Policy, Plan, Policy
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("--passes", type=int, default=6)
 ap.add_argument("--max-new-tokens", type=int, default=96)
+ap.add_argument("--batch", type=int, default=8, help="prompts per call: half MT-bench, half Alpaca")
 args = ap.parse_args()
 torch.set_num_threads(2)
 flags = sorted(set(re.findall(r"avx512_bf16|avx2", open("/proc/cpuinfo").read())))
 print("CPU flags:", " ".join(flags), "| torch threads", torch.get_num_threads())
 eng = heterospec.Engine.from_pretrained(device="cpu", dtype=torch.float32)
-sets = load_prompt_sets(["mtbench", "alpaca"], 4, 0)
-prompts = [p.text for p in sets["mtbench"]] + [p.text for p in sets["alpaca"]]
+half = (args.batch + 1) // 2
+sets = load_prompt_sets(["mtbench", "alpaca"], half, 0)
+prompts = ([p.text for p in sets["mtbench"]] + [p.text for p in sets["alpaca"]])[:args.batch]
 
 
 class PlainWithDraft(Policy):
