@@ -347,7 +347,7 @@ class Engine:
         # of plain decoding (~3 % at batch 8 on a CPU) however rarely the policy probes. The
         # draft still sees the prompt and the latest tokens; the output never depends on it.
         # None: catch up on every token.
-        self.draft_window: Optional[int] = 16
+        self.draft_window = 16
         # batch size -> SplitTreeAttention (graph_attention "split", or a factory set by tests)
         self.split_attention_factory, self._split = None, {}
         self._graph_sdpa = None
@@ -362,6 +362,17 @@ class Engine:
         for model, what in ((target, "target"), (draft, "draft")):
             if hasattr(getattr(model, "rotary", None), "check_length"):
                 model.rotary.check_length(self.max_length, f"Engine {what}")
+
+    @property
+    def draft_window(self) -> Optional[int]:
+        """Entries of the draft's catch-up kept after a long plain stretch (see __init__)."""
+        return self._draft_window
+
+    @draft_window.setter
+    def draft_window(self, value: Optional[int]) -> None:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"Engine.draft_window must be None or an int >= 1, got {value!r}")
+        self._draft_window = value
 
     # -- construction ---------------------------------------------------------------------------
     @classmethod
@@ -757,8 +768,6 @@ class Engine:
             B, n = st.ext_tokens.shape
             rows = torch.arange(B, device=self.device)
             keep = self.draft_window
-            if keep is not None and (not isinstance(keep, int) or keep < 1):
-                raise ValueError(f"Engine.draft_window must be None or an int >= 1, got {keep!r}")
             cap = 2 * keep if keep else 0
             # Static rounds (CUDA) grow the pending extend by one column up to the cap, a shape
             # known without a host read (and drop rows' oldest entries there, on the device);

@@ -601,10 +601,10 @@ def test_long_plain_stretches_keep_a_window_of_the_draft_catch_up():
         holes = [h for _, h in rounds if h is not None and bool((h[:, 1] > h[:, 0]).any())]
         assert bool(holes) == (window is not None)
     assert widths[2] <= 4 < widths[None]
-    engine.draft_window = 0
-    with pytest.raises(ValueError, match="draft_window"):
-        engine.generate_batch(prompts, max_new_tokens=12, method="heterospec", chat=False,
-                              policy=_Scripted(spec, lambda n: spec if n % 10 == 0 else plain))
+    for bad in (0, -3, 2.5, True, "16"):
+        with pytest.raises(ValueError, match="draft_window"):
+            engine.draft_window = bad
+    assert engine.draft_window is None
 
 
 def test_cache_covers_speculative_probes_of_a_plain_plan():
