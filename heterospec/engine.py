@@ -121,7 +121,8 @@ class _Batch:
     ext_tokens: Optional[torch.Tensor] = None   # [B, n] tokens of the pending draft extend
     ext_feats: Optional[torch.Tensor] = None    # [B, n, 3H] target features paired with them
     ext_num: Optional[torch.Tensor] = None      # [B] valid entries per request
-    draft_hole: Optional[torch.Tensor] = None   # [B, 2] draft cache slots [lo, hi) never computed (draft_window)
+    draft_hole: Optional[torch.Tensor] = None   # [B, 2] draft cache slots [lo, hi) never computed (draft_window);
+                                                # None until a request first drops entries (no mask work before)
     host_lens: List[int] = field(default_factory=list)   # prefix_lens as the host knows them
     outputs: List[List[int]] = field(default_factory=list)
     finished: List[Optional[str]] = field(default_factory=list)
@@ -342,11 +343,11 @@ class Engine:
         self.graph_attention = "sdpa"
         # The draft's catch-up after plain steps: a request's pending extend keeps at most
         # 2 * draft_window entries; at that point the oldest are dropped (the newest draft_window
-        # kept) and their draft cache slots become a masked hole. Without it, a plain stretch of
-        # n steps costs the next speculative round one draft layer over n tokens, a fixed share
-        # of plain decoding (~3 % at batch 8 on a CPU) however rarely the policy probes. The
-        # draft still sees the prompt and the latest tokens; the output never depends on it.
-        # None: catch up on every token.
+        # kept) and their draft cache slots become a masked hole. Unbounded, the pending target
+        # features grow by B x 3H values per plain step for as long as a bucket stays plain, and
+        # on CUDA every 16 more columns are another draft graph to capture. The draft still sees
+        # the prompt and the latest tokens; the output never depends on it. None: catch up on
+        # every token.
         self.draft_window = 16
         # batch size -> SplitTreeAttention (graph_attention "split", or a factory set by tests)
         self.split_attention_factory, self._split = None, {}
@@ -708,7 +709,6 @@ class Engine:
             # The draft entry at position p pairs the target feature at p with the token at p + 1.
             st.draft_cache = self._new_cache(self.draft, B, cache_len)
             st.draft_lens = torch.zeros(B, dtype=torch.int64, device=dev)
-            st.draft_hole = torch.zeros(B, 2, dtype=torch.int64, device=dev)
             st.ext_tokens = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)
             st.ext_tokens[torch.arange(B, device=dev), lens - 1] = first
             st.ext_feats = feats
@@ -774,9 +774,10 @@ class Engine:
             # elsewhere it grows geometrically, so a long plain stretch copies the pending
             # features O(n) times in all, not O(n^2).
             if self.static_rounds:
-                if cap and n >= cap:
+                full = bool(cap) and n >= cap
+                if full:
                     self._forget_oldest_pending(st, cap, keep)
-                grow = 0 if cap and n >= cap else 1
+                grow = 0 if full else 1
             else:
                 most = int(st.ext_num.max())
                 if cap and most >= cap:
@@ -812,6 +813,8 @@ class Engine:
         idx = (torch.arange(n, device=drop.device)[None, :] + drop[:, None]).clamp(max=n - 1)     # [B, n]
         st.ext_tokens = st.ext_tokens.gather(1, idx)
         st.ext_feats = st.ext_feats.gather(1, idx[:, :, None].expand(-1, -1, F))
+        if st.draft_hole is None:
+            st.draft_hole = torch.zeros(st.ext_num.shape[0], 2, dtype=torch.int64, device=drop.device)
         lo, hi = st.draft_hole.unbind(1)
         dropping = drop > 0
         lo = torch.where(dropping & (lo == hi), st.draft_lens, lo)

@@ -253,6 +253,13 @@ def _outside(cols: torch.Tensor, hole: torch.Tensor) -> torch.Tensor:
     return (c < lo) | (c >= hi)
 
 
+def _committed(W: int, prefix_lens: torch.Tensor, hole: torch.Tensor | None) -> torch.Tensor:
+    """[B, 1, W] bool: the cache slots a tree node sees, those below prefix_lens and outside the hole."""
+    cols = torch.arange(W, device=prefix_lens.device)
+    seen = cols[None, None, :] < prefix_lens[:, None, None]
+    return seen if hole is None else seen & _outside(cols, hole)
+
+
 def _target_spec(target) -> dict:
     """Sizes, embedding, dtype and device of a TargetModel or a transformers Llama model."""
     from .target import TargetModel
@@ -613,9 +620,10 @@ class Eagle3Draft(nn.Module):
         input_ids [B, k]: node tokens (target ids); hidden [B, k, H]: each node's parent output
         (for children of the root: the last extend output); parent_slots [B, k]: index of the parent
         among the nodes already in `state` (-1 = child of the root); positions [B, k]: draft
-        positions (L + depth - 1). A node attends to draft cache slots < prefix_lens[b], its
-        ancestors in `state` and itself (cache slots in ``hole``: see :meth:`extend`). The nodes' K/V and ancestor rows are appended to `state`
-        (the cache is not written). Returns the pre-norm hidden [B, k, H].
+        positions (L + depth - 1). A node attends to draft cache slots < prefix_lens[b] (except
+        those in ``hole``: see :meth:`extend`), its ancestors in `state` and itself. The nodes' K/V
+        and ancestor rows are appended to `state` (the cache is not written). Returns the pre-norm
+        hidden [B, k, H].
         """
         B, k = input_ids.shape
         N = state.num_nodes
@@ -650,20 +658,14 @@ class Eagle3Draft(nn.Module):
                 state.vbuf[:, :S] = expand_kv_heads(cache.v[0], Hq)
             state.kbuf[:, S + N:S + N + k] = expand_kv_heads(kk, Hq)
             state.vbuf[:, S + N:S + N + k] = expand_kv_heads(vv, Hq)
-            cols = torch.arange(S, device=dev)
-            prefix = cols[None, None, :] < prefix_lens[:, None, None]  # [B, 1, S]
-            if hole is not None:
-                prefix = prefix & _outside(cols, hole)
+            prefix = _committed(S, prefix_lens, hole)                                   # [B, 1, S]
             mask = additive_mask(torch.cat((prefix.expand(B, k, S), rows), dim=-1), q.dtype)  # [B, k, S + cap]
             o = sdpa_kernel_friendly(q, state.kbuf, state.vbuf, mask, attn.scale)
         else:
             state.kbuf[:, N:N + k], state.vbuf[:, N:N + k] = kk, vv
             # No host read on CUDA or in a sync-free round: attend over the whole cache.
             W = S if prefix_lens.is_cuda or not host_reads_allowed(prefix_lens) else min(S, int(prefix_lens.max()))
-            cols = torch.arange(W, device=dev)
-            prefix = cols[None, None, :] < prefix_lens[:, None, None]  # [B, 1, W]
-            if hole is not None:
-                prefix = prefix & _outside(cols, hole)
+            prefix = _committed(W, prefix_lens, hole)                                   # [B, 1, W]
             mask = torch.cat((prefix.expand(B, k, W), rows[:, :, :N + k]), dim=-1)
             keys = torch.cat((cache.k[0, :, :W], state.kbuf[:, :N + k]), 1)
             values = torch.cat((cache.v[0, :, :W], state.vbuf[:, :N + k]), 1)
