@@ -14,7 +14,7 @@
 #
 # SECONDS: the driver's deadline from now (a later call may move it, e.g. from the lease time the
 # previous reply reported). Driver order: env build | FlashInfer: install fi_warm | real pair:
-# e2e | test_engine test_ops | latency test_models bench_ops. State and logs: .gpu-state/
+# e2e | test_engine test_ops | latency test_models bench_ops | (GPU_DRAFT_DATA=1: draft_data) train_draft. State and logs: .gpu-state/
 # (chain.log, logs/<stage>.log); outputs: .gpu-state/out, copied to $OUT by every call.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -72,6 +72,7 @@ case "${1:-}" in
     wait_for e2e && session e2e
     session test_engine test_ops
     session latency test_models bench_ops
+    [[ "${GPU_DRAFT_DATA:-0}" == 1 ]] && session draft_data
     session train_draft
     echo "[chain] driver done at +$(($(now) - $(stat -c %Y "$STATE/chain.pid")))s"
     ;;

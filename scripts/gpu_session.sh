@@ -7,7 +7,7 @@
 #     GPU_FIRST="e2e" bash scripts/gpu_session.sh   # as the first form, these stages first
 #
 # Stages, in order: env install fi_warm build test_ops test_models test_engine bench_ops latency e2e
-# train_draft
+# draft_data train_draft
 # (then always: summary). Resumable: results live in .gpu-state/ (ignored, so the device keeps it
 # between calls while the machine stays warm), and the same command in the next call goes on
 # where this one stopped. A stage that cannot finish before the budget ends is left "pending".
@@ -240,18 +240,48 @@ stage_e2e() {
   "$PY" bench/gpu_latency.py --pair default --split-only --json "$STATE/split_default.json" \
     --md "$STATE/split_default.md" || echo "per-step split of the default pair failed (e2e figures stand)"
 }
+# Issue 11 (only with GPU_DRAFT_DATA=1): new draft data on the GPU. The target writes user
+# requests (train-draft selfchat, GPU_SELFCHAT_N samples, at most GPU_SELFCHAT_S seconds), then
+# answers a selfchat-heavy mix of prompts into token-only shards ($STATE/distill-v3,
+# GPU_DISTILL_PROMPTS prompts, at most GPU_DISTILL_S seconds). The benchmark sets the host lacks (python3.11-doc, reasoning-gym) are reported, not
+# checked: re-check the returned prompts here before training on them. Returned as
+# $OUT/draft_data.tar.gz (selfchat.jsonl + distill-v3/), and train_draft trains on it.
+stage_draft_data() {
+  set -e
+  local target="$HETEROSPEC_CACHE/smollm2-135m-instruct" sc="$STATE/selfchat.jsonl" data="$STATE/distill-v3"
+  [[ "${GPU_DRAFT_DATA:-0}" == 1 ]] || { echo "not asked for (GPU_DRAFT_DATA=1 runs it)"; exit 75; }
+  [[ -f "$target/config.json" ]] || { echo "needs the converted target (the e2e stage makes it)"; exit 75; }
+  HETEROSPEC_SELFCHAT="$sc" "$PY" -m heterospec.cli train-draft selfchat --target "$target" --out "$sc" \
+    --num-samples "${GPU_SELFCHAT_N:-16384}" --batch 512 --time-budget "${GPU_SELFCHAT_S:-150}" 2>&1 | tr '\r' '\n' | tail -n 8
+  local left=$((DEADLINE - $(date +%s) - 30)) cap="${GPU_DISTILL_S:-240}"
+  ((left < cap)) || left=$cap
+  ((left >= 30)) || { echo "no time left to distill (${left}s)"; exit 75; }
+  HETEROSPEC_SELFCHAT="$sc" "$PY" -m heterospec.cli train-draft distill --target "$target" --device cuda \
+    --dtype bfloat16 --out "$data" --num-prompts "${GPU_DISTILL_PROMPTS:-12000}" --seed 1 \
+    --mix selfchat=0.6,code=0.15,docs=0.1,math=0.1,instruct=0.05 --shard-size 256 --no-taps \
+    --allow-missing-references --time-budget "$left" 2>&1 | tr '\r' '\n' | grep -v '^distill: *[0-9]*%' | tail -n 20
+  # one file (the device returns at most 8): ~2 bytes a token before gzip, ~11 MB for 12,000 prompts
+  tar -C "$STATE" -czf "$OUT/draft_data.tar.gz" selfchat.jsonl distill-v3
+  ls -l "$OUT/draft_data.tar.gz"
+}
 # Issue 11: continue the shipped draft's training on the GPU for the time left (GPU_TRAIN_S at
-# most), warm-started from the shipped draft over all of data/distill-v2, and bring the exported
-# draft back in 15 MiB parts ($OUT/draft.tar.part-*: cat them, untar, compare offline here).
+# most), warm-started from the shipped draft over all of data/distill-v2 (and the draft_data
+# stage's shards when it ran), and bring the exported draft back in 15 MiB parts
+# ($OUT/draft.tar.part-*: cat them, untar, compare offline here).
 stage_train_draft() {
   need_build
   set -e
-  local target="$HETEROSPEC_CACHE/smollm2-135m-instruct" run="$STATE/draft-run"
+  local target="$HETEROSPEC_CACHE/smollm2-135m-instruct" run="$STATE/draft-run" data=data/distill-v2
   [[ -f "$target/config.json" ]] || { echo "needs the converted target (the e2e stage makes it)"; exit 75; }
+  if compgen -G "$STATE/distill-v3/shard_*.safetensors" > /dev/null; then
+    # one data dir: the new shards plus the packed distill-v2 shard, linked under a name of its own
+    data="$STATE/distill-v3"
+    ln -sf "$ROOT/data/distill-v2/shard_00000.safetensors" "$data/shard_09000.safetensors"
+  fi
   local left=$((DEADLINE - $(date +%s) - 150)) cap="${GPU_TRAIN_S:-240}"   # 150 s: final eval + export + parts
   local budget=$((left < cap ? left : cap))
   ((budget >= 30)) || { echo "no time left to train (${left}s)"; exit 75; }
-  "$PY" -m heterospec.cli train-draft train --device cuda --target "$target" --data data/distill-v2 --run "$run" \
+  "$PY" -m heterospec.cli train-draft train --device cuda --target "$target" --data "$data" --run "$run" \
     --init heterospec/assets/smollm2-135m-instruct-eagle3 --ttt-steps 7 --lr 3e-4 --warmup 20 \
     --batch-tokens "${GPU_TRAIN_BATCH_TOKENS:-16384}" --steps 100000 --time-budget "$budget" --ckpt-every 100 \
     --eval-every 100000 --val-seqs 16 2>&1 | tr '\r' '\n' | grep -v '^train-draft: *[0-9]*%' | tail -n 40
@@ -262,8 +292,8 @@ stage_train_draft() {
   ls -l "$OUT"/draft.tar.part-*
 }
 export -f say pytest_run status_of set_status need_build wait_fi stage_env stage_install stage_fi_warm stage_build stage_test_ops \
-  stage_test_models stage_test_engine stage_bench_ops stage_latency stage_e2e stage_train_draft
-export START PY DEADLINE
+  stage_test_models stage_test_engine stage_bench_ops stage_latency stage_e2e stage_draft_data stage_train_draft
+export START PY DEADLINE ROOT
 
 # ------------------------------------------------------------------------------------ payload
 # Copy this call's stream parts into $PAYLOAD, then unpack every bundle whose bytes are all there
@@ -324,6 +354,7 @@ PLAN=(
   "bench_ops     300  90"
   "latency       420  150"
   "e2e           480  240"
+  "draft_data    420  150"
   "train_draft   330  100"
 )
 ONLY="$*"

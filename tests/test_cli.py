@@ -426,6 +426,9 @@ def test_bench_api_validates_arguments():
     (["train", "--warmup", "-3"], "argument --warmup: must be an integer >= 0"),
     (["simulate", "--nodes", "0"], "argument --nodes: must be an integer >= 1"),
     (["vocab", "--size", "x"], "argument --size: expected an integer"),
+    (["selfchat", "--num-samples", "0"], "argument --num-samples: must be an integer >= 1"),
+    (["selfchat", "--top-p", "1.5"], r"argument --top-p: must be in \[0, 1\]"),
+    (["distill", "--mix", "selfchat=-1"], "expected SOURCE=WEIGHT"),
 ])
 def test_train_draft_numbers_are_checked_when_parsed(argv, msg, capsys):
     from heterospec.train.cli import main as train_main

@@ -102,7 +102,7 @@ def test_gpu_session_dry_run(tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     text = (tmp_path / "out" / "gpu_summary.md").read_text()
     for stage in ("env", "install", "fi_warm", "build", "test_ops", "test_models", "test_engine", "bench_ops",
-                  "latency", "e2e"):
+                  "latency", "e2e", "draft_data", "train_draft"):
         assert f"| {stage} | skipped (dry run) |" in text
     assert (tmp_path / "out" / "gpu_logs.tar.gz").is_file()
 

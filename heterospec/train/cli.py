@@ -83,6 +83,18 @@ def build_parser(prog: str = "heterospec train-draft") -> argparse.ArgumentParse
                    help="write token-only shards (~2 bytes a token; the trainer recomputes the "
                         "taps), e.g. straight into the data set kept in git: --out data/distill-v2")
 
+    p = sub.add_parser("selfchat", help="let the target write user requests (the selfchat prompt "
+                                        "source); resumable")
+    common(p)
+    p.add_argument("--out", default=None, help="JSONL file (default ~/.cache/heterospec/selfchat/user_turns.jsonl)")
+    p.add_argument("--num-samples", type=positive_int, default=8192, help="turns to sample (kept or not)")
+    p.add_argument("--batch", type=positive_int, default=64, help="turns sampled together (one chunk)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=160)
+    p.add_argument("--temperature", type=positive_float, default=1.0)
+    p.add_argument("--top-p", type=fraction, default=0.95)
+    p.add_argument("--seed", type=seed, default=0)
+    p.add_argument("--time-budget", type=positive_float, default=None, help="seconds; stop starting chunks after")
+
     p = sub.add_parser("pack", help="token-only copies of distilled shards (for git: the taps "
                                     "are recomputed when training)")
     p.add_argument("--data", default=None, help="source data dir (default ~/.cache/heterospec/distill-v2)")
@@ -167,7 +179,7 @@ def main(argv=None) -> int:
     if unknown:
         ap.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.cmd is None:
-        ap.error("a step is required: distill, bench-distill, pack, vocab, train, simulate or export")
+        ap.error("a step is required: selfchat, distill, bench-distill, pack, vocab, train, simulate or export")
     if args.cmd == "bench-distill":
         from .distill import bench_generation
 
@@ -189,6 +201,17 @@ def main(argv=None) -> int:
                             allow_missing_references=args.allow_missing_references,
                             store_taps=not args.no_taps)
         print(json.dumps(run_distill(cfg, target_dir=args.target), indent=1), flush=True)
+        return 0
+    if args.cmd == "selfchat":
+        import torch
+
+        from .selfchat import default_selfchat_path, run_selfchat
+
+        torch.set_num_threads(args.threads)
+        res = run_selfchat(args.out or default_selfchat_path(), args.num_samples, batch=args.batch, seed=args.seed,
+                           max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                           target_dir=args.target, time_budget=args.time_budget)
+        print(json.dumps(res, indent=1), flush=True)
         return 0
     if args.cmd == "pack":
         from .distill import pack_shards
