@@ -67,19 +67,6 @@ def clean_user_turn(text: str, finished: bool) -> str | None:
     return text
 
 
-def _top_p_sample(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator) -> torch.Tensor:
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    if top_p < 1.0:
-        sorted_p, order = probs.sort(dim=-1, descending=True)
-        # keep the smallest prefix whose mass reaches top_p (the first token always)
-        drop = sorted_p.cumsum(-1) - sorted_p >= top_p
-        sorted_p = sorted_p.masked_fill(drop, 0.0)
-        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
-    if gen.device != probs.device:
-        probs = probs.to(gen.device)
-    return torch.multinomial(probs, 1, generator=gen).squeeze(-1).to(logits.device)
-
-
 @torch.inference_mode()
 def sample_user_turns(model, tokenizer, n: int, max_new_tokens: int = 160, temperature: float = 1.0,
                       top_p: float = 1.0, generator: torch.Generator | None = None) -> list[tuple[str, bool]]:
@@ -87,11 +74,15 @@ def sample_user_turns(model, tokenizer, n: int, max_new_tokens: int = 160, tempe
     when the model closed the turn (an end-of-turn or EOS token) within ``max_new_tokens``."""
     from transformers import DynamicCache
 
+    from ..config import SamplingParams
+    from ..sampling import processed_probs, sample
+
     if n < 1 or max_new_tokens < 1 or temperature <= 0 or not 0 < top_p <= 1:
         raise ValueError(f"sample_user_turns: need n >= 1, max_new_tokens >= 1, temperature > 0 and "
                          f"0 < top_p <= 1; got {n}, {max_new_tokens}, {temperature}, {top_p}")
-    gen = generator if generator is not None else torch.Generator()
+    params = SamplingParams(temperature, top_p, 0, None)
     dev = next(model.parameters()).device
+    gen = generator if generator is not None else torch.Generator(device=dev)
     prefix = tokenizer(user_turn_prefix(tokenizer), add_special_tokens=False)["input_ids"]
     stop = {i for i in (tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id)
             if isinstance(i, int) and i >= 0}
@@ -103,7 +94,7 @@ def sample_user_turns(model, tokenizer, n: int, max_new_tokens: int = 160, tempe
     finished = [False] * n
     active = list(range(n))
     for step in range(max_new_tokens):
-        tok = _top_p_sample(logits, temperature, top_p, gen)
+        tok = sample(processed_probs(logits, params), gen)
         done = torch.isin(tok, stop_t)
         for r, t, d in zip(active, tok.tolist(), done.tolist()):
             if d:
