@@ -730,19 +730,24 @@ class Engine:
 
     def _new_cache(self, model, batch_size: int, length: int):
         """A KV cache for ``model``. With CUDA graphs the caches are kept between calls (their
-        storage is baked into the graphs): a call of the same batch size whose length fits the
-        kept cache's ``_CACHE_BUCKET``-rounded length reuses it, cleared, and replays the graphs
-        captured by earlier calls instead of capturing them again. (On CUDA the attention reads
-        every slot of the cache, so calls of very different lengths get caches of their own.)"""
+        storage is baked into the graphs): a call of the same batch size that fits the kept cache
+        with at most ``_CACHE_SLACK`` (or its own length, if more) slots to spare reuses it,
+        cleared, and replays the graphs captured by earlier calls instead of capturing them again.
+        Exact-length reuse was not enough: the three methods of one prompt need caches of
+        different lengths (their trees differ), so interleaved calls reallocated every time and
+        recaptured every graph (a capture costs ~30 rounds). The spare slots cost attention reads
+        only (on CUDA the attention reads every slot of the cache); a much smaller call gets a
+        cache of its own."""
         if self.round_graphs is None:
             return model.new_cache(batch_size, length)
-        rounded = -(-length // _CACHE_BUCKET) * _CACHE_BUCKET
-        length = rounded if rounded <= max(length, self.max_length) else length   # within the model's limit
         kept = self._kept_caches.get(id(model))
-        if kept is not None and kept[1].shape[1] == batch_size and kept[1].shape[2] == length:
+        if kept is not None and kept[1].shape[1] == batch_size and \
+                length <= kept[1].shape[2] <= length + max(length, _CACHE_SLACK):
             cache, k, v = kept
             cache.k, cache.v = k.zero_(), v.zero_()   # its own storage (dropping finished rows rebinds it)
             return cache
+        rounded = -(-length // _CACHE_BUCKET) * _CACHE_BUCKET
+        length = rounded if rounded <= max(length, self.max_length) else length   # within the model's limit
         self._kept_caches[id(model)] = None          # let the old one go before allocating
         cache = model.new_cache(batch_size, length)
         self._kept_caches[id(model)] = (cache, cache.k, cache.v)
@@ -904,17 +909,19 @@ class Engine:
         tcache, dcache = st.target_cache, st.draft_cache
         plan.prepare(self.device)
 
-        def draft(ext_tokens, ext_feats, ext_num, draft_lens, prefix_lens, root, draft_hole):
+        def draft(ext_tokens, ext_feats, ext_num, draft_lens, prefix_lens, root, draft_hole, *plan_tensors):
             half = _Batch(prefix_lens=prefix_lens, root=root, target_cache=tcache, draft_cache=dcache,
                           draft_lens=draft_lens, ext_tokens=ext_tokens, ext_feats=ext_feats, ext_num=ext_num,
                           draft_hole=draft_hole)
-            tree = self._draft_tree(half, cfg, plan)
+            tree = self._draft_tree(half, cfg, plan.with_tensors(plan_tensors))
             return [getattr(tree, f) for f in _TREE_TENSORS] + [half.draft_lens]
 
+        # The plan's edges, depths and budgets are inputs (copied before each replay): plans that
+        # differ only in them (the fitted policy's online corrections move them) share a graph.
         out = graphs.run(("draft", _plan_key(plan), cfg.top_k, cfg.pstar_pool), draft,
                          [st.ext_tokens, st.ext_feats, st.ext_num, st.draft_lens, st.prefix_lens, st.root,
-                          st.draft_hole],
-                         shapes=[(B, W), (B, W, F), None, None, None, None, None], keep=(plan,))
+                          st.draft_hole, *plan.tensors()],
+                         shapes=[(B, W), (B, W, F)] + [None] * 8)
         st.draft_lens = out[-1]
         return _Tree(**dict(zip(_TREE_TENSORS, out[:-1])))
 
@@ -1212,18 +1219,21 @@ COMPACT_MIN_LEFT = 16
 # CUDA graphs: the pending extend is padded to a multiple of this many columns (a round leaves
 # max_nodes + 1 entries, each plain step adds one), and what travels between the two halves.
 _EXTEND_BUCKET = 16
-# CUDA graphs: KV cache lengths are rounded up to a multiple of this, so that calls of similar
-# lengths share one cache (and its graphs).
+# CUDA graphs: KV cache lengths are rounded up to a multiple of this, and a kept cache serves a
+# call that leaves at most max(_CACHE_SLACK, the call's own length) of its slots unused, so that
+# calls of similar lengths (and the methods' different tree capacities) share one cache and its
+# graphs.
 _CACHE_BUCKET = 256
+_CACHE_SLACK = 1024
 _TREE_TENSORS = ("scores", "parents", "tokens", "local", "budget", "depth", "entropy", "bins", "pstar")
 _VERDICT_TENSORS = ("tree_tokens", "tree_cand", "num_nodes", "accept_path", "accept_len", "bonus",
                     "target_top1", "invalid")
 
 
 def _plan_key(plan: Plan) -> tuple:
-    """Everything of a plan that a captured draft half bakes in."""
-    return (plan.decide_depth, plan.entropy_k, tuple(plan.edges), tuple(plan.depth), tuple(plan.budget),
-            plan.num_bins)
+    """Everything of a plan that a captured draft half bakes in (its shapes and loop counts; the
+    edges, depths and budgets are the graph's inputs)."""
+    return (plan.decide_depth, plan.entropy_k, plan.num_bins, plan.max_depth, plan.max_nodes)
 
 
 def _progress(st: _Batch, behind: List[int], before: int) -> float:

@@ -18,9 +18,11 @@ The contract of a captured half (:class:`RoundGraphs`):
 - **State updated in place** (both KV caches) must be the same tensors at capture and replay: the
   configuration key holds their storage, and a batch that reallocates its caches (dropping
   finished requests) gets new graphs; the old ones are freed.
-- **Python values** (the plan, sampling parameters, the generator) are baked in at capture; the
-  key holds every one that changes what the half computes.
-- **Everything else a half reads** (weights, plan tensors, the draft's recycled tree buffers,
+- **Python values** (the plan's shape: depths and node capacity; sampling parameters, the
+  generator) are baked in at capture; the key holds every one that changes what the half
+  computes. The plan's per-bin edges, depths and budgets are inputs, so plans that differ only in
+  them share a graph.
+- **Everything else a half reads** (weights, the draft's recycled tree buffers,
   attention workspaces) must outlive the graph: a graph holds addresses, not references. Pass
   such objects in ``keep``, or let their owner hold them while graphs live (the draft keeps one
   tree-buffer set per shape until the graphs are dropped).
@@ -186,7 +188,7 @@ class _CapturedHalf:
 class RoundGraphs:
     """Captured round halves of one engine, by configuration key (see the module docstring)."""
 
-    def __init__(self, device, *, emulate: bool = False, max_graphs: int = 16, capture_after: int = 1):
+    def __init__(self, device, *, emulate: bool = False, max_graphs: int = 32, capture_after: int = 1):
         device = torch.device(device)
         if not emulate and device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device, the engine is on {device}")

@@ -29,6 +29,7 @@ reached (the verified set is closed under ancestors).
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -112,6 +113,19 @@ class Plan:
             self._tensors = (torch.tensor(self.edges, dtype=torch.float32, device=dev),
                              torch.tensor(self.depth, dtype=torch.int64, device=dev),
                              torch.tensor(self.budget, dtype=torch.int64, device=dev))
+
+    def tensors(self) -> tuple:
+        """``(edges, depth, budget)`` on the device :meth:`prepare` put them on."""
+        if self._tensors is None:
+            raise ValueError(f"Plan {self.name}: prepare(device) first")
+        return self._tensors
+
+    def with_tensors(self, tensors) -> "Plan":
+        """This plan deciding with ``tensors`` (same shapes as :meth:`tensors`): a captured draft
+        half's static copies, which later replays refill with another plan's values."""
+        view = copy.copy(self)
+        view._tensors = tuple(tensors)
+        return view
 
     def decide(self, path_entropy: torch.Tensor):
         """``path_entropy [B]`` float32 -> ``(bins, depth, budget)``, each ``[B]`` int64."""

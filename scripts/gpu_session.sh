@@ -253,13 +253,17 @@ stage_draft_data() {
   [[ -f "$target/config.json" ]] || { echo "needs the converted target (the e2e stage makes it)"; exit 75; }
   HETEROSPEC_SELFCHAT="$sc" "$PY" -m heterospec.cli train-draft selfchat --target "$target" --out "$sc" \
     --num-samples "${GPU_SELFCHAT_N:-16384}" --batch 512 --time-budget "${GPU_SELFCHAT_S:-150}" 2>&1 | tr '\r' '\n' | tail -n 8
-  local left=$((DEADLINE - $(date +%s) - 30)) cap="${GPU_DISTILL_S:-240}"
+  # The distill's --time-budget counts its generation only (loading, building and checking the
+  # prompts come first: ~60 s on an H100 on 26 Nov, when the stage's limit cut it before the
+  # packing below and nothing came back). So: generation ends 120 s before the deadline, and an
+  # inner timeout 30 s before it, leaving the finished shards to pack either way.
+  local left=$((DEADLINE - $(date +%s) - 120)) cap="${GPU_DISTILL_S:-240}"
   ((left < cap)) || left=$cap
   ((left >= 30)) || { echo "no time left to distill (${left}s)"; exit 75; }
-  HETEROSPEC_SELFCHAT="$sc" "$PY" -m heterospec.cli train-draft distill --target "$target" --device cuda \
-    --dtype bfloat16 --out "$data" --num-prompts "${GPU_DISTILL_PROMPTS:-12000}" --seed 1 \
-    --mix selfchat=0.6,code=0.15,docs=0.1,math=0.1,instruct=0.05 --shard-size 256 --no-taps \
-    --allow-missing-references --time-budget "$left" 2>&1 | tr '\r' '\n' | grep -v '^distill: *[0-9]*%' | tail -n 20
+  HETEROSPEC_SELFCHAT="$sc" timeout -k 5 $((DEADLINE - $(date +%s) - 30)) "$PY" -m heterospec.cli train-draft distill \
+    --target "$target" --device cuda --dtype bfloat16 --out "$data" --num-prompts "${GPU_DISTILL_PROMPTS:-12000}" \
+    --seed 1 --mix selfchat=0.6,code=0.15,docs=0.1,math=0.1,instruct=0.05 --shard-size 256 --no-taps \
+    --allow-missing-references --time-budget "$left" 2>&1 | tr '\r' '\n' | grep -v '^distill: *[0-9]*%' | tail -n 20 || true
   # one file (the device returns at most 8): ~2 bytes a token before gzip, ~11 MB for 12,000 prompts
   tar -C "$STATE" -czf "$OUT/draft_data.tar.gz" selfchat.jsonl distill-v3
   ls -l "$OUT/draft_data.tar.gz"

@@ -88,6 +88,79 @@ def test_plain_steps_between_rounds_reuse_the_padded_extend(split):
     assert c["captured"] <= 4 and c["replayed"] >= 8, dict(c)
 
 
+class _Alternating(Policy):
+    """Each round's plan in turn from ``plans``."""
+
+    def __init__(self, *plans):
+        self.plans, self.i = plans, 0
+
+    def plan(self, batch_size, context=None):
+        self.i += 1
+        return self.plans[self.i % len(self.plans)]
+
+
+# MIXED's shape (decide after 1 forward, K 3, 3 bins, 4 forwards at most, 6 nodes at most) with
+# other edges and other per-bin actions
+MIXED_MOVED = Plan("moved", decide_depth=1, entropy_k=3, edges=[5.0, 9.0], depth=[4, 1, 2], budget=[6, 1, 4])
+
+
+def test_plans_that_differ_only_in_their_actions_share_one_draft_graph():
+    """The fitted policy's plans move with its online corrections: a replayed draft half takes
+    the plan's edges, depths and budgets as inputs, so a moved plan replays the same graph, and
+    decides exactly as an eager round with that plan does."""
+    def records(engine):
+        out = engine.generate_batch(PROMPTS, max_new_tokens=24, method="heterospec", chat=False,
+                                    policy=_Alternating(MIXED, MIXED_MOVED))
+        return out, [[(r.bin, r.depth, r.verified, r.accept_len) for r in o.stats.records] for o in out]
+
+    eager_out, eager = records(_engine(graphs=False))
+    engine = _engine()
+    graphed_out, graphed = records(engine)
+    assert graphed == eager
+    assert [r.token_ids for r in graphed_out] == [r.token_ids for r in eager_out]
+    assert len({r[0] for rs in eager for r in rs}) > 1, "both plans' bins should occur"
+    draft_graphs = [key for key in engine.round_graphs._graphs if key[0][0] == "draft"]
+    assert len(draft_graphs) == 1, draft_graphs
+    assert engine.round_graphs.counts["replayed"] > 10
+
+
+def test_interleaved_methods_and_lengths_reuse_the_kept_caches_and_their_graphs():
+    """Calls of different methods (different tree capacities, so different cache lengths) and
+    prompt lengths, interleaved as a benchmark or a server runs them: once the kept cache has
+    grown to the longest call (during the first pass: a graph captured before that is captured
+    again once), every call replays graphs captured before; none is dropped or captured again."""
+    from heterospec.engine import _CACHE_BUCKET
+
+    engine = _engine()
+    # just under a cache bucket: the methods' tree capacities put their caches on both sides of it
+    longer = [(p * _CACHE_BUCKET)[:_CACHE_BUCKET - 24 - i] for i, p in enumerate(PROMPTS)]
+    calls = [(m, ps) for ps in (PROMPTS, longer) for m in ("autoregressive", "eagle3", "heterospec")]
+
+    def one_pass():
+        for method, prompts in calls:
+            engine.generate_batch(prompts, max_new_tokens=16, method=method, chat=False,
+                                  policy=_FixedPolicy(MIXED) if method == "heterospec" else None)
+
+    one_pass()
+    one_pass()
+    c = engine.round_graphs.counts
+    first = dict(c)
+    one_pass()
+    assert c["captured"] == first["captured"] and c["first"] == first["first"], (first, dict(c))
+    assert c.get("dropped", 0) == first.get("dropped", 0), (first, dict(c))
+    assert c["replayed"] > first["replayed"]
+
+
+def test_a_much_smaller_call_gets_a_cache_of_its_own():
+    from heterospec.engine import _CACHE_SLACK
+
+    engine = _engine()
+    big = engine._new_cache(engine.target, 2, 3 * _CACHE_SLACK)
+    assert engine._new_cache(engine.target, 2, 2 * _CACHE_SLACK).k is big.k          # fits, little spare
+    assert engine._new_cache(engine.target, 2, 100).k is not big.k                   # mostly spare: its own
+    assert engine._new_cache(engine.target, 3, 100).k.shape[1] == 3                  # another batch size
+
+
 def test_replayed_rounds_after_long_plain_stretches_keep_the_window():
     """Static rounds (CUDA) stop growing the pending extend at 2 * draft_window columns (or the
     tree's width) and drop rows' oldest entries on the device: greedy output unchanged, and the

@@ -197,7 +197,7 @@ def with_taps(batch: Batch, tap_model) -> Batch:
     from .distill import recompute_taps
 
     feats, final = recompute_taps(tap_model, batch.input_ids, batch.attention_mask)
-    last = torch.arange(batch.input_ids.shape[1])[None] >= (batch.lengths - 1)[:, None]
+    last = torch.arange(batch.input_ids.shape[1], device=batch.lengths.device)[None] >= (batch.lengths - 1)[:, None]
     feats.masked_fill_(last.unsqueeze(-1), 0.0)
     final.masked_fill_(last.unsqueeze(-1), 0.0)
     return replace(batch, features=feats, final_hidden=final)
@@ -366,7 +366,10 @@ def new_draft(target, kept: torch.Tensor, seed: int = 0, init_from_target: bool 
                                    kept_ids=kept, dtype=torch.float32)
     if init_from_target:
         with torch.no_grad():
-            draft.lm_head.weight.copy_(_target_head(target)[draft.to_target_ids(torch.arange(kept.numel()))])
+            # the target may already be on the training device (CUDA), the new draft is not yet
+            head = _target_head(target)
+            ids = draft.to_target_ids(torch.arange(kept.numel(), device=draft.d2t.device))
+            draft.lm_head.weight.copy_(head[ids.to(head.device)])
             nw = _target_final_norm(target)
             if nw is not None and nw.shape == draft.norm.weight.shape:
                 draft.norm.weight.copy_(0.1 * nw)
