@@ -904,11 +904,12 @@ class FittedPolicy(Policy):
                 return plan.alternative
             return plan
         # A plain bucket probes speculation (a burst of PROBE_BURST rounds) every PROBE_EVERY
-        # rounds, twice as long after each probe that lost (up to 2 ** MAX_BACKOFF times): a
-        # losing probe costs a few steps' time plus the draft's catch-up over the plain stretch
-        # (at most 2 * Engine.draft_window tokens).
+        # rounds, twice as long after each probe that lost (up to 2 ** MAX_BACKOFF times), and
+        # further apart where the model prices a burst's loss above PROBE_LOSS_SHARE: a losing
+        # probe costs a few steps' time plus the draft's catch-up over the plain stretch (at most
+        # 2 * Engine.draft_window tokens).
         since = self._since_probe[b] = self._since_probe.get(b, 0) + 1
-        if since >= self.PROBE_EVERY << self._backoff.get(b, 0):
+        if since >= self._probe_spacing(b, plan):
             self._since_probe[b] = 0
             self._backoff[b] = (min(self._backoff.get(b, 0) + 1, self.MAX_BACKOFF)
                                 if self._last_probe_lost(b) else 0)
@@ -918,6 +919,32 @@ class FittedPolicy(Policy):
             self._burst[b] = self.PROBE_BURST - 1
             return plan.alternative
         return plan
+
+    # A plain bucket's probes may cost at most this share of its plain decoding time, priced by
+    # the model's own (corrected) prediction of a speculative round; they come at most
+    # PROBE_EVERY << MAX_PRICED_BACKOFF rounds apart. Where the model itself predicts
+    # speculation far behind plain steps (batch 8 on a 2-core CPU: 26 % behind), a burst every
+    # 64 rounds cost ~3 % of the time for nothing (bench/RESULTS.md, sixteenth session); a
+    # close call, or a model the guard overruled, keeps the PROBE_EVERY spacing.
+    PROBE_LOSS_SHARE = 0.01
+    MAX_PRICED_BACKOFF = 4
+
+    def _probe_spacing(self, bucket: int, plan: Plan) -> int:
+        """Plain rounds between two probe bursts of a plain bucket: ``PROBE_EVERY`` (doubled after
+        each losing probe, :attr:`MAX_BACKOFF`), or more where the model predicts that a burst
+        loses more than ``PROBE_LOSS_SHARE`` of the plain time in between."""
+        every = self.PROBE_EVERY << self._backoff.get(bucket, 0)
+        exp = plan.expected or {}
+        spec, plain = exp.get("speculative") or {}, exp.get("plain") or {}
+        try:
+            # a speculative round's time beyond what plain steps take for its tokens
+            loss_ms = float(spec["ms"]) - float(spec["tokens"]) / float(plain["tokens"]) * float(plain["ms"])
+            priced = self.PROBE_BURST * loss_ms / (self.PROBE_LOSS_SHARE * float(plain["ms"]))
+        except (KeyError, TypeError, ZeroDivisionError):
+            return every
+        if not math.isfinite(priced) or priced <= every:
+            return every
+        return min(int(math.ceil(priced)), max(every, self.PROBE_EVERY << self.MAX_PRICED_BACKOFF))
 
     # A speculating bucket whose rounds have delivered CLEAR_WIN times the plain steps' rate or
     # more probes plain steps PROBE_EVERY << CLEAR_WIN_BACKOFF rounds apart: each probe gives up

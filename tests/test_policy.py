@@ -877,9 +877,10 @@ def test_fitted_policy_learns_plain_step_time_and_probes_the_alternative():
         policy.observe(plan, [0], [_as_predicted(plan, 0, r, 30)], seconds=2e-3 * plan.expected["speculative"]["ms"])
     plain = policy.plan(1)
     assert not plain.speculate and plain.alternative is not None and plain.alternative.speculate
-    kinds = [policy.round_plan(1).speculate for _ in range(2 * (FittedPolicy.PROBE_EVERY + FittedPolicy.PROBE_BURST))]
+    every = policy._probe_spacing(1, plain)        # PROBE_EVERY, or more where a burst is priced a clear loss
+    kinds = [policy.round_plan(1).speculate for _ in range(2 * (every + FittedPolicy.PROBE_BURST))]
     burst = FittedPolicy.PROBE_BURST                # the probes: bursts of speculative rounds
-    assert kinds.count(True) == 2 * burst and all(kinds[FittedPolicy.PROBE_EVERY - 1:][:burst])
+    assert kinds.count(True) == 2 * burst and all(kinds[every - 1:][:burst])
     # Plain steps take three times what the cost model said: speculation pays again.
     for _ in range(30):
         policy.observe(plain, [], [], seconds=3e-3 * plain.expected["plain"]["ms"])
@@ -1056,6 +1057,26 @@ def test_draft_catch_up_after_plain_steps_is_not_held_against_speculation():
                                                   policy.REALIZED_FORGET + 0.015)
 
 
+@pytest.mark.parametrize("draft_ms,spacing", [(4.0, "every"), (10.0, "priced"), (20.0, "cap")])
+def test_plain_bucket_probes_as_often_as_their_predicted_loss_allows(draft_ms, spacing):
+    """A plain bucket's probe bursts come PROBE_EVERY rounds apart while the model predicts
+    speculation close to plain steps (4 ms drafts: 0.93x), and further apart where it predicts a
+    clear loss: a burst then costs at most PROBE_LOSS_SHARE of the plain time in between (10 ms:
+    0.59x), up to PROBE_EVERY << MAX_PRICED_BACKOFF rounds (20 ms: 0.36x)."""
+    policy = FittedPolicy(_tables(easy_accept=0.7), LinearCost(a=10.0, b=1.0, c=draft_ms, e=draft_ms),
+                          SpecConfig(top_k=4, depth=1, total_tokens=4))
+    plan = policy.plan(1)
+    assert not plan.speculate and plan.alternative is not None
+    spec, plain = plan.expected["speculative"], plan.expected["plain"]
+    loss_ms = spec["ms"] - spec["tokens"] / plain["tokens"] * plain["ms"]
+    priced = math.ceil(policy.PROBE_BURST * loss_ms / (policy.PROBE_LOSS_SHARE * plain["ms"]))
+    want = {"every": policy.PROBE_EVERY, "priced": priced,
+            "cap": policy.PROBE_EVERY << policy.MAX_PRICED_BACKOFF}[spacing]
+    assert spacing != "priced" or policy.PROBE_EVERY < priced < policy.PROBE_EVERY << policy.MAX_PRICED_BACKOFF
+    kinds = [policy.round_plan(1).speculate for _ in range(want + policy.PROBE_BURST)]
+    assert kinds.index(True) + 1 == want and all(kinds[want - 1:want - 1 + policy.PROBE_BURST])  # a whole burst
+
+
 def test_plain_bucket_backs_off_probes_that_keep_losing():
     """A bucket that decodes plainly probes speculation every PROBE_EVERY rounds with a burst of
     PROBE_BURST speculative rounds; each probe that loses again (fewer tokens per request per
@@ -1067,6 +1088,7 @@ def test_plain_bucket_backs_off_probes_that_keep_losing():
     policy = FittedPolicy(tables, cost, SpecConfig(top_k=4, depth=1, total_tokens=4))
     policy.PROBE_EVERY = 4
     policy.EARLY_PLAIN_PROBES = ()
+    policy.PROBE_LOSS_SHARE = math.inf     # spacing by PROBE_EVERY alone (the priced spacing: above)
     spec = policy.plan(1)
     for _ in range(8):        # spec rounds slower than plain steps: the guard makes the bucket plain
         policy.observe(spec, [0], [1], seconds=0.050)
@@ -1106,6 +1128,7 @@ def test_probe_burst_ends_early_when_speculation_loses_clearly():
     policy = FittedPolicy(tables, LinearCost(a=10.0, b=1.0, c=0.5, e=0.5), SpecConfig(top_k=4, depth=1, total_tokens=4))
     policy.PROBE_EVERY = 4
     policy.EARLY_PLAIN_PROBES = ()
+    policy.PROBE_LOSS_SHARE = math.inf     # spacing by PROBE_EVERY alone (the priced spacing: above)
     spec = policy.plan(1)
     for _ in range(8):
         policy.observe(spec, [0], [1], seconds=0.050)
