@@ -310,7 +310,7 @@ def step_split(engine, prompt, rounds=10, warmup=2, configs=None) -> list:
             total = (time.perf_counter() - t0) / rounds
             # The same rounds replayed as CUDA graphs (heterospec.graphs; the engine's CUDA default),
             # and for a FlashInfer target also with its split attention in the replays.
-            graphed, graphed_split = [], []
+            graphed, graphed_split, graph_busy = [], [], None
             if engine.round_graphs is not None and engine.static_rounds:
                 def graph_round():
                     if policy is None:                   # plain steps replay their own graph
@@ -332,6 +332,7 @@ def step_split(engine, prompt, rounds=10, warmup=2, configs=None) -> list:
                         out.append(time.perf_counter() - t0)
 
                 timed(graphed)
+                graph_busy = device_busy_ms(graph_round, rounds, dev)
                 if engine.target.backend.name == "flashinfer":
                     engine.graph_attention = "split"
                     try:
@@ -350,8 +351,27 @@ def step_split(engine, prompt, rounds=10, warmup=2, configs=None) -> list:
                          python_ms=round(python, 3), python_frac=round(python / (1e3 * total), 3),
                          graph_round_ms=round(1e3 * statistics.median(graphed), 3) if graphed else None,
                          graph_split_round_ms=round(1e3 * statistics.median(graphed_split), 3)
-                         if graphed_split else None))
+                         if graphed_split else None,
+                         graph_device_ms=graph_busy,
+                         # the issue's "host overhead with graphs on": the part of a replayed round
+                         # (synced after it, as the engine's one host read does) the GPU is idle
+                         graph_host_frac=round(max(0.0, 1.0 - graph_busy / (1e3 * statistics.median(graphed))), 3)
+                         if graphed and graph_busy else None))
     return rows
+
+
+def device_busy_ms(fn, calls: int, dev) -> float | None:
+    """Kernel time per call of ``fn`` on the GPU (torch.profiler, CUDA activity; kernels inside
+    CUDA graph replays included), or None off CUDA or when the profiler saw no kernels."""
+    if dev.type != "cuda":
+        return None
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        _sync(dev)
+    us = sum(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0)
+             for e in prof.key_averages())
+    return round(us / 1e3 / calls, 3) if us > 0 else None
 
 
 def plain_anatomy(engine, prompt, steps=20, warmup=3) -> dict:
@@ -453,17 +473,21 @@ def latency_markdown(rows) -> str:
 
 def split_markdown(rows) -> str:
     out = ["| config | tree layers | verified nodes | round ms (plain) | split total ms | draft | verify | ops "
-           "| Python | Python % | round ms (CUDA graphs) | round ms (graphs, FlashInfer split) |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "| Python | Python % | round ms (CUDA graphs) | GPU busy ms (graphs) | host % (graphs) "
+           "| round ms (graphs, FlashInfer split) |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
 
     def ms(v):
         return "-" if v is None else f"{v:.2f}"
 
+    def pct(v):
+        return "-" if v is None else f"{100 * v:.0f}"
+
     for r in rows:
         out.append(f"| {r['config']} | {r['depth']} | {r['nodes']} | {r['round_ms']:.2f} | {r['split_total_ms']:.2f} | "
                    f"{r['draft_ms']:.2f} | {r['verify_ms']:.2f} | {r['ops_ms']:.2f} | {r['python_ms']:.2f} | "
-                   f"{100 * r['python_frac']:.0f} | {ms(r.get('graph_round_ms'))} | "
-                   f"{ms(r.get('graph_split_round_ms'))} |")
+                   f"{100 * r['python_frac']:.0f} | {ms(r.get('graph_round_ms'))} | {ms(r.get('graph_device_ms'))} | "
+                   f"{pct(r.get('graph_host_frac'))} | {ms(r.get('graph_split_round_ms'))} |")
     return "\n".join(out)
 
 

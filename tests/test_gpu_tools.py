@@ -57,6 +57,8 @@ def test_gpu_summary_reports_goals(smoke, tmp_path):
         '<testcase classname="t" name="c"><skipped/></testcase></testsuite></testsuites>')
     lat = json.loads((smoke / "r.json").read_text())
     lat["verify"].append(dict(backend="flashinfer", mode="graph", context=1024, T=64, ms=1.0, x_decode=1.1))
+    (rows,) = lat["split"].values()
+    rows[0].update(graph_round_ms=8.0, graph_device_ms=7.6, graph_host_frac=0.05)   # as a CUDA run reports it
     (state / "gpu_latency.json").write_text(json.dumps(lat))
     (state / "gpu_latency.md").write_text("LATENCY TABLE\n")
     summ = _load("scripts/gpu_summary.py", "gpu_summary_test")
@@ -66,6 +68,7 @@ def test_gpu_summary_reports_goals(smoke, tmp_path):
     assert "| test_ops | ok (12s) |" in text and "| e2e | not run |" in text
     assert "1 passed, 1 failed, 1 skipped" in text and "FAILED `t::b`" in text
     assert "LATENCY TABLE" in text and "1.10x, met" in text and "Python share" in text
+    assert "host share of a replayed round, " in text and "5% (GPU idle in a 8.00 ms round; goal < 10%), met" in text
 
 
 def test_shell_scripts_parse():
