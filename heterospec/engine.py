@@ -655,11 +655,12 @@ class Engine:
         if policy == "fitted":
             tables = self.tables_for(cfg.top_k)
             if tables is not None and tables.top_k == cfg.top_k:
-                key = (cfg.top_k, cfg.total_tokens)
+                key = (cfg.top_k, cfg.total_tokens, self.static_rounds)
                 if key not in self._fitted:
                     cost = self.cost_model
                     self._fitted[key] = FittedPolicy(tables, cost, cfg, ragged=self.ragged_verify,
-                                                     state_path=self._online_state_path(tables, cfg))
+                                                     state_path=self._online_state_path(tables, cfg),
+                                                     static=self.static_rounds)
                 return self._fitted[key]
             why = ("has no acceptance tables (`heterospec calibrate`)" if tables is None else
                    f"has acceptance tables for tree top_k {tables.top_k}, not {cfg.top_k}")

@@ -307,17 +307,29 @@ def _expected_fn_of_max(values: Sequence[int], probs: Sequence[float], n: int, f
 
 
 def plan_cost(cost, batch_size: int, decide_depth: int, probs: Sequence[float], depth: Sequence[int],
-              nodes: Sequence[int], accept: Sequence[float], context: int, ragged: bool) -> dict:
+              nodes: Sequence[int], accept: Sequence[float], context: int, ragged: bool,
+              static: bool = False) -> dict:
     """Expected tokens, milliseconds and tokens/s of one round of ``batch_size`` requests whose
     bins are i.i.d. with ``probs``; bin ``i`` drafts ``depth[i]`` forwards, verifies ``nodes[i]``
     nodes (root included) and accepts ``accept[i]`` drafts on average.
 
     The draft loop runs until the deepest request of the batch is done, and (unless the verify
     forward is ragged) every request is padded to the largest tree of the batch. A request alone
-    (``batch_size`` 1) is neither: its round costs its own bin's verify, in expectation."""
+    (``batch_size`` 1) is neither: its round costs its own bin's verify, in expectation.
+
+    ``static``: capture-ready rounds (CUDA graphs, ``Engine.static_rounds``) have one shape per
+    plan: every round drafts the deepest bin's forwards and verifies the largest budget, whatever
+    its requests' bins (a shallower bin's layers are masked, not skipped)."""
     B = batch_size
     tokens = B * sum(p * (a + 1.0) for p, a in zip(probs, accept))
     mean_new = tokens / B
+    if static:
+        live = [i for i, p in enumerate(probs) if p > 0] or list(range(len(probs)))
+        steps = float(max(depth[i] for i in live))
+        draft = cost.draft_ms(B, steps, extend_tokens=mean_new)
+        verify = cost.verify_ms(B, max(nodes[i] for i in live), context)
+        ms = draft + verify
+        return {"tokens": tokens, "ms": ms, "tokens_per_s": 1e3 * tokens / ms, "draft_ms": draft, "verify_ms": verify}
     steps = _expected_fn_of_max(depth, probs, B, float)
     draft = cost.draft_ms(B, steps, extend_tokens=mean_new)
     if ragged and B > 1:   # the linear layers see the batch's real tree tokens: the mean N per request
@@ -453,13 +465,15 @@ RAGGED_STEP = 8
 
 def _fit_option(tables, opt, cost, B: int, context: int, ragged: bool, max_nodes,
                 position_scale: Sequence[float] = (), probs: Optional[Sequence[float]] = None,
-                quick: bool = False, bin_scale: Optional[Sequence[float]] = None):
+                quick: bool = False, bin_scale: Optional[Sequence[float]] = None, static: bool = False):
     """Best per-bin actions of one binning option at batch ``B``: ``(actions, evaluation)``.
     ``position_scale`` corrects the tables' acceptance per draft position
     (:func:`corrected_accept`), ``bin_scale`` further per bin; ``probs`` replaces the calibration
     frequencies of the bins.
     ``quick`` (batch > 1): no ascent, only ``(None, {"tokens_per_s": ...})`` of the better of its
-    two starts (what :func:`fit_plan` short-lists options by).
+    two starts (what :func:`fit_plan` short-lists options by). ``static``: rounds of one shape
+    per plan (:func:`plan_cost`), at every batch size: the search prices the deepest bin's
+    forwards and the largest budget, and so lifts every bin to them (the same time, more accepted).
 
     The search runs on arrays (a fit happens while requests wait: it must cost far less than a
     target step): every candidate action of a bin is priced at once, as :func:`plan_cost` would
@@ -498,11 +512,17 @@ def _fit_option(tables, opt, cost, B: int, context: int, ragged: bool, max_nodes
                     if ragged and batch > 1 else None)
         return d1, d2 - d1, per_node, per_mean
 
+    live = p > 0
+
     def rates(choices, batch, dev):
         """Expected tokens/s of each row of ``choices`` (``[rows, bins]`` action indices)."""
         d1, slope, per_node, per_mean = dev
         a = acc[bins_ix, choices]
         mean_new = (a + 1.0) @ p
+        if static:     # one shape per plan: the deepest bin's forwards, the largest budget
+            steps = np.where(live, fwd[choices], 0.0).max(axis=-1)
+            draft = np.interp(steps, steps_grid, d1) + (mean_new - 1.0) * np.interp(steps, steps_grid, slope)
+            return 1e3 * batch * mean_new / (draft + per_node[np.where(live, node_i[choices], 0).max(axis=-1)])
         # E[max] of one draw is the mean: batch 1 needs no sort
         steps = fwd[choices] @ p if batch == 1 else _expected_of_max_rows(fi[choices], p, batch, steps_grid)
         draft = np.interp(steps, steps_grid, d1) + (mean_new - 1.0) * np.interp(steps, steps_grid, slope)
@@ -533,7 +553,7 @@ def _fit_option(tables, opt, cost, B: int, context: int, ragged: bool, max_nodes
         if abs(new_lam - lam) <= 1e-12 * max(1.0, lam):
             break
         lam = new_lam
-    if B > 1:
+    if B > 1 or static:
         # Steepest ascent on the exact batch objective, one bin's action at a time, from two
         # starts: the batch-1 optimum, and the best action taken by every bin alike. In a batch
         # the deepest request sets the draft's forwards and (padded) the largest tree the verify
@@ -564,7 +584,7 @@ def _fit_option(tables, opt, cost, B: int, context: int, ragged: bool, max_nodes
     chosen = [int(c) for c in choice]
     ev = plan_cost(cost, B, opt.decide_depth, list(p), [actions[c][0] for c in chosen],
                    [actions[c][1] for c in chosen], [float(acc[i, c]) for i, c in enumerate(chosen)],
-                   context, ragged)
+                   context, ragged, static)
     return [actions[c] + (float(acc[i, c]), surv[i][c]) for i, c in enumerate(chosen)], ev
 
 
@@ -572,7 +592,7 @@ def fit_plan(tables: AcceptanceTables, cost, batch_size: int, context: int = 256
              max_nodes: Optional[int] = None, margin: float = PLAIN_MARGIN,
              position_scale: Sequence[float] = (), time_scale: float = 1.0, plain_scale: float = 1.0,
              bin_freq: Optional[Dict[int, Sequence[float]]] = None, shortlist: Optional[dict] = None,
-             bin_scale: Optional[Dict[int, Sequence[float]]] = None) -> Plan:
+             bin_scale: Optional[Dict[int, Sequence[float]]] = None, static: bool = False) -> Plan:
     """The plan that maximises expected tokens/s at ``batch_size`` under ``cost``.
 
     Every binning option of ``tables`` (where ``H(P*)`` is read, its K, the CART label) gets its
@@ -600,7 +620,7 @@ def fit_plan(tables: AcceptanceTables, cost, batch_size: int, context: int = 256
 
     def fit(i, batch, quick=False):
         return _fit_option(tables, tables.options[i], cost, batch, context, ragged, max_nodes,
-                           position_scale, bin_freq.get(i), quick, bin_scale.get(i))
+                           position_scale, bin_freq.get(i), quick, bin_scale.get(i), static)
 
     def best3(batch, quick=False):
         scored = [(e["tokens_per_s"], i) for i, e in ((i, fit(i, batch, quick)[1]) for i in options) if e is not None]
@@ -608,7 +628,7 @@ def fit_plan(tables: AcceptanceTables, cost, batch_size: int, context: int = 256
 
     if B > 1:   # the batch search is costlier: only the options best alone or starting best here
         shortlist = {} if shortlist is None else shortlist
-        key = (context, ragged, max_nodes, tuple(position_scale), tuple(sorted(bin_freq.items())),
+        key = (context, ragged, static, max_nodes, tuple(position_scale), tuple(sorted(bin_freq.items())),
                tuple(sorted((i, tuple(v)) for i, v in bin_scale.items())))
         if key not in shortlist:
             shortlist[key] = best3(1)
@@ -653,12 +673,14 @@ class FittedPolicy(Policy):
     name = "fitted"
 
     def __init__(self, tables: AcceptanceTables, cost, config: SpecConfig, context: int = 256,
-                 ragged: bool = False, state_path: Optional[str] = None, max_nodes: Optional[int] = None) -> None:
+                 ragged: bool = False, state_path: Optional[str] = None, max_nodes: Optional[int] = None,
+                 static: bool = False) -> None:
         if tables.top_k != config.top_k:
             raise ValueError(f"acceptance tables were measured with tree top_k {tables.top_k}, "
                              f"the engine drafts with top_k {config.top_k}")
         self.tables, self.cost, self.config = tables, cost, config
         self.context, self.ragged, self.max_nodes = context, ragged, max_nodes
+        self.static = static     # capture-ready rounds: one shape per plan (plan_cost)
         self._plans: Dict[Tuple[int, int, float], Plan] = {}
         # Online correction: per draft position j, how often the requests of this workload
         # accepted >= j drafts vs. how often the tables predicted it for the same bins and actions;
@@ -747,7 +769,7 @@ class FittedPolicy(Policy):
             t0 = time.perf_counter()
             plan = fit_plan(self.tables, self._memo, b, c, self.ragged, max_nodes=self.max_nodes,
                             position_scale=s, time_scale=t, plain_scale=q, bin_freq=f, shortlist=self._shortlist,
-                            bin_scale=g)
+                            bin_scale=g, static=self.static)
             self._fit_s += time.perf_counter() - t0
             if plan.speculate:            # the plain plan the guard falls back to probes this one
                 plan.alternative.alternative = plan

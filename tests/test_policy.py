@@ -863,6 +863,30 @@ def test_fitted_policy_learns_the_devices_round_time():
     assert policy.time_scale(2) == pytest.approx(1.0) and policy.time_scale(1) == pytest.approx(2.0)
 
 
+@pytest.mark.parametrize("B", [1, 4])
+def test_static_rounds_price_the_deepest_bin_and_lift_every_bin_to_it(B):
+    """Capture-ready rounds (CUDA graphs) have one shape per plan: every round drafts the deepest
+    bin's forwards and verifies the largest budget. Priced so, a shallow bin costs as much as the
+    deepest, and the fit gives every bin the same action (more accepted at no cost); priced per
+    bin (eager rounds) the easy bin drafts deeper than the hard one."""
+    tables, cost = _tables(), LinearCost(a=10.0, b=1.0, c=0.5, e=0.5)
+    eager = fit_plan(tables, cost, B)
+    assert eager.speculate and len(set(zip(eager.depth, eager.budget))) > 1
+    static = fit_plan(tables, cost, B, static=True)
+    assert static.speculate and len(set(zip(static.depth, static.budget))) == 1
+    ev = static.expected["speculative"]
+    mean_new = ev["tokens"] / B
+    want = cost.draft_ms(B, max(static.depth)) + (mean_new - 1.0) * (
+        cost.draft_ms(B, max(static.depth), 2.0) - cost.draft_ms(B, max(static.depth))) + \
+        cost.verify_ms(B, max(static.budget) + 1)
+    assert ev["ms"] == pytest.approx(want)
+    # the eager plan, run as static rounds, costs its deepest bin in every round: the static fit is better
+    probs = [c / sum(tables.options[0].counts) for c in tables.options[0].counts]
+    as_static = plan_cost(cost, B, eager.decide_depth, probs, eager.depth, [n + 1 for n in eager.budget],
+                          eager.predicted_accept, 256, False, static=True)
+    assert ev["tokens_per_s"] >= as_static["tokens_per_s"] * (1 - 1e-9)
+
+
 def test_fitted_policy_learns_plain_step_time_and_probes_the_alternative():
     """Plain steps are timed too: when they turn out slower than the cost model said, speculation
     that was narrowly rejected is switched on. And a policy that decodes plainly still runs a
