@@ -136,7 +136,7 @@ class _Batch:
 
     @property
     def size(self) -> int:
-        return self.root.shape[0]
+        return self.prefix_lens.shape[0]
 
     def active(self) -> List[int]:
         return [b for b, f in enumerate(self.finished) if f is None]
@@ -187,6 +187,39 @@ class _Tree:
     bins: torch.Tensor        # [B] entropy bin per request (-1 when not binned)
     pstar: torch.Tensor       # [B] candidate index of P*'s final node per request
     path_entropy: Optional[dict] = None   # {K: [B, C]} path entropy of every candidate (traces only)
+    verify_nodes: Optional[int] = None    # replayed split rounds: draft nodes the verify graph holds
+
+
+@dataclass
+class _Drafting:
+    """A round's drafting in progress (:meth:`Engine._draft_decide`, :meth:`Engine._draft_deeper`):
+    the candidate arrays of :class:`_Tree` (``[B, C]``), the frontier the next forward expands,
+    and the decision so far."""
+
+    scores: torch.Tensor
+    parents: torch.Tensor
+    tokens: torch.Tensor
+    local: torch.Tensor
+    ent_k: dict               # {K: [B, C]} path entropy of every candidate for K (ek: the op's own)
+    ek: int                   # the top-k width of every topk_entropy pass
+    frontier: torch.Tensor    # [B, k] candidate ids the next forward expands
+    f_hidden: torch.Tensor    # [B, k, H] their parents' draft outputs
+    f_slot: torch.Tensor      # [B, k] their parents' slots in the tree state (-1: the root)
+    depth_limit: torch.Tensor  # [B] forwards each request drafts (its bin's; all until decided)
+    budget: torch.Tensor      # [B] draft nodes to verify
+    bins: torch.Tensor        # [B]
+    pstar: torch.Tensor       # [B]
+    state: object             # the draft's DraftTreeState
+    traced: bool = False      # calibration traces: the tree keeps every K's path entropy
+
+    @property
+    def entropy(self) -> torch.Tensor:
+        return self.ent_k[self.ek]
+
+    @property
+    def ks(self) -> List[int]:
+        """The K whose path entropy is derived from the top-ek pass (all but ek)."""
+        return sorted(set(self.ent_k) - {self.ek})
 
 
 def cpu_has_native_bf16() -> bool:
@@ -335,6 +368,11 @@ class Engine:
         if cuda_graphs is None:
             cuda_graphs = self.device.type == "cuda"
         self.round_graphs = RoundGraphs(self.device) if cuda_graphs else None
+        # Replayed rounds of a plan whose bins draft or verify differently split the draft half
+        # at HeteroSpec's decision: one host read of the batch's deepest bin and largest budget,
+        # then the graph of that (forwards, nodes). Without it every replayed round drafts and
+        # verifies the plan's largest action, and the bins' actions save nothing on a GPU.
+        self.bin_graphs = True
         # How a FlashInfer target attends in replayed forwards: "sdpa" (one static masked pass over
         # the cache, captured as it is) or "split" (SplitTreeAttention: FlashInfer over the prefix,
         # planned on the host before every replay, plus the tree block). "sdpa" by default: it was
@@ -655,12 +693,13 @@ class Engine:
         if policy == "fitted":
             tables = self.tables_for(cfg.top_k)
             if tables is not None and tables.top_k == cfg.top_k:
-                key = (cfg.top_k, cfg.total_tokens, self.static_rounds)
+                key = (cfg.top_k, cfg.total_tokens, self.static_rounds and not self.bin_graphs)
                 if key not in self._fitted:
                     cost = self.cost_model
+                    # rounds of one shape per plan (static, unsplit) cost their plan's largest action
                     self._fitted[key] = FittedPolicy(tables, cost, cfg, ragged=self.ragged_verify,
                                                      state_path=self._online_state_path(tables, cfg),
-                                                     static=self.static_rounds)
+                                                     static=self.static_rounds and not self.bin_graphs)
                 return self._fitted[key]
             why = ("has no acceptance tables (`heterospec calibrate`)" if tables is None else
                    f"has acceptance tables for tree top_k {tables.top_k}, not {cfg.top_k}")
@@ -900,10 +939,18 @@ class Engine:
     def _draft_half(self, st: _Batch, cfg: SpecConfig, plan: Plan) -> _Tree:
         """The draft half of a round (:meth:`_draft_tree`); with CUDA graphs, replayed per
         configuration. The pending extend is padded to a multiple of ``_EXTEND_BUCKET`` columns so
-        that a few plain steps between rounds do not need graphs of their own."""
+        that a few plain steps between rounds do not need graphs of their own. A plan whose bins
+        act differently runs as two graphs (:meth:`_split_rounds`)."""
         graphs = self.round_graphs if self.static_rounds else None
+        split = self.static_rounds and self._split_rounds(plan)
         if graphs is None:
-            return self._draft_tree(st, cfg, plan)
+            if not split:
+                return self._draft_tree(st, cfg, plan)
+            d = self._draft_decide(st, cfg, plan)         # eagerly, as the replayed split round runs
+            depth, nodes = self._split_shape(st, plan, d.depth_limit, d.budget)
+            tree = self._draft_deeper(d, st, cfg, plan, depth)
+            tree.verify_nodes = nodes
+            return tree
         self._bind_graph_storage(graphs, st)
         B, n, F = st.ext_feats.shape
         W = -(-n // _EXTEND_BUCKET) * _EXTEND_BUCKET
@@ -914,38 +961,83 @@ class Engine:
             half = _Batch(prefix_lens=prefix_lens, root=root, target_cache=tcache, draft_cache=dcache,
                           draft_lens=draft_lens, ext_tokens=ext_tokens, ext_feats=ext_feats, ext_num=ext_num,
                           draft_hole=draft_hole)
-            tree = self._draft_tree(half, cfg, plan.with_tensors(plan_tensors))
+            view = plan.with_tensors(plan_tensors)
+            if split:
+                return _drafting_tensors(self._draft_decide(half, cfg, view)) + [half.draft_lens]
+            tree = self._draft_tree(half, cfg, view)
             return [getattr(tree, f) for f in _TREE_TENSORS] + [half.draft_lens]
 
         # The plan's edges, depths and budgets are inputs (copied before each replay): plans that
         # differ only in them (the fitted policy's online corrections move them) share a graph.
-        out = graphs.run(("draft", _plan_key(plan), cfg.top_k, cfg.pstar_pool), draft,
+        out = graphs.run(("decide" if split else "draft", _plan_key(plan), cfg.top_k, cfg.pstar_pool), draft,
                          [st.ext_tokens, st.ext_feats, st.ext_num, st.draft_lens, st.prefix_lens, st.root,
                           st.draft_hole, *plan.tensors()],
                          shapes=[(B, W), (B, W, F)] + [None] * 8)
         st.draft_lens = out[-1]
-        return _Tree(**dict(zip(_TREE_TENSORS, out[:-1])))
+        if not split:
+            return _Tree(**dict(zip(_TREE_TENSORS, out[:-1])))
+
+        drafting = out[:-1]
+        depth, nodes = self._split_shape(st, plan, drafting[-4], drafting[-3])
+        k, cap, n_done = cfg.top_k, max(plan.max_depth, 1) * cfg.top_k, plan.decide_depth * cfg.top_k
+        keys = sorted({plan.entropy_k, max(plan.entropy_k, k)})
+
+        def deeper(*args):
+            *d_args, prefix_lens, draft_hole = args[:len(drafting) + 2]
+            d = _drafting_from(d_args, keys, max(plan.entropy_k, k))
+            d.state = self.draft.new_tree(B, capacity=cap)
+            self.draft.resume_tree(d.state, dcache, n_done, d.f_hidden)
+            half = _Batch(prefix_lens=prefix_lens, root=None, target_cache=tcache, draft_cache=dcache,
+                          draft_hole=draft_hole)
+            tree = self._draft_deeper(d, half, cfg, plan.with_tensors(args[len(drafting) + 2:]), depth)
+            return [getattr(tree, f) for f in _TREE_TENSORS]
+
+        out = graphs.run(("deeper", _plan_key(plan), depth, cfg.top_k, cfg.pstar_pool), deeper,
+                         [*drafting, st.prefix_lens, st.draft_hole, *plan.tensors()])
+        tree = _Tree(**dict(zip(_TREE_TENSORS, out)))
+        tree.verify_nodes = nodes
+        return tree
+
+    def _split_shape(self, st: _Batch, plan: Plan, depth_limit: torch.Tensor, budget: torch.Tensor):
+        """A split round's second host read: the forwards of the batch's deepest bin and the
+        draft nodes of its largest budget (finished requests verify the root only)."""
+        active = torch.tensor([f is None for f in st.finished], device=self.device)
+        depth, nodes = (int(x) for x in torch.stack([
+            torch.where(active, depth_limit, torch.zeros_like(depth_limit)).max(),
+            torch.where(active, budget, torch.zeros_like(budget)).max()]).tolist())
+        return max(depth, plan.decide_depth), nodes
+
+    def _split_rounds(self, plan: Plan) -> bool:
+        """Whether replayed rounds of ``plan`` split at the decision (:attr:`bin_graphs`): its
+        bins draft or verify differently, and the draft keeps its tree in the static layout
+        (whose buffers the two graphs share)."""
+        if not self.bin_graphs or plan.num_bins < 2 or (len(set(plan.depth)) < 2 and len(set(plan.budget)) < 2):
+            return False
+        kf = self.draft.kernel_friendly_attention
+        return self.device.type == "cuda" if kf is None else bool(kf)
 
     def _verify_half(self, st: _Batch, tree: _Tree, plan: Plan, params: SamplingParams, gen) -> "_Verdict":
         """The verification half of a round (:meth:`_verify`); with CUDA graphs, replayed per
         configuration (the target forward's attention: :meth:`_target_graphs`)."""
         done = torch.tensor([f is not None for f in st.finished], device=self.device)
-        graphs, attn = self._target_graphs(st, plan.max_nodes + 1)
+        nodes = plan.max_nodes if tree.verify_nodes is None else tree.verify_nodes
+        graphs, attn = self._target_graphs(st, nodes + 1)
         if graphs is None:
-            return self._verify(st, tree, plan, params, gen, done)
+            return self._verify(st, tree, plan, params, gen, done, max_nodes=nodes)
         tcache = st.target_cache
 
         def verify(*args):
             *tree_args, root, prefix_lens, done_ = args
             half = _Batch(prefix_lens=prefix_lens, root=root, target_cache=tcache)
-            v = self._verify(half, _Tree(**dict(zip(_TREE_TENSORS, tree_args))), plan, params, gen, done_, attn)
+            v = self._verify(half, _Tree(**dict(zip(_TREE_TENSORS, tree_args))), plan, params, gen, done_, attn,
+                             max_nodes=nodes)
             return ([getattr(v, f) for f in _VERDICT_TENSORS] +
                     [half.ext_tokens, half.ext_feats, half.ext_num, half.draft_lens])
 
         # A greedy verification draws nothing: its graphs serve every call (a sampling one is
         # captured with the call's generator).
         rng = None if params.greedy else gen
-        key = ("verify", plan.max_nodes, params.greedy, params.temperature, params.top_p, params.top_k, id(rng),
+        key = ("verify", nodes, params.greedy, params.temperature, params.top_p, params.top_k, id(rng),
                id(attn))
         out = graphs.run(key, verify, [getattr(tree, f) for f in _TREE_TENSORS] + [st.root, st.prefix_lens, done],
                          generator=rng, keep=(plan, rng, attn))
@@ -977,6 +1069,13 @@ class Engine:
         """Draft one tree per request. ``plan`` says after how many forwards ``H(P*)`` is read
         (``decide_depth``), with which K, and each bin's depth and budget. ``trace_ks``
         (calibration only): also keep every candidate's path entropy for these K."""
+        d = self._draft_decide(st, cfg, plan, trace_ks)
+        return self._draft_deeper(d, st, cfg, plan, plan.max_depth)
+
+    def _draft_decide(self, st: _Batch, cfg: SpecConfig, plan: Plan, trace_ks: Sequence[int] = ()) -> "_Drafting":
+        """A round's drafting up to HeteroSpec's decision: the extend over last round's tokens,
+        the root's children, ``decide_depth`` draft forwards, and the bin of each request (its
+        depth and budget). :meth:`_draft_deeper` goes on from there."""
         draft, B, k, dev = self.draft, st.size, cfg.top_k, self.device
         ek = max([plan.entropy_k, k, *trace_ks])
         rows = torch.arange(B, device=dev)
@@ -992,78 +1091,94 @@ class Engine:
 
         decide_depth, max_depth = plan.decide_depth, plan.max_depth
         C = k + max_depth * k * k
-        scores = torch.full((B, C), float("-inf"), device=dev)
-        parents = torch.full((B, C), -1, dtype=torch.int64, device=dev)
-        tokens = torch.zeros((B, C), dtype=torch.int64, device=dev)
-        local = torch.full((B, C), float("-inf"), device=dev)
-        entropy = torch.zeros((B, C), device=dev)       # path entropy of each candidate's path
+        d = _Drafting(scores=torch.full((B, C), float("-inf"), device=dev),
+                      parents=torch.full((B, C), -1, dtype=torch.int64, device=dev),
+                      tokens=torch.zeros((B, C), dtype=torch.int64, device=dev),
+                      local=torch.full((B, C), float("-inf"), device=dev),
+                      ent_k={}, ek=ek, traced=bool(trace_ks),
+                      frontier=torch.arange(k, device=dev).expand(B, k),                  # candidate ids
+                      f_hidden=h_root[:, None, :].expand(B, k, h_root.shape[-1]),         # parent outputs
+                      f_slot=torch.full((B, k), -1, dtype=torch.int64, device=dev),       # parents' tree slots
+                      depth_limit=torch.full((B,), max(decide_depth, max_depth), dtype=torch.int64, device=dev),
+                      budget=torch.full((B,), plan.max_nodes, dtype=torch.int64, device=dev),
+                      bins=torch.full((B,), -1, dtype=torch.int64, device=dev),
+                      pstar=torch.zeros(B, dtype=torch.int64, device=dev),
+                      # Static rounds: the draft's tree buffers hold the deepest plan from the start.
+                      state=draft.new_tree(B, capacity=max(max_depth, 1) * k) if self.static_rounds
+                      else draft.new_tree(B))
         # H(P*) uses K = plan.entropy_k; the top-ek pass may be wider (traces, a larger tree top_k).
-        # ent_k[ek] is the op's own path entropy; other K are derived from the same top-ek pass.
-        ks = sorted({plan.entropy_k, *trace_ks} - {ek})
-        ent_k = {K: torch.zeros((B, C), device=dev) for K in ks}
-        ent_k[ek] = entropy
+        # ent_k[ek] (d.entropy) is the op's own path entropy of each candidate's path; other K
+        # are derived from the same top-ek pass.
+        for K in sorted({plan.entropy_k, *trace_ks} | {ek}):
+            d.ent_k[K] = torch.zeros((B, C), device=dev)
 
         # Layer 1: children of the root.
-        scores[:, :k], tokens[:, :k], local[:, :k] = lp, draft.to_target_ids(ids), lp
-        entropy[:, :k] = ent[:, None]
-        for K in ks:
-            ent_k[K][:, :k] = _topk_entropy_of(lp_full, K, torch.zeros_like(ent))[:, None]
-        frontier = torch.arange(k, device=dev).expand(B, k)                     # candidate ids
-        f_hidden = h_root[:, None, :].expand(B, k, h_root.shape[-1])             # parent outputs
-        f_slot = torch.full((B, k), -1, dtype=torch.int64, device=dev)           # parents' tree slots
-        # Static rounds: the draft's tree buffers hold the deepest plan from the start (no growth).
-        state = draft.new_tree(B, capacity=max(max_depth, 1) * k) if self.static_rounds else draft.new_tree(B)
-
-        depth_limit = torch.full((B,), max(decide_depth, max_depth), dtype=torch.int64, device=dev)
-        budget = torch.full((B,), plan.max_nodes, dtype=torch.int64, device=dev)
-        bins = torch.full((B,), -1, dtype=torch.int64, device=dev)
-        pstar = torch.zeros(B, dtype=torch.int64, device=dev)
+        d.scores[:, :k], d.tokens[:, :k], d.local[:, :k] = lp, draft.to_target_ids(ids), lp
+        d.entropy[:, :k] = ent[:, None]
+        for K in d.ks:
+            d.ent_k[K][:, :k] = _topk_entropy_of(lp_full, K, torch.zeros_like(ent))[:, None]
         if decide_depth == 0:   # decide on layer 1, the root's children
-            pstar = self._pstar(scores, local, 0, k, cfg, first_layer=True)
-            bins, depth_limit, budget = plan.decide(ent_k[plan.entropy_k].gather(1, pstar[:, None])[:, 0].contiguous())
-        for step in range(1, max_depth + 1):
-            if step > decide_depth and not self.static_rounds and not bool((depth_limit >= step).any()):
+            self._decide(d, cfg, plan, 0, first_layer=True)
+        self._draft_steps(d, st, cfg, 1, decide_depth, plan)
+        return d
+
+    def _draft_deeper(self, d: "_Drafting", st: _Batch, cfg: SpecConfig, plan: Plan, depth: int) -> _Tree:
+        """Draft forwards after the decision up to ``depth`` (requests whose bin drafts fewer stop
+        earlier: their candidates are -inf), and the round's tree."""
+        self._draft_steps(d, st, cfg, plan.decide_depth + 1, depth, plan)
+        pstar_entropy = d.ent_k[plan.entropy_k].gather(1, d.pstar[:, None])[:, 0]
+        return _Tree(d.scores, d.parents, d.tokens, d.local, d.budget, depth=d.depth_limit + 1, entropy=pstar_entropy,
+                     bins=d.bins if plan.num_bins > 1 else torch.full_like(d.bins, -1), pstar=d.pstar,
+                     path_entropy=d.ent_k if d.traced else None)
+
+    def _decide(self, d: "_Drafting", cfg: SpecConfig, plan: Plan, base: int, first_layer: bool = False) -> None:
+        """HeteroSpec: P*'s path entropy picks each request's bin, and the bin its depth
+        (extended drafting) and budget (Top-N pruning)."""
+        d.pstar = self._pstar(d.scores, d.local, base, cfg.top_k, cfg, first_layer=first_layer)
+        d.bins, d.depth_limit, d.budget = plan.decide(
+            d.ent_k[plan.entropy_k].gather(1, d.pstar[:, None])[:, 0].contiguous())
+
+    def _draft_steps(self, d: "_Drafting", st: _Batch, cfg: SpecConfig, first: int, last: int, plan: Plan) -> None:
+        """Draft forwards ``first..last`` (depths) over the frontier, ``k`` children per node,
+        deciding the bins after forward ``plan.decide_depth``."""
+        draft, B, k = self.draft, st.size, cfg.top_k
+        for step in range(first, last + 1):
+            if step > plan.decide_depth and not self.static_rounds and not bool((d.depth_limit >= step).any()):
                 break
             # 2. One draft forward over the frontier (depth `step`), k children per node.
             positions = (st.prefix_lens + step - 1)[:, None].expand(B, k)
-            f_tokens = tokens.gather(1, frontier)
-            out = draft.tree_step(f_tokens, f_hidden, f_slot, positions, st.draft_cache, st.prefix_lens, state,
+            f_tokens = d.tokens.gather(1, d.frontier)
+            out = draft.tree_step(f_tokens, d.f_hidden, d.f_slot, positions, st.draft_cache, st.prefix_lens, d.state,
                                   st.draft_hole)
             lp_full, ids, ent = ops.topk_entropy(
-                draft.logits(out).reshape(B * k, -1), ek, entropy.gather(1, frontier).reshape(-1))
+                draft.logits(out).reshape(B * k, -1), d.ek, d.entropy.gather(1, d.frontier).reshape(-1))
             lp, ids = lp_full[:, :k].reshape(B, k, k), ids[:, :k].reshape(B, k, k)
-            child_scores = scores.gather(1, frontier)[:, :, None] + lp              # [B, k, k]
-            live = (depth_limit >= step)[:, None, None]
+            child_scores = d.scores.gather(1, d.frontier)[:, :, None] + lp              # [B, k, k]
+            live = (d.depth_limit >= step)[:, None, None]
             child_scores = torch.where(live, child_scores, torch.full_like(child_scores, float("-inf")))
 
             base = k + (step - 1) * k * k
             sl = slice(base, base + k * k)
-            scores[:, sl] = child_scores.reshape(B, k * k)
-            parents[:, sl] = frontier[:, :, None].expand(B, k, k).reshape(B, k * k)
-            tokens[:, sl] = draft.to_target_ids(ids).reshape(B, k * k)
-            local[:, sl] = lp.reshape(B, k * k)
-            entropy[:, sl] = ent.reshape(B, k, 1).expand(B, k, k).reshape(B, k * k)
-            for K in ks:
-                parent_ent = ent_k[K].gather(1, frontier).reshape(-1)
-                ent_k[K][:, sl] = _topk_entropy_of(lp_full, K, parent_ent).reshape(B, k, 1).expand(
+            d.scores[:, sl] = child_scores.reshape(B, k * k)
+            d.parents[:, sl] = d.frontier[:, :, None].expand(B, k, k).reshape(B, k * k)
+            d.tokens[:, sl] = draft.to_target_ids(ids).reshape(B, k * k)
+            d.local[:, sl] = lp.reshape(B, k * k)
+            d.entropy[:, sl] = ent.reshape(B, k, 1).expand(B, k, k).reshape(B, k * k)
+            for K in d.ks:
+                parent_ent = d.ent_k[K].gather(1, d.frontier).reshape(-1)
+                d.ent_k[K][:, sl] = _topk_entropy_of(lp_full, K, parent_ent).reshape(B, k, 1).expand(
                     B, k, k).reshape(B, k * k)
 
             # 3. HeteroSpec: after decide_depth forwards, P*'s entropy picks the bin, and the bin
             #    its depth (extended drafting) and budget (Top-N pruning).
-            if step == decide_depth:
-                pstar = self._pstar(scores, local, base, k, cfg)
-                bins, depth_limit, budget = plan.decide(
-                    ent_k[plan.entropy_k].gather(1, pstar[:, None])[:, 0].contiguous())
+            if step == plan.decide_depth:
+                self._decide(d, cfg, plan, base)
 
             # Next frontier: the k best children by cumulative score (ties: lower index).
             order = torch.sort(child_scores.reshape(B, k * k), dim=1, descending=True, stable=True).indices[:, :k]
-            frontier = base + order
-            f_hidden = out.gather(1, (order // k)[:, :, None].expand(B, k, out.shape[-1]))
-            f_slot = ((step - 1) * k + order // k)
-        pstar_entropy = ent_k[plan.entropy_k].gather(1, pstar[:, None])[:, 0]
-        return _Tree(scores, parents, tokens, local, budget, depth=depth_limit + 1, entropy=pstar_entropy,
-                     bins=bins if plan.num_bins > 1 else torch.full_like(bins, -1), pstar=pstar,
-                     path_entropy=ent_k if trace_ks else None)
+            d.frontier = base + order
+            d.f_hidden = out.gather(1, (order // k)[:, :, None].expand(B, k, out.shape[-1]))
+            d.f_slot = ((step - 1) * k + order // k)
 
     @staticmethod
     def _pstar(scores, local, base, k, cfg: SpecConfig, first_layer: bool = False) -> torch.Tensor:
@@ -1079,17 +1194,17 @@ class Engine:
 
     # -- verify -----------------------------------------------------------------------------------
     def _verify(self, st: _Batch, tree: _Tree, plan: Plan, params: SamplingParams, gen,
-                done: Optional[torch.Tensor] = None, attn=None):
+                done: Optional[torch.Tensor] = None, attn=None, max_nodes: Optional[int] = None):
         B, dev = st.size, self.device
         budget = tree.budget.clone()
         if done is None:
             done = torch.tensor([f is not None for f in st.finished], device=dev)
         budget = torch.where(done, torch.zeros_like(budget), budget)   # finished requests: root only
-        tree_cand, tree_parents, num_nodes = ops.select_tree_nodes(
-            tree.scores, tree.parents, budget, plan.max_nodes)
+        max_nodes = plan.max_nodes if max_nodes is None else max_nodes   # static rounds: the tree's capacity
+        tree_cand, tree_parents, num_nodes = ops.select_tree_nodes(tree.scores, tree.parents, budget, max_nodes)
         # Verify only as many positions as the largest tree in the batch: padding rows cost a
         # full target forward each, and Top-N pruning is worth nothing if they are computed.
-        T = plan.max_nodes + 1 if self.static_rounds else int(num_nodes.max())
+        T = max_nodes + 1 if self.static_rounds else int(num_nodes.max())
         tree_cand, tree_parents = tree_cand[:, :T].contiguous(), tree_parents[:, :T].contiguous()
         cand_tokens = tree.tokens.gather(1, tree_cand.clamp(min=0))
         tree_tokens = torch.where(tree_cand >= 0, cand_tokens, st.root[:, None])      # root at position 0
@@ -1229,6 +1344,24 @@ _CACHE_SLACK = 1024
 _TREE_TENSORS = ("scores", "parents", "tokens", "local", "budget", "depth", "entropy", "bins", "pstar")
 _VERDICT_TENSORS = ("tree_tokens", "tree_cand", "num_nodes", "accept_path", "accept_len", "bonus",
                     "target_top1", "invalid")
+
+
+def _drafting_tensors(d: "_Drafting") -> List[torch.Tensor]:
+    """What a split round's decide graph hands its deeper graph (:func:`_drafting_from`); the
+    depth limits and budgets are the 4th and 3rd from the end."""
+    return ([d.scores, d.parents, d.tokens, d.local] + [d.ent_k[K] for K in sorted(d.ent_k)] +
+            [d.frontier, d.f_hidden, d.f_slot, d.depth_limit, d.budget, d.bins, d.pstar])
+
+
+def _drafting_from(tensors: Sequence[torch.Tensor], keys: Sequence[int], ek: int) -> "_Drafting":
+    """The :class:`_Drafting` of :func:`_drafting_tensors` (without its tree state)."""
+    t = list(tensors)
+    scores, parents, tokens, local = t[:4]
+    ent_k = dict(zip(keys, t[4:4 + len(keys)]))
+    frontier, f_hidden, f_slot, depth_limit, budget, bins, pstar = t[4 + len(keys):]
+    return _Drafting(scores=scores, parents=parents, tokens=tokens, local=local, ent_k=ent_k, ek=ek,
+                     frontier=frontier, f_hidden=f_hidden, f_slot=f_slot, depth_limit=depth_limit, budget=budget,
+                     bins=bins, pstar=pstar, state=None)
 
 
 def _plan_key(plan: Plan) -> tuple:

@@ -70,10 +70,11 @@ def _engine(seed=3):
 
 
 def _count_round_reads(engine, prompts, **kw):
-    """Generate with every round's draft / verify / commit counted; returns (results, reads, rounds)."""
+    """Generate with every round's draft half / verify half / commit counted (a split round's
+    read between its halves included); returns (results, reads, rounds)."""
     counter = HostReads()
     phases = {}
-    for name in ("_draft_tree", "_verify", "_commit"):
+    for name in ("_draft_half", "_verify_half", "_commit"):
         orig = getattr(engine, name)
 
         def wrapped(*a, _orig=orig, **k):

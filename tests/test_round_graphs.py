@@ -76,6 +76,7 @@ def test_plain_steps_between_rounds_reuse_the_padded_extend(split):
             return MIXED if self.i % 3 else Plan("plain", speculate=False)
 
     engine = _engine()
+    engine.bin_graphs = False      # one draft graph per plan: the counts below (split rounds: further down)
     if split:
         engine.split_attention_factory = lambda B: SplitTreeAttention(TorchPrefixPass())
     ar = engine.generate_batch(PROMPTS, max_new_tokens=30, method="autoregressive", chat=False)
@@ -119,9 +120,72 @@ def test_plans_that_differ_only_in_their_actions_share_one_draft_graph():
     assert graphed == eager
     assert [r.token_ids for r in graphed_out] == [r.token_ids for r in eager_out]
     assert len({r[0] for rs in eager for r in rs}) > 1, "both plans' bins should occur"
-    draft_graphs = [key for key in engine.round_graphs._graphs if key[0][0] == "draft"]
+    # (a plan whose bins act differently splits its draft half at the decision: "decide", then
+    # one "deeper" graph per forwards count, shared by the plans as well)
+    draft_graphs = [key for key in engine.round_graphs._graphs if key[0][0] in ("draft", "decide")]
     assert len(draft_graphs) == 1, draft_graphs
     assert engine.round_graphs.counts["replayed"] > 10
+
+
+def _bin_spreading_plan(engine):
+    """MIXED's actions with edges at the terciles of the path entropies this engine's rounds
+    meet (eager rounds), so that replayed rounds see every bin."""
+    out = engine.generate_batch(PROMPTS, max_new_tokens=24, method="heterospec", chat=False,
+                                policy=_FixedPolicy(MIXED))
+    ent = sorted(r.entropy for o in out for r in o.stats.records)
+    edges = [ent[len(ent) // 3], ent[2 * len(ent) // 3]]
+    return Plan("spread", decide_depth=1, entropy_k=3, edges=edges, depth=[4, 2, 1], budget=[6, 4, 1])
+
+
+@pytest.mark.parametrize("sampling", [False, True])
+def test_replayed_rounds_draft_and_verify_the_batch_s_own_bins(sampling):
+    """A plan whose bins act differently replays as a decide graph, one host read of the batch's
+    deepest bin and largest budget, and the graphs of that (forwards, nodes): the rounds decide,
+    draft and accept exactly as eager rounds do, and rounds of shallow batches run graphs of
+    their own instead of the plan's deepest."""
+    plan = _bin_spreading_plan(_engine(graphs=False))
+    kw = dict(max_new_tokens=24, method="heterospec", chat=False, policy=_FixedPolicy(plan))
+    if sampling:
+        kw.update(temperature=0.9, top_p=0.95, seed=3)
+
+    def records(out):
+        return [[(r.bin, r.depth, r.accept_len) for r in o.stats.records] for o in out]
+
+    eager = _engine(graphs=False).generate_batch(PROMPTS, **kw)
+    engine = _engine()
+    graphed = engine.generate_batch(PROMPTS, **kw)
+    keys = list(engine.round_graphs._graphs)
+    assert [r.token_ids for r in graphed] == [r.token_ids for r in eager]
+    assert records(graphed) == records(eager)
+    if not sampling:
+        ar = engine.generate_batch(PROMPTS, max_new_tokens=24, method="autoregressive", chat=False)
+        assert [r.token_ids for r in graphed] == [r.token_ids for r in ar]
+    assert len({r[0] for rs in records(eager) for r in rs}) == 3, "every bin should occur"
+    deeper = {k[0][2] for k in keys if k[0][0] == "deeper"}
+    verify = {k[0][1] for k in keys if k[0][0] == "verify"}
+    assert len(deeper) > 1 or len(verify) > 1, (deeper, verify)
+    assert not any(k[0][0] == "draft" for k in keys)
+
+
+def test_split_rounds_read_the_host_at_most_three_times():
+    from tests.test_capture_ready import MAX_READS_PER_ROUND, HostReads
+
+    engine = _engine()
+    plan = _bin_spreading_plan(_engine(graphs=False))
+    counter = HostReads()
+    saved = {}
+    for name in ("_draft_half", "_verify_half", "_commit"):
+        saved[name] = orig = getattr(engine, name)
+
+        def wrapped(*a, _orig=orig, **k):
+            with counter:
+                return _orig(*a, **k)
+        setattr(engine, name, wrapped)
+    res = engine.generate_batch(PROMPTS, max_new_tokens=16, method="heterospec", chat=False,
+                                policy=_FixedPolicy(plan))
+    rounds = max(r.stats.rounds for r in res)
+    assert rounds >= 3 and counter.count / rounds <= MAX_READS_PER_ROUND, (counter.count, rounds)
+    assert any(k[0][0] == "deeper" for k in engine.round_graphs._graphs)
 
 
 def test_interleaved_methods_and_lengths_reuse_the_kept_caches_and_their_graphs():
@@ -217,6 +281,7 @@ def test_rounds_that_capture_are_not_timed_for_the_policy():
             self.seconds.append(seconds)
 
     engine, pol = _engine(), Recording()
+    engine.bin_graphs = False      # one graph per half: the configurations counted below
     engine.generate_batch(PROMPTS, max_new_tokens=30, method="heterospec", chat=False, policy=pol)
     untimed = sum(s is None for s in pol.seconds)
     one_offs = engine.round_graphs.one_offs()

@@ -571,6 +571,23 @@ class Eagle3Draft(nn.Module):
             raise ValueError(f"new_tree: capacity must be >= 1, got {capacity}")
         return DraftTreeState(capacity=None if capacity is None else int(capacity), static=static)
 
+    def resume_tree(self, state: DraftTreeState, cache: KVCache, n: int, like: torch.Tensor) -> None:
+        """Point an empty static-layout ``state`` at this shape's recycled tree buffers, holding
+        the first ``n`` nodes an earlier part of the same round fed (a split replayed round: the
+        engine's decide graph feeds them, its deeper graph goes on from here). ``like``: a tensor
+        of the round's batch, device and dtype family ([B, ...])."""
+        if state.kbuf is not None or state.n:
+            raise ValueError("resume_tree: the state must be empty")
+        if state.static is None:
+            state.static = self._kernel_friendly(like)
+        if not state.static or not self.keep_tree_pools:
+            raise ValueError("resume_tree needs the static tree layout with recycled buffers kept "
+                             "(keep_tree_pools, set while CUDA graphs replay rounds)")
+        if state.capacity is None or not 0 <= n <= state.capacity:
+            raise ValueError(f"resume_tree: {n} nodes do not fit a tree of capacity {state.capacity}")
+        self._tree_storage(state, cache, like.shape[0], 1, like)
+        state.n = n
+
     def release_tree_pools(self) -> None:
         """Forget the recycled tree buffers (once no captured round can replay into them)."""
         self._tree_pool = {}
