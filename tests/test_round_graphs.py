@@ -242,6 +242,7 @@ def test_replayed_rounds_after_long_plain_stretches_keep_the_window():
             return MIXED if self.i % 9 == 0 else Plan("plain", speculate=False)
 
     engine = _engine()
+    engine.bin_graphs = False      # one "draft" graph per plan: the extend widths it is given
     ar = engine.generate_batch(PROMPTS, max_new_tokens=40, method="autoregressive", chat=False)
     widths, run = [], engine.round_graphs.run
 
@@ -519,6 +520,7 @@ def test_graphs_and_caches_serve_the_next_call():
     """A second call of the same batch size and length bucket reuses the kept (cleared) caches and
     replays the graphs the first call captured; the output stays the target's."""
     engine = _engine()
+    engine.bin_graphs = False      # one graph per half: the counts below
     policy = _FixedPolicy(MIXED)
     n = 14     # fewer than COMPACT_MIN_LEFT: finished requests stay in the batch (same storage)
     ar = engine.generate_batch(PROMPTS, max_new_tokens=n, method="autoregressive", chat=False)
