@@ -25,7 +25,7 @@ import os
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Sequence, Union
+from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -980,11 +980,11 @@ class Engine:
         drafting = out[:-1]
         depth, nodes = self._split_shape(st, plan, drafting[-4], drafting[-3])
         k, cap, n_done = cfg.top_k, max(plan.max_depth, 1) * cfg.top_k, plan.decide_depth * cfg.top_k
-        keys = sorted({plan.entropy_k, max(plan.entropy_k, k)})
+        ek, keys = _entropy_keys(plan, k)
 
         def deeper(*args):
             *d_args, prefix_lens, draft_hole = args[:len(drafting) + 2]
-            d = _drafting_from(d_args, keys, max(plan.entropy_k, k))
+            d = _drafting_from(d_args, keys, ek)
             d.state = self.draft.new_tree(B, capacity=cap)
             self.draft.resume_tree(d.state, dcache, n_done, d.f_hidden)
             half = _Batch(prefix_lens=prefix_lens, root=None, target_cache=tcache, draft_cache=dcache,
@@ -1077,7 +1077,7 @@ class Engine:
         the root's children, ``decide_depth`` draft forwards, and the bin of each request (its
         depth and budget). :meth:`_draft_deeper` goes on from there."""
         draft, B, k, dev = self.draft, st.size, cfg.top_k, self.device
-        ek = max([plan.entropy_k, k, *trace_ks])
+        ek, keys = _entropy_keys(plan, k, trace_ks)
         rows = torch.arange(B, device=dev)
 
         # 1. Extend the draft over the tokens committed last round; its last output is the root's.
@@ -1109,7 +1109,7 @@ class Engine:
         # H(P*) uses K = plan.entropy_k; the top-ek pass may be wider (traces, a larger tree top_k).
         # ent_k[ek] (d.entropy) is the op's own path entropy of each candidate's path; other K
         # are derived from the same top-ek pass.
-        for K in sorted({plan.entropy_k, *trace_ks} | {ek}):
+        for K in keys:
             d.ent_k[K] = torch.zeros((B, C), device=dev)
 
         # Layer 1: children of the root.
@@ -1344,6 +1344,13 @@ _CACHE_SLACK = 1024
 _TREE_TENSORS = ("scores", "parents", "tokens", "local", "budget", "depth", "entropy", "bins", "pstar")
 _VERDICT_TENSORS = ("tree_tokens", "tree_cand", "num_nodes", "accept_path", "accept_len", "bonus",
                     "target_top1", "invalid")
+
+
+def _entropy_keys(plan: Plan, k: int, trace_ks: Sequence[int] = ()) -> Tuple[int, List[int]]:
+    """``(ek, keys)``: the top-k width of a round's topk_entropy passes (the tree's k, the plan's
+    K, trace K, whichever is widest) and the K whose path entropies the round keeps, sorted."""
+    ek = max([plan.entropy_k, k, *trace_ks])
+    return ek, sorted({plan.entropy_k, *trace_ks, ek})
 
 
 def _drafting_tensors(d: "_Drafting") -> List[torch.Tensor]:
