@@ -373,6 +373,12 @@ class Engine:
         # then the graph of that (forwards, nodes). Without it every replayed round drafts and
         # verifies the plan's largest action, and the bins' actions save nothing on a GPU.
         self.bin_graphs = True
+        # The tree depth a split round's buffers are sized for: the deepest plan split so far
+        # (it only grows). The fitted policy's online corrections move a plan's deepest bin and
+        # largest budget round by round; graphs sized per plan were a new set of captures per
+        # move (~60 captures in 12 calls on an H100, with more than max_graphs keys in turn), so
+        # a split round's graphs are keyed by the binning option and this envelope instead.
+        self._split_depth = 0
         # How a FlashInfer target attends in replayed forwards: "sdpa" (one static masked pass over
         # the cache, captured as it is) or "split" (SplitTreeAttention: FlashInfer over the prefix,
         # planned on the host before every replay, plus the tree block). "sdpa" by default: it was
@@ -787,6 +793,10 @@ class Engine:
             cache.k, cache.v = k.zero_(), v.zero_()   # its own storage (dropping finished rows rebinds it)
             return cache
         rounded = -(-length // _CACHE_BUCKET) * _CACHE_BUCKET
+        if kept is not None and kept[1].shape[1] == batch_size and kept[1].shape[2] < length:
+            # Outgrown: twice the kept length (if more), so that calls of growing length drop
+            # the graphs a logarithmic number of times, not once per 256 slots.
+            rounded = max(rounded, 2 * kept[1].shape[2])
         length = rounded if rounded <= max(length, self.max_length) else length   # within the model's limit
         self._kept_caches[id(model)] = None          # let the old one go before allocating
         cache = model.new_cache(batch_size, length)
@@ -946,7 +956,7 @@ class Engine:
         if graphs is None:
             if not split:
                 return self._draft_tree(st, cfg, plan)
-            d = self._draft_decide(st, cfg, plan)         # eagerly, as the replayed split round runs
+            d = self._draft_decide(st, cfg, plan, depth_cap=self._envelope(plan))   # as replayed split rounds run
             depth, nodes = self._split_shape(st, plan, d.depth_limit, d.budget)
             tree = self._draft_deeper(d, st, cfg, plan, depth)
             tree.verify_nodes = nodes
@@ -954,6 +964,7 @@ class Engine:
         self._bind_graph_storage(graphs, st)
         B, n, F = st.ext_feats.shape
         W = -(-n // _EXTEND_BUCKET) * _EXTEND_BUCKET
+        env = self._envelope(plan) if split else None
         tcache, dcache = st.target_cache, st.draft_cache
         plan.prepare(self.device)
 
@@ -963,23 +974,23 @@ class Engine:
                           draft_hole=draft_hole)
             view = plan.with_tensors(plan_tensors)
             if split:
-                return _drafting_tensors(self._draft_decide(half, cfg, view)) + [half.draft_lens]
+                return _drafting_tensors(self._draft_decide(half, cfg, view, depth_cap=env)) + [half.draft_lens]
             tree = self._draft_tree(half, cfg, view)
             return [getattr(tree, f) for f in _TREE_TENSORS] + [half.draft_lens]
 
         # The plan's edges, depths and budgets are inputs (copied before each replay): plans that
         # differ only in them (the fitted policy's online corrections move them) share a graph.
-        out = graphs.run(("decide" if split else "draft", _plan_key(plan), cfg.top_k, cfg.pstar_pool), draft,
-                         [st.ext_tokens, st.ext_feats, st.ext_num, st.draft_lens, st.prefix_lens, st.root,
-                          st.draft_hole, *plan.tensors()],
-                         shapes=[(B, W), (B, W, F)] + [None] * 8)
+        inputs = [st.ext_tokens, st.ext_feats, st.ext_num, st.draft_lens, st.prefix_lens, st.root, st.draft_hole,
+                  *plan.tensors()]
+        key = ("decide", _split_key(plan, env)) if split else ("draft", _plan_key(plan))
+        out = graphs.run((*key, cfg.top_k, cfg.pstar_pool), draft, inputs, shapes=[(B, W), (B, W, F)] + [None] * 8)
         st.draft_lens = out[-1]
         if not split:
             return _Tree(**dict(zip(_TREE_TENSORS, out[:-1])))
 
         drafting = out[:-1]
         depth, nodes = self._split_shape(st, plan, drafting[-4], drafting[-3])
-        k, cap, n_done = cfg.top_k, max(plan.max_depth, 1) * cfg.top_k, plan.decide_depth * cfg.top_k
+        k, cap, n_done = cfg.top_k, max(env, 1) * cfg.top_k, plan.decide_depth * cfg.top_k
         ek, keys = _entropy_keys(plan, k)
 
         def deeper(*args):
@@ -992,11 +1003,17 @@ class Engine:
             tree = self._draft_deeper(d, half, cfg, plan.with_tensors(args[len(drafting) + 2:]), depth)
             return [getattr(tree, f) for f in _TREE_TENSORS]
 
-        out = graphs.run(("deeper", _plan_key(plan), depth, cfg.top_k, cfg.pstar_pool), deeper,
+        out = graphs.run(("deeper", _split_key(plan, env), depth, cfg.top_k, cfg.pstar_pool), deeper,
                          [*drafting, st.prefix_lens, st.draft_hole, *plan.tensors()])
         tree = _Tree(**dict(zip(_TREE_TENSORS, out)))
         tree.verify_nodes = nodes
         return tree
+
+    def _envelope(self, plan: Plan) -> int:
+        """The tree depth split rounds size their buffers for (:attr:`_split_depth`), grown to
+        ``plan``'s deepest bin when it drafts deeper."""
+        self._split_depth = max(self._split_depth, plan.max_depth)
+        return self._split_depth
 
     def _split_shape(self, st: _Batch, plan: Plan, depth_limit: torch.Tensor, budget: torch.Tensor):
         """A split round's second host read: the forwards of the batch's deepest bin and the
@@ -1021,23 +1038,28 @@ class Engine:
         configuration (the target forward's attention: :meth:`_target_graphs`)."""
         done = torch.tensor([f is not None for f in st.finished], device=self.device)
         nodes = plan.max_nodes if tree.verify_nodes is None else tree.verify_nodes
+        # Static rounds: the next extend holds the accepted path, root + at most depth + 1
+        # layers, not the verified tree's width (that made the next draft graph's width follow
+        # the budget: a graph per budget, 96 columns of extend for 9 tokens).
+        path_cap = (plan.max_depth if tree.verify_nodes is None else self._split_depth) + 2 \
+            if self.static_rounds else None
         graphs, attn = self._target_graphs(st, nodes + 1)
         if graphs is None:
-            return self._verify(st, tree, plan, params, gen, done, max_nodes=nodes)
+            return self._verify(st, tree, plan, params, gen, done, max_nodes=nodes, path_cap=path_cap)
         tcache = st.target_cache
 
         def verify(*args):
             *tree_args, root, prefix_lens, done_ = args
             half = _Batch(prefix_lens=prefix_lens, root=root, target_cache=tcache)
             v = self._verify(half, _Tree(**dict(zip(_TREE_TENSORS, tree_args))), plan, params, gen, done_, attn,
-                             max_nodes=nodes)
+                             max_nodes=nodes, path_cap=path_cap)
             return ([getattr(v, f) for f in _VERDICT_TENSORS] +
                     [half.ext_tokens, half.ext_feats, half.ext_num, half.draft_lens])
 
         # A greedy verification draws nothing: its graphs serve every call (a sampling one is
         # captured with the call's generator).
         rng = None if params.greedy else gen
-        key = ("verify", nodes, params.greedy, params.temperature, params.top_p, params.top_k, id(rng),
+        key = ("verify", nodes, path_cap, params.greedy, params.temperature, params.top_p, params.top_k, id(rng),
                id(attn))
         out = graphs.run(key, verify, [getattr(tree, f) for f in _TREE_TENSORS] + [st.root, st.prefix_lens, done],
                          generator=rng, keep=(plan, rng, attn))
@@ -1072,10 +1094,12 @@ class Engine:
         d = self._draft_decide(st, cfg, plan, trace_ks)
         return self._draft_deeper(d, st, cfg, plan, plan.max_depth)
 
-    def _draft_decide(self, st: _Batch, cfg: SpecConfig, plan: Plan, trace_ks: Sequence[int] = ()) -> "_Drafting":
+    def _draft_decide(self, st: _Batch, cfg: SpecConfig, plan: Plan, trace_ks: Sequence[int] = (),
+                      depth_cap: int = 0) -> "_Drafting":
         """A round's drafting up to HeteroSpec's decision: the extend over last round's tokens,
         the root's children, ``decide_depth`` draft forwards, and the bin of each request (its
-        depth and budget). :meth:`_draft_deeper` goes on from there."""
+        depth and budget). :meth:`_draft_deeper` goes on from there. ``depth_cap``: size the
+        tree's buffers for this depth when deeper than the plan's (split rounds' envelope)."""
         draft, B, k, dev = self.draft, st.size, cfg.top_k, self.device
         ek, keys = _entropy_keys(plan, k, trace_ks)
         rows = torch.arange(B, device=dev)
@@ -1090,7 +1114,8 @@ class Engine:
         lp, ids = lp_full[:, :k], ids[:, :k]                                     # [B, k]
 
         decide_depth, max_depth = plan.decide_depth, plan.max_depth
-        C = k + max_depth * k * k
+        cap_depth = max(max_depth, depth_cap)
+        C = k + cap_depth * k * k
         d = _Drafting(scores=torch.full((B, C), float("-inf"), device=dev),
                       parents=torch.full((B, C), -1, dtype=torch.int64, device=dev),
                       tokens=torch.zeros((B, C), dtype=torch.int64, device=dev),
@@ -1104,7 +1129,7 @@ class Engine:
                       bins=torch.full((B,), -1, dtype=torch.int64, device=dev),
                       pstar=torch.zeros(B, dtype=torch.int64, device=dev),
                       # Static rounds: the draft's tree buffers hold the deepest plan from the start.
-                      state=draft.new_tree(B, capacity=max(max_depth, 1) * k) if self.static_rounds
+                      state=draft.new_tree(B, capacity=max(cap_depth, 1) * k) if self.static_rounds
                       else draft.new_tree(B))
         # H(P*) uses K = plan.entropy_k; the top-ek pass may be wider (traces, a larger tree top_k).
         # ent_k[ek] (d.entropy) is the op's own path entropy of each candidate's path; other K
@@ -1194,7 +1219,8 @@ class Engine:
 
     # -- verify -----------------------------------------------------------------------------------
     def _verify(self, st: _Batch, tree: _Tree, plan: Plan, params: SamplingParams, gen,
-                done: Optional[torch.Tensor] = None, attn=None, max_nodes: Optional[int] = None):
+                done: Optional[torch.Tensor] = None, attn=None, max_nodes: Optional[int] = None,
+                path_cap: Optional[int] = None):
         B, dev = st.size, self.device
         budget = tree.budget.clone()
         if done is None:
@@ -1240,7 +1266,7 @@ class Engine:
         st.target_cache.compact(accept_path, accept_len, st.prefix_lens)
         # Next extend: the draft sees root + accepted nodes with their target features, each
         # paired with the token that follows it (the next accepted node, or the bonus).
-        path = accept_path.clamp(min=0)
+        path = accept_path[:, :path_cap].clamp(min=0)     # path_cap: the longest path (static rounds)
         path_tokens = tree_tokens.gather(1, path)
         ext_tokens = torch.cat([path_tokens[:, 1:], path_tokens[:, :1]], dim=1)
         ext_tokens.scatter_(1, accept_len[:, None], bonus[:, None])
@@ -1375,6 +1401,15 @@ def _plan_key(plan: Plan) -> tuple:
     """Everything of a plan that a captured draft half bakes in (its shapes and loop counts; the
     edges, depths and budgets are the graph's inputs)."""
     return (plan.decide_depth, plan.entropy_k, plan.num_bins, plan.max_depth, plan.max_nodes)
+
+
+def _split_key(plan: Plan, depth_cap: int) -> tuple:
+    """The same for a split round's graphs: the binning option (when the decision is read, with
+    which K, how many bins) and the envelope its buffers are sized for. The deepest bin and the
+    largest budget are not baked in: the decision writes every row's depth and budget from the
+    plan's tensors, and the deeper graph's forwards and the verify graph's nodes are keys of
+    their own."""
+    return (plan.decide_depth, plan.entropy_k, plan.num_bins, depth_cap)
 
 
 def _progress(st: _Batch, behind: List[int], before: int) -> float:

@@ -139,7 +139,12 @@ class _CapturedHalf:
         if self.emulate:
             reads = _ExternalReads()
             with reads:
-                self.static_out = list(self.fn(*self.static_in))
+                out = self.fn(*self.static_in)
+            # An output that is an expanded view (stride 0: the decide half of a plan that decides
+            # on layer 1 returns its frontier so) is one buffer in a real graph; the emulation
+            # keeps a copy of its own to copy each replay's result into.
+            self.static_out = [t.clone() if t is not None and 0 in t.stride() and t.numel() > 1 else t
+                               for t in out]
             self.external = reads.read
             self._rng_restore(rng)
             return

@@ -32,6 +32,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import operator
 import os
 import time
 from dataclasses import dataclass, field
@@ -1063,9 +1064,11 @@ class FittedPolicy(Policy):
         pos = self.position_scale()
         for i, sums in self._bin_acc.items():
             used = list(self._bin_scale_used.get(i) or [1.0] * len(sums))
+            # (runs after every speculative round: map, not a generator, ~4x less Python per bin)
+            scale = list(pos) + [pos[-1]] * (len(sums[0][1]) - len(pos)) if sums and pos else pos
             for b, (obs_j, pred_j) in enumerate(sums):
                 obs = sum(obs_j)
-                pred = sum(x * pos[min(j, len(pos) - 1)] for j, x in enumerate(pred_j))
+                pred = sum(map(operator.mul, pred_j, scale))
                 if pred < self.MIN_OBSERVED:      # as the position scale: measured enough first
                     continue
                 r = min(4.0, max(0.25, (obs + self.BIN_PRIOR) / (pred + self.BIN_PRIOR)))

@@ -14,7 +14,8 @@
 #
 # SECONDS: the driver's deadline from now (a later call may move it, e.g. from the lease time the
 # previous reply reported). Driver order: env build | FlashInfer: install fi_warm | real pair:
-# e2e | test_engine test_ops | latency test_models bench_ops | (GPU_DRAFT_DATA=1: draft_data) train_draft. State and logs: .gpu-state/
+# e2e | test_engine test_models test_ops | latency bench_ops | (GPU_DRAFT_DATA=1: draft_data) train_draft (GPU_CHAIN_SKIP
+# leaves stages out). State and logs: .gpu-state/
 # (chain.log, logs/<stage>.log); outputs: .gpu-state/out, copied to $OUT by every call.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -35,7 +36,14 @@ wait_for() {
   done
 }
 
-session() { GPU_DEADLINE="$(deadline)" GPU_NO_COLLECT=1 OUT="$STATE/out" bash scripts/gpu_session.sh "$@"; }
+# GPU_CHAIN_SKIP: stages the driver leaves out (e.g. "test_ops bench_ops latency" when the kernels
+# have not changed since the last run and the lease is wanted for train_draft).
+session() {
+  local keep=() s
+  for s in "$@"; do [[ " ${GPU_CHAIN_SKIP:-} " == *" $s "* ]] || keep+=("$s"); done
+  ((${#keep[@]})) || return 0
+  GPU_DEADLINE="$(deadline)" GPU_NO_COLLECT=1 OUT="$STATE/out" bash scripts/gpu_session.sh "${keep[@]}"
+}
 
 case "${1:-}" in
   start)
@@ -70,8 +78,8 @@ case "${1:-}" in
     wait_for fi && session install fi_warm
     GPU_E2E_N="${GPU_E2E_N:-4}"; export GPU_E2E_N
     wait_for e2e && session e2e
-    session test_engine test_ops
-    session latency test_models bench_ops
+    session test_engine test_models test_ops
+    session latency bench_ops
     [[ "${GPU_DRAFT_DATA:-0}" == 1 ]] && session draft_data
     session train_draft
     echo "[chain] driver done at +$(($(now) - $(stat -c %Y "$STATE/chain.pid")))s"

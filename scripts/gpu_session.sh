@@ -275,13 +275,19 @@ stage_draft_data() {
 stage_train_draft() {
   need_build
   set -e
-  local target="$HETEROSPEC_CACHE/smollm2-135m-instruct" run="$STATE/draft-run" data=data/distill-v2
+  local target="$HETEROSPEC_CACHE/smollm2-135m-instruct" run="$STATE/draft-run" data="$STATE/train-data"
   [[ -f "$target/config.json" ]] || { echo "needs the converted target (the e2e stage makes it)"; exit 75; }
-  if compgen -G "$STATE/distill-v3/shard_*.safetensors" > /dev/null; then
-    # one data dir: the new shards plus the packed distill-v2 shard, linked under a name of its own
-    data="$STATE/distill-v3"
-    ln -sf "$ROOT/data/distill-v2/shard_00000.safetensors" "$data/shard_09000.safetensors"
-  fi
+  # One data dir of links: every shard of the tracked sets (data/distill-v2, data/distill-v3) and
+  # the draft_data stage's new ones, each set under a prefix of its own (the trainer globs shard_*).
+  rm -rf "$data" && mkdir -p "$data"
+  local set_dir f prefix=1
+  for set_dir in "$ROOT/data/distill-v2" "$ROOT/data/distill-v3" "$STATE/distill-v3"; do
+    for f in "$set_dir"/shard_*.safetensors; do
+      [[ -f "$f" ]] && ln -s "$f" "$data/shard_${prefix}$(basename "$f" | sed 's/^shard_//')"
+    done
+    prefix=$((prefix + 1))
+  done
+  echo "training shards: $(ls "$data" | wc -l)"
   local left=$((DEADLINE - $(date +%s) - 150)) cap="${GPU_TRAIN_S:-240}"   # 150 s: final eval + export + parts
   local budget=$((left < cap ? left : cap))
   ((budget >= 30)) || { echo "no time left to train (${left}s)"; exit 75; }

@@ -127,6 +127,65 @@ def test_plans_that_differ_only_in_their_actions_share_one_draft_graph():
     assert engine.round_graphs.counts["replayed"] > 10
 
 
+MIXED_SHALLOW = Plan("shallow", decide_depth=1, entropy_k=3, edges=[1.0, 1.6], depth=[2, 2, 1], budget=[4, 3, 1])
+
+
+def test_split_rounds_of_plans_of_another_depth_and_budget_share_their_graphs():
+    """The fitted policy's corrections also move a plan's deepest bin and largest budget. Split
+    rounds size their buffers for the deepest plan so far (the envelope) and key their graphs by
+    the binning option, so a plan of the same option but shallower, or with smaller budgets,
+    replays the same decide graph and the deeper graphs of the forwards it runs (on an H100 a
+    key per plan made ~60 captures in 12 calls), and decides and accepts as eager rounds do."""
+    def records(engine):
+        out = engine.generate_batch(PROMPTS, max_new_tokens=24, method="heterospec", chat=False,
+                                    policy=_Alternating(MIXED, MIXED_SHALLOW))
+        return out, [[(r.bin, r.depth, r.verified, r.accept_len) for r in o.stats.records] for o in out]
+
+    eager_out, eager = records(_engine(graphs=False))
+    engine = _engine()
+    graphed_out, graphed = records(engine)
+    assert graphed == eager
+    assert [r.token_ids for r in graphed_out] == [r.token_ids for r in eager_out]
+    decide = [key for key in engine.round_graphs._graphs if key[0][0] == "decide"]
+    assert len(decide) == 1, decide
+    deeper = {key[0][2] for key in engine.round_graphs._graphs if key[0][0] == "deeper"}
+    assert len(deeper) == len([k for k in engine.round_graphs._graphs if k[0][0] == "deeper"])  # one per forwards
+    assert engine._split_depth == MIXED.max_depth
+
+
+def test_the_next_extend_is_as_wide_as_the_longest_accepted_path():
+    """After a replayed round the draft's next extend holds the accepted path: root + at most
+    depth + 1 layers. It once had the verified tree's width (static), so the next draft graph's
+    width followed the plan's budget: a graph per budget, and 96 columns of extend for the ~9 a
+    round can accept (H100, 26 Nov). With budgets wider than the bucket, every draft graph here
+    is one bucket wide, and the output is the eager engine's."""
+    from heterospec.engine import _EXTEND_BUCKET
+
+    wide = Plan("wide", decide_depth=1, entropy_k=3, edges=[1.0, 1.6], depth=[3, 2, 1],
+                budget=[2 * _EXTEND_BUCKET + 3, _EXTEND_BUCKET + 2, 4])
+    kw = dict(max_new_tokens=24, method="heterospec", chat=False)
+    want = _engine(graphs=False).generate_batch(PROMPTS, **kw, policy=_FixedPolicy(wide))
+    for split in (True, False):
+        engine = _engine()
+        engine.bin_graphs = split
+        got = engine.generate_batch(PROMPTS, **kw, policy=_FixedPolicy(wide))
+        assert [r.token_ids for r in got] == [r.token_ids for r in want]
+        widths = {key[1][0][0][1] for key in engine.round_graphs._seen if key[0][0] in ("decide", "draft")}
+        assert widths == {_EXTEND_BUCKET}, (split, widths)
+        assert engine.round_graphs.counts["replayed"] > 0
+
+
+def test_an_outgrown_cache_doubles():
+    """Calls of growing length reallocate the kept cache (and drop every graph) a logarithmic
+    number of times: an outgrown cache is replaced by one of at least twice its length."""
+    engine = _engine()
+    engine.max_length = 1 << 16
+    first = engine._new_cache(engine.target, 2, 300)
+    second = engine._new_cache(engine.target, 2, first.k.shape[2] + 1)
+    assert second.k.shape[2] >= 2 * first.k.shape[2]
+    assert engine._new_cache(engine.target, 2, first.k.shape[2] + 2).k is second.k
+
+
 def _bin_spreading_plan(engine):
     """MIXED's actions with edges at the terciles of the path entropies this engine's rounds
     meet (eager rounds), so that replayed rounds see every bin."""
@@ -657,14 +716,17 @@ class _AlternatingPolicy(Policy):
         return Plan("shallow", decide_depth=1, entropy_k=3, edges=[1.0], depth=[1, 1], budget=[3, 2])
 
 
-def test_draft_tree_buffers_outlive_the_graphs_that_use_them():
+@pytest.mark.parametrize("split", [False, True])
+def test_draft_tree_buffers_outlive_the_graphs_that_use_them(split):
     """The static tree layout (CUDA's; forced here on CPU) recycles the draft's tree buffers per
     shape. It once kept only the latest shape's: with two plans alternating, the first plan's
     graph replayed into buffers freed when the second plan's were made - on an H200 a use-after-
     free (26 Nov: an illegal memory access in the end-to-end run). The emulation now refuses a
     replay whose captured reads were freed, so this fails if the draft drops buffers a live graph
-    still uses."""
+    still uses. Split rounds size every plan's buffers for the deepest plan so far (the
+    envelope): the two plans then share one buffer set."""
     engine = _engine()
+    engine.bin_graphs = split
     engine.draft.kernel_friendly_attention = True          # the static tree layout, as on CUDA
     ar = engine.generate_batch(PROMPTS, max_new_tokens=24, method="autoregressive", chat=False)
     out = engine.generate_batch(PROMPTS, max_new_tokens=24, method="heterospec", chat=False,
@@ -672,7 +734,7 @@ def test_draft_tree_buffers_outlive_the_graphs_that_use_them():
     assert [r.token_ids for r in out] == [r.token_ids for r in ar]
     c = engine.round_graphs.counts
     assert c["captured"] >= 4 and c["replayed"] > c["captured"], dict(c)
-    assert len(engine.draft._tree_pool) == 2                 # one buffer set per live shape
+    assert len(engine.draft._tree_pool) == (1 if split else 2)   # one buffer set per live shape
     # a new batch (new caches): the graphs go, and with them every tree buffer but the latest
     engine.generate_batch(PROMPTS[:2], max_new_tokens=8, method="heterospec", chat=False,
                           policy=_FixedPolicy(MIXED))
