@@ -90,11 +90,30 @@ def test_gpu_chain_dry_run(tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     log = (out / "chain.log").read_text()
     assert "fi: the last call came without it" in log or "fi: not complete before the deadline" in log
-    assert "driver done" in log and "stages: latency test_models bench_ops" in log
+    assert "driver done" in log and "stages: test_engine test_models test_ops;" in log
+    assert "stages: latency bench_ops;" in log
     text = (out / "gpu_summary.md").read_text()
     assert "| env | skipped (dry run) |" in text and (out / "gpu_logs.tar.gz").is_file()
     p = subprocess.run(["bash", chain], env=env, capture_output=True, text=True, timeout=30)
     assert p.returncode == 2 and "gpu_chain.sh start" in p.stdout
+
+
+def test_gpu_chain_leaves_out_the_stages_asked(tmp_path):
+    """GPU_CHAIN_SKIP: stages whose code did not change since the last run are left out of the
+    driver (a short lease then reaches train_draft); a session left with none is not started."""
+    out = tmp_path / "out"
+    out.mkdir()
+    env = dict(os.environ, GPU_DRY_RUN="1", GPU_STATE=str(tmp_path / "state"), OUT=str(out), PYTHON=sys.executable,
+               GPU_CHAIN_SKIP="test_ops bench_ops latency")
+    chain = os.path.join(ROOT, "scripts/gpu_chain.sh")
+    assert subprocess.run(["bash", chain, "start", "70"], env=env, capture_output=True, text=True,
+                          timeout=60).returncode == 0
+    assert subprocess.run(["bash", chain, "finish", "5"], env=env, capture_output=True, text=True,
+                          timeout=120).returncode == 0
+    log = (out / "chain.log").read_text()
+    assert "stages: test_engine test_models;" in log and "driver done" in log
+    ran = " ".join(line.split("stages: ", 1)[1] for line in log.splitlines() if "stages: " in line)
+    assert not {"test_ops", "bench_ops", "latency"} & set(ran.replace(";", " ").split()), ran
 
 
 def test_gpu_session_dry_run(tmp_path):

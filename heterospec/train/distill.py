@@ -179,10 +179,12 @@ class _Taps:
 
 
 @torch.no_grad()  # not inference_mode: callers mask the results in place
-def recompute_taps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+def recompute_taps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                   on_model_device: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Taps of recorded sequences by one teacher-forced forward: ``(features [B, S, 3H],
-    final_hidden [B, S, H])`` in float32 on the CPU, row ``p`` = token ``p`` as in a shard.
+    final_hidden [B, S, H])`` in float32 on the CPU (``on_model_device``: where the model is, for
+    a trainer on the same GPU: the CPU round trip of ~150 MB a batch is then not made), row
+    ``p`` = token ``p`` as in a shard.
 
     ``input_ids`` [B, S] right-padded (``attention_mask`` 1 on real tokens). Rows of padding
     are zero. Row ``p`` only sees tokens ``<= p``, exactly as in generation; the values differ
@@ -196,9 +198,10 @@ def recompute_taps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor 
         feats, final = taps.take()
     finally:
         taps.remove()
-    keep = mask.to(torch.bool).unsqueeze(-1)
-    return (feats.float().cpu().masked_fill_(~keep, 0.0),
-            final.float().cpu().masked_fill_(~keep, 0.0))
+    out = dev if on_model_device else torch.device("cpu")
+    keep = mask.to(out, torch.bool).unsqueeze(-1)
+    return (feats.to(out, torch.float32).masked_fill_(~keep, 0.0),
+            final.to(out, torch.float32).masked_fill_(~keep, 0.0))
 
 
 def _to_fp16(x: torch.Tensor) -> torch.Tensor:

@@ -188,16 +188,18 @@ def collate(seqs: list[Sequence_], max_len: int | None = None) -> Batch:
 
 def with_taps(batch: Batch, tap_model) -> Batch:
     """``batch`` itself when its taps were stored, else a copy with the taps recomputed by
-    ``tap_model`` (the target; ``distill.recompute_taps``). Row ``len - 1`` of every sequence,
-    which no stored shard has, is zeroed as ``collate`` pads it."""
+    ``tap_model`` (the target; ``distill.recompute_taps``), left on the tap model's device (the
+    trainer's: ``Batch.to`` then moves only the small tensors). Row ``len - 1`` of every
+    sequence, which no stored shard has, is zeroed as ``collate`` pads it."""
     if batch.features is not None:
         return batch
     from dataclasses import replace
 
     from .distill import recompute_taps
 
-    feats, final = recompute_taps(tap_model, batch.input_ids, batch.attention_mask)
-    last = torch.arange(batch.input_ids.shape[1], device=batch.lengths.device)[None] >= (batch.lengths - 1)[:, None]
+    feats, final = recompute_taps(tap_model, batch.input_ids, batch.attention_mask, on_model_device=True)
+    lengths = batch.lengths.to(feats.device)
+    last = torch.arange(batch.input_ids.shape[1], device=feats.device)[None] >= (lengths - 1)[:, None]
     feats.masked_fill_(last.unsqueeze(-1), 0.0)
     final.masked_fill_(last.unsqueeze(-1), 0.0)
     return replace(batch, features=feats, final_hidden=final)
