@@ -145,6 +145,9 @@ def test_loss_decreases(tmp_path, target):
         kls.append(sum(m["kl"]))
         losses.append(m["total"])
     assert losses[-1] < losses[0] and kls[-1] < 0.5 * kls[0], (losses[::5], kls[::5])
+    # where a step's time goes (the training log keeps it per step)
+    assert set(m["phase_s"]) == {"taps", "forward_loss", "backward_step"}
+    assert all(v >= 0 for v in m["phase_s"].values()) and m["phase_s"]["forward_loss"] > 0
 
 
 def test_batch_moves_every_tensor_and_keeps_missing_taps():

@@ -654,19 +654,26 @@ class Trainer:
         return torch.autocast(self.device.type, dtype=dt)
 
     def train_step(self, batch: Batch) -> dict:
+        from ..timing import timestamp
+
         cfg = self.cfg
         t0 = time.time()
+        # phase times (device-synchronised on CUDA): where a step goes, in the log of every step
+        p0 = timestamp(self.device)
         batch = with_taps(batch, self.tap_model()).to(self.device)  # counted: recomputing is part of the step
+        p1 = timestamp(self.device)
         lr = lr_at(cfg, self.step, self.train_seconds)
         for g in self.opt.param_groups:
             g["lr"] = lr
         with self.autocast():
             loss, m = ttt_loss(self.draft, batch, self.head_kept, cfg.ttt_steps, cfg.decay)
+        p2 = timestamp(self.device)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         gn = torch.nn.utils.clip_grad_norm_([p for p in self.draft.parameters() if p.requires_grad],
                                             cfg.grad_clip)
         self.opt.step()
+        m["phase_s"] = {"taps": p1 - p0, "forward_loss": p2 - p1, "backward_step": timestamp(self.device) - p2}
         self.step += 1
         self.tokens_seen += batch.num_tokens
         dt = time.time() - t0
@@ -760,7 +767,9 @@ class Trainer:
                 if cfg.time_budget_s is not None and self.train_seconds > cfg.time_budget_s:
                     self.log(f"time budget reached at step {self.step}")
                     break
+                d0 = time.perf_counter()
                 batch = self.stream.next_batch()
+                data_s = time.perf_counter() - d0
                 m = self.train_step(batch)
                 ema = m["acc"] if ema is None else [0.95 * a + 0.05 * b if not math.isnan(b) else a
                                                     for a, b in zip(ema, m["acc"])]
@@ -772,7 +781,8 @@ class Trainer:
                 rec = {"step": self.step, "loss": m["total"], "step_loss": m["loss"], "kl": m["kl"],
                        "acc": m["acc"], "acc_full": m["acc_full"], "lr": m["lr"],
                        "grad_norm": m["grad_norm"], "tokens": self.tokens_seen,
-                       "tok_s": tps, "epoch": self.stream.state["epoch"], "time": time.time()}
+                       "tok_s": tps, "epoch": self.stream.state["epoch"], "time": time.time(),
+                       "phase_s": {"data": data_s, **m["phase_s"]}}
                 logf.write(json.dumps(rec) + "\n")
                 logf.flush()
                 if self.step % cfg.ckpt_every == 0:
