@@ -82,6 +82,11 @@ def summarize(runs: List[dict]) -> Dict[str, Dict[str, dict]]:
             "verified_per_call": verified / calls if calls else float("nan"),
             "draft_ms_per_round": 1e3 * sum(r["draft_s"] for r in rs) / rounds if rounds else 0.0,
             "verify_ms_per_call": 1e3 * sum(r["verify_s"] for r in rs) / calls if calls else float("nan"),
+            # host time per target call: the policy's, and what is left of the wall time after
+            # prefill, draft, verify and policy (commit, token handling, graph input copies)
+            "policy_ms_per_call": 1e3 * sum(r.get("policy_s", 0.0) for r in rs) / calls if calls else float("nan"),
+            "other_ms_per_call": 1e3 * sum(r["total_s"] - r["prefill_s"] - r["draft_s"] - r["verify_s"]
+                                           - r.get("policy_s", 0.0) for r in rs) / calls if calls else float("nan"),
             "acceptance_rates": _acceptance_rates(recs, max((x["depth"] for x in recs), default=0)),
         }
     for name, ms in out.items():
@@ -99,8 +104,8 @@ def _ratio(x: float, digits: int) -> str:
 
 def markdown_table(summary: Dict[str, Dict[str, dict]], methods: Sequence[str]) -> str:
     head = ("| set | method | tok/s | speedup vs AR | vs eagle3 | tau | target calls | verified/call "
-            "| draft ms/round | verify ms/call |")
-    lines = [head, "|" + "---|" * 10]
+            "| draft ms/round | verify ms/call | policy ms/call | other ms/call |")
+    lines = [head, "|" + "---|" * 12]
     means = defaultdict(lambda: defaultdict(list))
     for name, ms in summary.items():
         for method in methods:
@@ -109,14 +114,15 @@ def markdown_table(summary: Dict[str, Dict[str, dict]], methods: Sequence[str]) 
             m = ms[method]
             lines.append(f"| {name} | {method} | {m['tokens_per_s']:.2f} | {_ratio(m['speedup'], 2)} | {_ratio(m['vs_eagle3'], 3)} "
                          f"| {m['tau']:.2f} | {m['target_calls']} | {m['verified_per_call']:.1f} "
-                         f"| {m['draft_ms_per_round']:.1f} | {m['verify_ms_per_call']:.1f} |")
+                         f"| {m['draft_ms_per_round']:.1f} | {m['verify_ms_per_call']:.1f} "
+                         f"| {m.get('policy_ms_per_call', float('nan')):.2f} | {m.get('other_ms_per_call', float('nan')):.2f} |")
             for key in ("speedup", "vs_eagle3", "tau", "verified_per_call"):
                 means[method][key].append(m[key])
     for method in methods:
         if method in means:
             mm = {k: statistics.fmean(v) for k, v in means[method].items()}
             lines.append(f"| **mean** | {method} | | {_ratio(mm['speedup'], 2)} | {_ratio(mm['vs_eagle3'], 3)} | {mm['tau']:.2f} "
-                         f"| | {mm['verified_per_call']:.1f} | | |")
+                         f"| | {mm['verified_per_call']:.1f} | | | | |")
     return "\n".join(lines)
 
 

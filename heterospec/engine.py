@@ -78,6 +78,7 @@ class GenerationStats:
     draft_s: float = 0.0
     verify_s: float = 0.0
     total_s: float = 0.0
+    policy_s: float = 0.0        # the policy's planning and learning (host time), whole batch
     records: List[RoundRecord] = field(default_factory=list)
 
     @property
@@ -93,7 +94,8 @@ class GenerationStats:
 
     def to_dict(self) -> dict:
         d = {k: getattr(self, k) for k in ("method", "new_tokens", "prompt_tokens", "rounds", "target_calls",
-                                            "verified_tokens", "prefill_s", "draft_s", "verify_s", "total_s")}
+                                            "verified_tokens", "prefill_s", "draft_s", "verify_s", "total_s",
+                                            "policy_s")}
         d["tau"] = self.tau
         d["tokens_per_s"] = self.tokens_per_s
         d["records"] = [r.__dict__ for r in self.records]
@@ -579,6 +581,7 @@ class Engine:
         cache_len = max(len(p) for p in ids) + max_new_tokens + 2 * tree_cap + 1
         gen = make_generator(params.seed, self.device)
 
+        policy_s = 0.0
         with torch.inference_mode():
             t0 = time.perf_counter()
             st = self._prefill(ids, method, params, gen, cache_len, max_new_tokens, stream, speculative)
@@ -600,15 +603,19 @@ class Engine:
                 context = sum(st.stats[b].prompt_tokens + len(st.outputs[b]) for b in active) // max(len(active), 1)
                 # Without a draft (the policy planned plain steps for this call) plain steps are
                 # still timed against the plan, so the policy learns what they really cost.
-                plan = (pol.round_plan(len(active), context) if speculative else
-                        pol.plan(len(active), context) if pol is not None else None)
+                plan, tp = None, time.perf_counter()
+                if pol is not None:
+                    plan = pol.round_plan(len(active), context) if speculative else pol.plan(len(active), context)
+                    policy_s += time.perf_counter() - tp
                 one_offs = self._graph_one_offs()
                 if plan is None or not plan.speculate or not speculative:
                     t_plain = time.perf_counter()
                     self._decode_one(st, params, gen, max_new_tokens, stream, record=method != "autoregressive")
                     if plan is not None and hasattr(pol, "observe"):     # plain steps are timed too
-                        pol.observe(plan, [], [], self._round_seconds(t_plain, one_offs),
-                                    progress=_progress(st, behind, least))
+                        seconds = self._round_seconds(t_plain, one_offs)
+                        tp = time.perf_counter()
+                        pol.observe(plan, [], [], seconds, progress=_progress(st, behind, least))
+                        policy_s += time.perf_counter() - tp
                 else:
                     # tokens the draft catches up on this round (a host read: not on static rounds)
                     pending = None if self.static_rounds else float(st.ext_num[active].float().mean())
@@ -623,15 +630,17 @@ class Engine:
                     self._commit(st, tree, verdict, max_new_tokens, stream, timer)
                     if hasattr(pol, "observe"):   # the fitted policy learns this workload and device
                         recs = [st.stats[b].records[-1] for b in active]
-                        pol.observe(plan, [r.bin for r in recs], [r.accept_len for r in recs],
-                                    self._round_seconds(t_draft, one_offs), extend_tokens=pending,
-                                    progress=_progress(st, behind, least))
+                        seconds = self._round_seconds(t_draft, one_offs)
+                        tp = time.perf_counter()
+                        pol.observe(plan, [r.bin for r in recs], [r.accept_len for r in recs], seconds,
+                                    extend_tokens=pending, progress=_progress(st, behind, least))
+                        policy_s += time.perf_counter() - tp
             total = time.perf_counter() - t0
         if isinstance(pol, FittedPolicy):
             pol.save_state()            # what it learned about this workload, for the next process
         results = []
         for out, s, reason in zip(st.all_outputs, st.all_stats, st.all_finished):
-            s.total_s = total
+            s.total_s, s.policy_s = total, policy_s
             s.new_tokens = len(out)
             text = self.tokenizer.decode(out, skip_special_tokens=True) if self.tokenizer else None
             results.append(GenerationResult(out, text, s, reason or "length"))
