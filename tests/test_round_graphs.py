@@ -105,13 +105,12 @@ class _Alternating(Policy):
 MIXED_MOVED = Plan("moved", decide_depth=1, entropy_k=3, edges=[5.0, 9.0], depth=[4, 1, 2], budget=[6, 1, 4])
 
 
-def test_plans_that_differ_only_in_their_actions_share_one_draft_graph():
-    """The fitted policy's plans move with its online corrections: a replayed draft half takes
-    the plan's edges, depths and budgets as inputs, so a moved plan replays the same graph, and
-    decides exactly as an eager round with that plan does."""
+def _alternating_as_eager(*plans):
+    """Rounds alternating ``plans`` with graphs (emulated) and eagerly: the same records (bin,
+    depth, verified nodes, accepted) and tokens. Returns the graphed engine and the records."""
     def records(engine):
         out = engine.generate_batch(PROMPTS, max_new_tokens=24, method="heterospec", chat=False,
-                                    policy=_Alternating(MIXED, MIXED_MOVED))
+                                    policy=_Alternating(*plans))
         return out, [[(r.bin, r.depth, r.verified, r.accept_len) for r in o.stats.records] for o in out]
 
     eager_out, eager = records(_engine(graphs=False))
@@ -119,6 +118,14 @@ def test_plans_that_differ_only_in_their_actions_share_one_draft_graph():
     graphed_out, graphed = records(engine)
     assert graphed == eager
     assert [r.token_ids for r in graphed_out] == [r.token_ids for r in eager_out]
+    return engine, eager
+
+
+def test_plans_that_differ_only_in_their_actions_share_one_draft_graph():
+    """The fitted policy's plans move with its online corrections: a replayed draft half takes
+    the plan's edges, depths and budgets as inputs, so a moved plan replays the same graph, and
+    decides exactly as an eager round with that plan does."""
+    engine, eager = _alternating_as_eager(MIXED, MIXED_MOVED)
     assert len({r[0] for rs in eager for r in rs}) > 1, "both plans' bins should occur"
     # (a plan whose bins act differently splits its draft half at the decision: "decide", then
     # one "deeper" graph per forwards count, shared by the plans as well)
@@ -136,16 +143,7 @@ def test_split_rounds_of_plans_of_another_depth_and_budget_share_their_graphs():
     the binning option, so a plan of the same option but shallower, or with smaller budgets,
     replays the same decide graph and the deeper graphs of the forwards it runs (on an H100 a
     key per plan made ~60 captures in 12 calls), and decides and accepts as eager rounds do."""
-    def records(engine):
-        out = engine.generate_batch(PROMPTS, max_new_tokens=24, method="heterospec", chat=False,
-                                    policy=_Alternating(MIXED, MIXED_SHALLOW))
-        return out, [[(r.bin, r.depth, r.verified, r.accept_len) for r in o.stats.records] for o in out]
-
-    eager_out, eager = records(_engine(graphs=False))
-    engine = _engine()
-    graphed_out, graphed = records(engine)
-    assert graphed == eager
-    assert [r.token_ids for r in graphed_out] == [r.token_ids for r in eager_out]
+    engine, _ = _alternating_as_eager(MIXED, MIXED_SHALLOW)
     decide = [key for key in engine.round_graphs._graphs if key[0][0] == "decide"]
     assert len(decide) == 1, decide
     deeper = {key[0][2] for key in engine.round_graphs._graphs if key[0][0] == "deeper"}
