@@ -213,14 +213,18 @@ class _AlternatingPolicy:
         return self.plans[self.n % 2]
 
 
+@pytest.mark.parametrize("bin_graphs", [False, True])
 @pytest.mark.parametrize("dtype,backend", [(BF16, "sdpa"), (BF16, "flashinfer")])
-def test_alternating_plans_replay_into_live_tree_buffers(dtype, backend):
+def test_alternating_plans_replay_into_live_tree_buffers(dtype, backend, bin_graphs):
     """Graphs of two plans replayed alternately, several calls on kept caches: greedy output equals
     autoregressive and nothing faults (26 Nov, H200: the draft freed the first plan's tree
-    buffers when the second plan's were made, and a later replay wrote into freed memory)."""
+    buffers when the second plan's were made, and a later replay wrote into freed memory).
+    Without the split rounds each plan has buffers of its own shape; with them both plans'
+    graphs share the envelope's (the deep plan's)."""
     from heterospec.policy import Policy
 
     engine = _engine(dtype, backend)
+    engine.bin_graphs = bin_graphs
     assert engine.round_graphs is not None
     pol = type("Alt", (_AlternatingPolicy, Policy), {})()
     prompts = _prompts(engine.target.config.vocab_size, n=3)
@@ -231,3 +235,31 @@ def test_alternating_plans_replay_into_live_tree_buffers(dtype, backend):
             _assert_greedy_equivalent(engine, p, a.token_ids, o.token_ids, dtype, f"call {call}")
     torch.cuda.synchronize()
     assert engine.round_graphs.counts["replayed"] > 0
+
+
+@pytest.mark.parametrize("dtype,backend", [(BF16, "sdpa")])
+def test_moved_plans_of_one_option_replay_the_same_split_graphs(dtype, backend):
+    """Split replayed rounds of plans that differ in their deepest bin and largest budget (the
+    fitted policy's corrections move them) share the decide graph sized for the envelope, on a
+    GPU as in the CPU emulation (tests/test_round_graphs.py); greedy output stays the target's."""
+    from heterospec.policy import Plan, Policy
+
+    class Alternating(Policy):
+        plans = [Plan("deep", decide_depth=1, entropy_k=3, edges=[1.0, 1.6], depth=[4, 2, 1], budget=[6, 4, 1]),
+                 Plan("shallow", decide_depth=1, entropy_k=3, edges=[1.0, 1.6], depth=[2, 2, 1], budget=[4, 3, 1])]
+        n = 0
+
+        def plan(self, batch_size, context=None):
+            self.n += 1
+            return self.plans[self.n % 2]
+
+    engine = _engine(dtype, backend)
+    prompts = _prompts(engine.target.config.vocab_size, n=3)
+    ar = engine.generate_batch(prompts, max_new_tokens=32, method="autoregressive", chat=False)
+    out = engine.generate_batch(prompts, max_new_tokens=32, method="heterospec", chat=False, policy=Alternating())
+    for p, a, o in zip(prompts, ar, out):
+        _assert_greedy_equivalent(engine, p, a.token_ids, o.token_ids, dtype, "moved plans")
+    torch.cuda.synchronize()
+    decide = [key for key in engine.round_graphs._graphs if key[0][0] == "decide"]
+    assert len(decide) == 1, decide
+    assert engine.round_graphs.counts["replayed"] > 0 and engine.round_graphs.counts.get("failed", 0) == 0
