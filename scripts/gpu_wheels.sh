@@ -21,15 +21,21 @@
 # calls are gone: the session reports FlashInfer / e2e as pending (the SDPA-only stages still run).
 #
 # Usage: bash scripts/gpu_wheels.sh            (idempotent; prints each call's size)
-#        CHUNK_MIB=28 bash scripts/gpu_wheels.sh   (if the tree grows: smaller parts, more calls)
+#        CHUNK_MIB=28 bash scripts/gpu_wheels.sh   (parts of 28 MiB; default: what the tree leaves, <= 32)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 FLASHINFER_VERSION="${FLASHINFER_VERSION:-0.7.2.post1}"
 TVM_FFI_VERSION="${TVM_FFI_VERSION:-0.1.15.post2}"
 GGUF_VERSION="${GGUF_VERSION:-0.19.0}"
-CHUNK_MIB="${CHUNK_MIB:-32}"
 LIMIT_MIB=64
+# The tree travels with every call: parts as large as the room it leaves (at most 32 MiB, 256 KiB
+# spare), so a growing tree (data/distill-v3 adds ~1 MiB a session) means more calls, never a
+# call over the limit. CHUNK_MIB overrides.
+tree_bytes="$(git ls-files -co --exclude-standard -z | du -cb --files0-from=- 2> /dev/null | tail -1 | cut -f1)"
+room=$(((LIMIT_MIB * 1048576 - 262144 - tree_bytes) / 1048576))
+CHUNK_MIB="${CHUNK_MIB:-$((room < 32 ? room : 32))}"
+((CHUNK_MIB >= 8)) || { echo "the working tree leaves ${room} MiB per call: too little for the payload" >&2; exit 1; }
 
 PY="${PYTHON:-python}"
 # Python 3.12, manylinux x86-64 (the GPU host); pure-Python wheels match too.
@@ -93,7 +99,6 @@ done
 cat "$P/MANIFEST"
 
 echo "== sizes per call (limit ${LIMIT_MIB} MiB, working tree included)"
-tree_bytes="$(git ls-files -co --exclude-standard -z | du -cb --files0-from=- 2> /dev/null | tail -1 | cut -f1)"
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f", b / 1048576 }'; }
 status=0
 for ((i = 1; i <= n; i++)); do
