@@ -143,6 +143,16 @@ class _Batch:
     def active(self) -> List[int]:
         return [b for b, f in enumerate(self.finished) if f is None]
 
+    def done_mask(self, device) -> torch.Tensor:
+        """``[B]`` bool on ``device``: the finished requests. Copied to the device only when a
+        request finished (or the batch was compacted) since the last call: a replayed round
+        reads it twice, and a host-to-device copy from a list is a synchronous one."""
+        key = tuple(f is not None for f in self.finished)
+        cached = self.__dict__.get("_done")
+        if cached is None or cached[0] != key:
+            cached = self.__dict__["_done"] = (key, torch.tensor(key, dtype=torch.bool, device=device))
+        return cached[1]
+
     _PER_ROW = ("prefix_lens", "root", "draft_lens", "ext_tokens", "ext_feats", "ext_num", "draft_hole")
 
     def drop_finished(self) -> None:
@@ -1027,10 +1037,10 @@ class Engine:
     def _split_shape(self, st: _Batch, plan: Plan, depth_limit: torch.Tensor, budget: torch.Tensor):
         """A split round's second host read: the forwards of the batch's deepest bin and the
         draft nodes of its largest budget (finished requests verify the root only)."""
-        active = torch.tensor([f is None for f in st.finished], device=self.device)
+        done = st.done_mask(self.device)
         depth, nodes = (int(x) for x in torch.stack([
-            torch.where(active, depth_limit, torch.zeros_like(depth_limit)).max(),
-            torch.where(active, budget, torch.zeros_like(budget)).max()]).tolist())
+            torch.where(done, torch.zeros_like(depth_limit), depth_limit).max(),
+            torch.where(done, torch.zeros_like(budget), budget).max()]).tolist())
         return max(depth, plan.decide_depth), nodes
 
     def _split_rounds(self, plan: Plan) -> bool:
@@ -1045,7 +1055,7 @@ class Engine:
     def _verify_half(self, st: _Batch, tree: _Tree, plan: Plan, params: SamplingParams, gen) -> "_Verdict":
         """The verification half of a round (:meth:`_verify`); with CUDA graphs, replayed per
         configuration (the target forward's attention: :meth:`_target_graphs`)."""
-        done = torch.tensor([f is not None for f in st.finished], device=self.device)
+        done = st.done_mask(self.device)
         nodes = plan.max_nodes if tree.verify_nodes is None else tree.verify_nodes
         # Static rounds: the next extend holds the accepted path, root + at most depth + 1
         # layers, not the verified tree's width (that made the next draft graph's width follow
@@ -1233,7 +1243,7 @@ class Engine:
         B, dev = st.size, self.device
         budget = tree.budget.clone()
         if done is None:
-            done = torch.tensor([f is not None for f in st.finished], device=dev)
+            done = st.done_mask(dev)
         budget = torch.where(done, torch.zeros_like(budget), budget)   # finished requests: root only
         max_nodes = plan.max_nodes if max_nodes is None else max_nodes   # static rounds: the tree's capacity
         tree_cand, tree_parents, num_nodes = ops.select_tree_nodes(tree.scores, tree.parents, budget, max_nodes)

@@ -128,3 +128,20 @@ def test_static_rounds_are_greedy_lossless():
     for method in ("eagle3", "heterospec"):
         out = engine.generate_batch(prompts, max_new_tokens=16, method=method, chat=False, policy="paper")
         assert [r.token_ids for r in out] == [r.token_ids for r in ar]
+
+
+def test_the_done_mask_is_copied_to_the_device_only_when_a_request_finishes():
+    """A replayed round reads which requests finished twice (the split's read, the verify
+    graph's input); the mask is one host-to-device copy per change, not two per round."""
+    from heterospec.engine import _Batch
+
+    st = _Batch(prefix_lens=torch.zeros(3, dtype=torch.long), root=torch.zeros(3, dtype=torch.long),
+                target_cache=None, finished=[None, None, None])
+    first = st.done_mask("cpu")
+    assert first.tolist() == [False, False, False] and st.done_mask("cpu") is first
+    st.finished[1] = "eos"
+    second = st.done_mask("cpu")
+    assert second is not first and second.tolist() == [False, True, False]
+    assert first.tolist() == [False, False, False]        # the earlier mask was not written over
+    st.finished = [None, None]                            # a compacted batch
+    assert st.done_mask("cpu").tolist() == [False, False]
