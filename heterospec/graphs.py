@@ -21,7 +21,8 @@ The contract of a captured half (:class:`RoundGraphs`):
 - **Python values** (the plan's shape: depths and node capacity; sampling parameters, the
   generator) are baked in at capture; the key holds every one that changes what the half
   computes. The plan's per-bin edges, depths and budgets are inputs, so plans that differ only in
-  them share a graph.
+  them share a graph; a split round (``Engine.bin_graphs``) sizes its buffers for the engine's
+  envelope, so plans that differ in their deepest bin or largest budget share its graphs too.
 - **Everything else a half reads** (weights, the draft's recycled tree buffers,
   attention workspaces) must outlive the graph: a graph holds addresses, not references. Pass
   such objects in ``keep``, or let their owner hold them while graphs live (the draft keeps one
