@@ -135,6 +135,7 @@ class _Batch:
     all_outputs: List[List[int]] = field(default_factory=list)
     all_stats: List[GenerationStats] = field(default_factory=list)
     all_finished: List[Optional[str]] = field(default_factory=list)
+    _done: Optional[tuple] = field(default=None, repr=False)   # done_mask's (finished flags, device mask)
 
     @property
     def size(self) -> int:
@@ -148,10 +149,9 @@ class _Batch:
         request finished (or the batch was compacted) since the last call: a replayed round
         reads it twice, and a host-to-device copy from a list is a synchronous one."""
         key = tuple(f is not None for f in self.finished)
-        cached = self.__dict__.get("_done")
-        if cached is None or cached[0] != key:
-            cached = self.__dict__["_done"] = (key, torch.tensor(key, dtype=torch.bool, device=device))
-        return cached[1]
+        if self._done is None or self._done[0] != key:
+            self._done = (key, torch.tensor(key, dtype=torch.bool, device=device))
+        return self._done[1]
 
     _PER_ROW = ("prefix_lens", "root", "draft_lens", "ext_tokens", "ext_feats", "ext_num", "draft_hole")
 
