@@ -285,11 +285,11 @@ stage_train_draft() {
   set -e
   local target="$HETEROSPEC_CACHE/smollm2-135m-instruct" run="$STATE/draft-run" data="$STATE/train-data"
   need_target
-  # One data dir of links: every shard of the tracked sets (data/distill-v2, -v3, -v4) and
+  # One data dir of links: every shard of the tracked sets (every data/distill-*) and
   # the draft_data stage's new ones, each set under a prefix of its own (the trainer globs shard_*).
   rm -rf "$data" && mkdir -p "$data"
   local set_dir f prefix=1
-  for set_dir in "$ROOT/data/distill-v2" "$ROOT/data/distill-v3" "$ROOT/data/distill-v4" "$STATE/distill-v3"; do
+  for set_dir in "$ROOT"/data/distill-* "$STATE/distill-v3"; do
     for f in "$set_dir"/shard_*.safetensors; do
       [[ -f "$f" ]] && ln -s "$f" "$data/shard_${prefix}$(basename "$f" | sed 's/^shard_//')"
     done
