@@ -55,7 +55,7 @@ def _vllm_run(method: str, k: int, prompts_file: str, args) -> dict:
 
 
 def _vllm_interleaved(runs, prompts_file: str, n: int, args) -> dict:
-    """Every engine of ``runs`` (label, method, k, extra env) up at once; each group of prompts
+    """Every engine of ``runs`` (label, method, k, extra env, HeteroSpec options) up at once; each group of prompts
     (b at a time per batch size b) run by every engine in turn, the order rotating."""
     from tqdm.auto import tqdm
 
@@ -63,7 +63,7 @@ def _vllm_interleaved(runs, prompts_file: str, n: int, args) -> dict:
     frac = default_memory_fraction(budget_gib=args.memory_gib)
     procs = {}
     try:
-        for label, method, k, env_extra in tqdm(runs, desc="starting vLLM engines", unit="engine"):
+        for label, method, k, env_extra, opts in tqdm(runs, desc="starting vLLM engines", unit="engine"):
             cmd = [sys.executable, "-m", "heterospec.vllm_plugin", "generate", "--method", method, "--k", str(k),
                    "--prompts", prompts_file, "--batch", str(max(args.batch)), "--max-new-tokens",
                    str(args.max_new_tokens), "--warmup", "16", "--serve", "--memory-fraction", str(frac)]
@@ -71,7 +71,7 @@ def _vllm_interleaved(runs, prompts_file: str, n: int, args) -> dict:
                 costs = os.path.join(os.path.abspath(args.out), "costs-" + "".join(c if c.isalnum() else "_" for c in label) + ".json")
                 if os.path.exists(costs):
                     os.remove(costs)           # a fresh process: step costs learned from nothing
-                cmd += ["--options", json.dumps({"costs": costs})]
+                cmd += ["--options", json.dumps({"costs": costs, **opts})]
             env = dict(os.environ, VLLM_LOGGING_LEVEL="WARNING", **env_extra)
             if args.preload:
                 env["LD_PRELOAD"] = args.preload
@@ -152,11 +152,13 @@ def main() -> int:
                    help="all vLLM engines up at once, taking turns on each group of prompts (see above)")
     p.add_argument("--repeats", type=int, default=1, help="with --interleave: passes over the prompts")
     p.add_argument("--memory-gib", type=float, default=1.5, help="with --interleave: memory of each vLLM engine")
+    p.add_argument("--path-stop-ab", action="store_true",
+                   help="with --interleave: also run this checkout's plugin with path_stop off (bins' fixed lengths)")
     p.add_argument("--baseline", nargs="+", default=[], metavar="DIR",
                    help="with --interleave: also run the HeteroSpec plugin of each heterospec checkout DIR")
     args = p.parse_args()
-    if (args.baseline or args.repeats != 1) and not args.interleave:
-        p.error("--baseline and --repeats need --interleave")
+    if (args.baseline or args.path_stop_ab or args.repeats != 1) and not args.interleave:
+        p.error("--baseline, --path-stop-ab and --repeats need --interleave")
     args.preload = _preload() if args.ld_preload == "auto" else ""
 
     from tqdm.auto import tqdm
@@ -169,18 +171,23 @@ def main() -> int:
     prompts_file = os.path.join(args.out, "prompts.json")
     with open(prompts_file, "w") as f:
         json.dump(texts, f)
-    runs = [("vllm autoregressive", "autoregressive", 0, {})] + [(f"vllm eagle3 K={k}", "eagle3", k, {}) for k in args.ks]
+    runs = [("vllm autoregressive", "autoregressive", 0, {}, {})] + \
+        [(f"vllm eagle3 K={k}", "eagle3", k, {}, {}) for k in args.ks]
     for base in map(os.path.abspath, args.baseline):
         runs.append((f"vllm heterospec (K<={args.heterospec_k}), {os.path.basename(base)}", "heterospec",
-                     args.heterospec_k, {"PYTHONPATH": os.pathsep.join([base, os.environ.get("PYTHONPATH", "")])}))
+                     args.heterospec_k, {"PYTHONPATH": os.pathsep.join([base, os.environ.get("PYTHONPATH", "")])}, {}))
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))    # this checkout's plugin
-    runs.append((f"vllm heterospec (K<={args.heterospec_k})", "heterospec", args.heterospec_k,
-                 {"PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])} if args.interleave else {}))
+    env_here = {"PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])} if args.interleave else {}
+    if args.path_stop_ab:
+        runs.append((f"vllm heterospec (K<={args.heterospec_k}), path stop off", "heterospec", args.heterospec_k,
+                     env_here, {"path_stop": False}))
+    runs.append((f"vllm heterospec (K<={args.heterospec_k})", "heterospec", args.heterospec_k, env_here, {}))
     results = {}
     if args.interleave:
-        results = _vllm_interleaved([(lab, m, max(k, 1), env) for lab, m, k, env in runs], prompts_file, len(texts), args)
+        results = _vllm_interleaved([(lab, m, max(k, 1), env, opts) for lab, m, k, env, opts in runs],
+                                    prompts_file, len(texts), args)
     else:
-        for label, method, k, _ in tqdm(runs, desc="vLLM engines", unit="engine"):
+        for label, method, k, _, _ in tqdm(runs, desc="vLLM engines", unit="engine"):
             for b, o in _vllm_run(method, max(k, 1), prompts_file, args).items():
                 results[(label, b)] = o
     if not args.no_ours:

@@ -90,6 +90,17 @@ def test_step_costs_keep_the_fixed_cost_of_speculative_steps_out_of_the_slope():
     assert costs.plain_ms(1) == pytest.approx(55.0, rel=1e-6)
 
 
+def test_step_cost_slopes_for_the_path_stop():
+    costs = StepCosts()
+    assert costs.slopes(1) is None                     # nothing measured: the path stop stays off
+    for x in (0, 1, 6):
+        costs.add_target(1, 1 + x, 60.0 + (1.0 + 2.0 * x if x else 0.0))
+    assert costs.slopes(1) is None                     # the draft line's slope still unknown
+    for steps in (0, 5):
+        costs.add_draft(1, steps, 2.0 + 1.0 * steps)
+    assert costs.slopes(1) == pytest.approx((2.0, 1.0))
+
+
 def test_step_cost_level_is_robust_to_a_one_off_first_step():
     line = _Line()
     for y in (400.0, 60.0, 61.0):
@@ -154,6 +165,9 @@ def test_requested_options():
     with pytest.raises(HeteroSpecSetupError, match="true or false"):
         requested(_Cfg({"heterospec": {"learn": "no"}}))
     assert requested(_Cfg({"heterospec": {"learn": False, "costs": "/x.json"}})) == {"learn": False, "costs": "/x.json"}
+    with pytest.raises(HeteroSpecSetupError, match="path_stop.*true or false"):
+        requested(_Cfg({"heterospec": {"path_stop": 1}}))
+    assert requested(_Cfg({"heterospec": {"path_stop": False}})) == {"path_stop": False}
 
 
 def test_load_chain_tables_errors(tmp_path):
@@ -292,9 +306,16 @@ def _check_mixed_drafts(run, k):
 
 @needs_vllm
 @pytest.mark.slow
-def test_vllm_heterospec_greedy_equals_autoregressive(autoregressive, tmp_path):
+def test_vllm_heterospec_greedy_equals_autoregressive(autoregressive, tmp_path, monkeypatch):
+    trace = tmp_path / "trace.jsonl"
+    monkeypatch.setenv("HETEROSPEC_VLLM_TRACE", str(trace))
     frozen = _generate(tmp_path, "--method", "heterospec", "--k", "6", "--batch", "1", "8", "--max-new-tokens", "48",
                        "--options", _speculating_costs(tmp_path / "costs.json"))
+    monkeypatch.delenv("HETEROSPEC_VLLM_TRACE")
+    steps = [json.loads(line) for line in trace.read_text().splitlines()]
+    stopped = [s for s in steps if s["path_stop"]]
+    # the path stop decided chains, and ended some between one token and the limit
+    assert stopped and any(1 < k < 6 for s in stopped for k in s["k"]), steps[:20]
     learned = _generate(tmp_path, "--method", "heterospec", "--k", "6", "--batch", "1", "8", "--max-new-tokens", "48",
                         "--warmup", "16", "--options", json.dumps({"costs": str(tmp_path / "learned.json")}))
     for b in (1, 8):

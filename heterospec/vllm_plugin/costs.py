@@ -177,6 +177,15 @@ class StepCosts:
         with open(path) as f:
             return cls.from_dict(json.load(f))
 
+    def slopes(self, batch_size: int) -> Optional[Tuple[float, float]]:
+        """(ms per draft token per request of a speculative step, ms per draft forward after the
+        first) at ``batch_size``: what one more draft token costs (:mod:`.pathstop`). None until
+        both slopes were measured."""
+        target, draft = self._line(self.target, batch_size), self._line(self.draft, batch_size)
+        if not (target.ready and draft.ready):
+            return None
+        return float(target.slope), float(draft.slope)
+
     def nearest_ready(self, batch_size: int) -> Optional[int]:
         """The bucket closest to ``batch_size``'s with all three costs measured (frozen costs)."""
         ready = [b for b in self.plain if self.plain[b].known and b in self.target and self.target[b].known

@@ -8,7 +8,7 @@ from typing import Optional
 from ..policy import CHAIN_TABLES_FILENAME, AcceptanceTables
 
 CONFIG_KEY = "heterospec"
-OPTIONS = ("tables", "costs", "learn")
+OPTIONS = ("tables", "costs", "learn", "path_stop")
 COSTS_DIR = "vllm-costs"
 
 
@@ -31,9 +31,10 @@ def requested(vllm_config) -> Optional[dict]:
     if unknown:
         raise HeteroSpecSetupError(f"additional_config['{CONFIG_KEY}']: unknown option(s) {unknown}; "
                                    f"known: {list(OPTIONS)}")
-    if "learn" in options and not isinstance(options["learn"], bool):
-        raise HeteroSpecSetupError(f"additional_config['{CONFIG_KEY}']['learn'] must be true or false, "
-                                   f"got {options['learn']!r}")
+    for key in ("learn", "path_stop"):
+        if key in options and not isinstance(options[key], bool):
+            raise HeteroSpecSetupError(f"additional_config['{CONFIG_KEY}']['{key}'] must be true or false, "
+                                       f"got {options[key]!r}")
     for key in ("tables", "costs"):
         if key in options and not isinstance(options[key], str):
             raise HeteroSpecSetupError(f"additional_config['{CONFIG_KEY}']['{key}'] must be a path, "

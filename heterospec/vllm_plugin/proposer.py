@@ -16,6 +16,12 @@ decides, once per step, between the first forward and the loop:
    ``num_speculative_tokens``). The loop runs until the longest request is done; each request's
    chain is cut to its ``k``. vLLM's scheduler schedules exactly those tokens and vLLM's rejection
    sampler verifies them, so the output is vLLM's.
+3. **Path stop** (``path_stop``, on by default; fitted plans, TP 1, greedy drafts). Where the
+   bin drafts, the chain's length is decided step by step instead of at the first forward: after
+   every draft forward each request's cumulative path survival (:mod:`.pathstop`) says whether
+   its token is worth verifying and whether another forward pays at this step's measured
+   tokens per ms. vLLM's loop runs a fixed number of forwards; an early stop leaves it by an
+   exception that :meth:`HeteroSpecProposer.propose` catches with the tokens drafted so far.
 
 The per-bin actions come from :class:`heterospec.policy.FittedPolicy` (the policy of our own
 engine) with the draft's chain acceptance tables (``acceptance_tables_chain.json``) and a cost
@@ -44,6 +50,7 @@ from ..config import SpecConfig
 from ..policy import FittedPolicy, Plan
 from .costs import StepCosts
 from .options import HeteroSpecSetupError, default_costs_path, load_chain_tables
+from .pathstop import ConfidenceCalibration, PathStop
 
 logger = init_logger("vllm.heterospec")
 
@@ -53,6 +60,11 @@ EXPLORE_SPEC = 2         # 1-token steps timed before the bound check (their med
 REFIT_EVERY = 32         # timed steps of a bucket between two policy refits
 PLAIN, WARM, SPECULATE = 0, 1, 2   # what a step does with the drafter: skip it, first forward only, draft
 TRACE_ENV = "HETEROSPEC_VLLM_TRACE"   # a file: one JSON line per step (batch, tokens, times, plan)
+RATE_KEEP = 0.8          # exponential memory of the tokens per ms of speculative steps (path stop)
+
+
+class _ChainStop(Exception):
+    """Raised out of vLLM's draft loop when the path stop ends the chain early."""
 
 
 class HeteroSpecProposer(EagleProposer):
@@ -98,10 +110,18 @@ class HeteroSpecProposer(EagleProposer):
         self._prev_plan: Optional[Plan] = None       # the plan of the previous step (plain too)
         self._prev_draft_ms = 0.0                     # its draft time
         self._decision = None
+        # path stop: per device-independent confidence bucket, what the target accepted; per
+        # batch bucket, the tokens per ms of speculative steps; this call's chain
+        self.path_stop = bool(options.get("path_stop", True)) and self.tp_group is None
+        self.calibration = ConfidenceCalibration()
+        self.rate: Dict[int, float] = {}
+        self._path: Optional[PathStop] = None
+        self._chain: List[torch.Tensor] = []
+        self._prev_conf: Dict[str, List[float]] = {}  # req id -> confidences of its kept drafts
         self._trace = open(os.environ[TRACE_ENV], "a") if os.environ.get(TRACE_ENV) else None
-        logger.info("HeteroSpec: per-request draft lengths 0..%d from %d-bin chain tables (%s); step costs %s (%s)",
+        logger.info("HeteroSpec: per-request draft lengths 0..%d from %d-bin chain tables (%s)%s; step costs %s (%s)",
                     self.max_draft, len(self.tables.options[0].edges) + 1, self.tables.provenance.get("date", "?"),
-                    self.costs_path, "learning" if self.learn else "frozen")
+                    ", path stop" if self.path_stop else "", self.costs_path, "learning" if self.learn else "frozen")
 
     # -- the plan of this step ---------------------------------------------------------------
     def _explore_plan(self, b: int) -> Optional[Plan]:
@@ -160,7 +180,15 @@ class HeteroSpecProposer(EagleProposer):
                       num_rejected: Optional[torch.Tensor], now: float) -> None:
         if self._trace is not None:
             self._trace_step(batch_size, num_tokens, max_query_len, num_rejected, now)
-        if not self.learn:                 # frozen: plans depend on the batch and the entropies only
+        if num_rejected is not None and self._prev_conf:     # the path stop's confidence calibration
+            rejected = num_rejected.tolist()                 # (learns in frozen mode too: it depends on
+            confs, accepted = [], []                         # the texts only, not on timing)
+            for i, rid in enumerate(self.hs_runner.input_batch.req_ids[:len(rejected)]):
+                if rid in self._prev_conf:
+                    confs.append(self._prev_conf[rid])
+                    accepted.append(max(0, len(self._prev_conf[rid]) - int(rejected[i])))
+            self.calibration.observe(confs, accepted)
+        if not self.learn:                 # frozen: plans depend on the batch, the entropies and the texts
             return
         step_s = None                      # the whole previous step (draft + target), if clean
         if self._step_end is not None and max_query_len <= 1 + self.max_draft:   # no prefill in it
@@ -176,7 +204,7 @@ class HeteroSpecProposer(EagleProposer):
             if step_s is not None:
                 self.policy.observe(plan, [], [], seconds=step_s)
             return
-        if num_rejected is not None and plan is not None and plan.predicted_accept is not None and self._prev:
+        if num_rejected is not None and plan is not None and self._prev:
             rejected = num_rejected.tolist()
             bins, accepted, drafted = [], [], []
             for i, rid in enumerate(self.hs_runner.input_batch.req_ids[:len(rejected)]):
@@ -186,17 +214,24 @@ class HeteroSpecProposer(EagleProposer):
                     accepted.append(max(0, k - int(rejected[i])) if k > 0 else 0)
                     drafted.append(k)            # the plan's chain, cut to vLLM's K
             if bins:
-                self.policy.observe(plan, bins, accepted, seconds=step_s, drafted=drafted)
+                if step_s is not None:         # what a speculative step makes per ms (path stop)
+                    b = self.costs.bucket(batch_size)
+                    rate = (len(bins) + sum(accepted)) / (1e3 * step_s)
+                    old = self.rate.get(b)
+                    self.rate[b] = rate if old is None else RATE_KEEP * old + (1.0 - RATE_KEEP) * rate
+                if plan.predicted_accept is not None:
+                    self.policy.observe(plan, bins, accepted, seconds=step_s, drafted=drafted)
 
     def _trace_step(self, batch_size, num_tokens, max_query_len, num_rejected, now) -> None:
         """One JSON line for the step that just ran: its plan, draft lengths, draft and target
         milliseconds, tokens in the target forward, and the drafts the target rejected."""
         import json
-        rec = {"batch": batch_size, "tokens": num_tokens, "max_query_len": max_query_len,
+        rec = {"pid": os.getpid(), "batch": batch_size, "tokens": num_tokens, "max_query_len": max_query_len,
                "plan": self._prev_plan.name if self._prev_plan is not None else None,
                "k": [k for _, k in self._prev.values()], "draft_ms": round(self._prev_draft_ms, 3),
                "target_ms": None if self._step_end is None else round(1e3 * (now - self._step_end), 3),
-               "rejected": None if num_rejected is None or not self._prev else num_rejected.tolist()}
+               "rejected": None if num_rejected is None or not self._prev else num_rejected.tolist(),
+               "path_stop": bool(self._prev_conf)}
         self._trace.write(json.dumps(rec) + "\n")
         self._trace.flush()
 
@@ -229,25 +264,33 @@ class HeteroSpecProposer(EagleProposer):
                 self.num_speculative_tokens = self.max_draft
             # (a warm forward is not charged to the plain step: the guard compares speculation
             # with what plain decoding costs)
-            self._prev, self._prev_plan, self._prev_draft_ms = {}, plan, 0.0
+            self._prev, self._prev_plan, self._prev_draft_ms, self._prev_conf = {}, plan, 0.0, {}
             self._step_end = time.perf_counter()
             return [[] for _ in range(batch_size)]
         self._decision = (plan, limit, None)
+        self._path, self._chain = None, []
         t0 = time.perf_counter()
-        drafts = super().propose(max(limit, 1), target_token_ids, target_positions, target_hidden_states,
-                                 next_token_ids, token_indices_to_sample, common_attn_metadata, sampling_metadata,
-                                 mm_embed_inputs=mm_embed_inputs, num_rejected_tokens_gpu=num_rejected_tokens_gpu,
-                                 slot_mappings=slot_mappings)
+        try:
+            drafts = super().propose(max(limit, 1), target_token_ids, target_positions, target_hidden_states,
+                                     next_token_ids, token_indices_to_sample, common_attn_metadata, sampling_metadata,
+                                     mm_embed_inputs=mm_embed_inputs, num_rejected_tokens_gpu=num_rejected_tokens_gpu,
+                                     slot_mappings=slot_mappings)
+        except _ChainStop:                  # the path stop left vLLM's loop early
+            drafts = torch.stack(self._chain, dim=1)
         draft_ms = 1e3 * (time.perf_counter() - t0)
         _, _, decided = self._decision
         self._decision = None
         self.num_speculative_tokens = self.max_draft
         bins, ks = decided if decided is not None else ([0] * batch_size, [min(limit, 1)] * batch_size)
+        path, self._path, self._chain = self._path, None, []
+        if path is not None:
+            ks = path.lengths
         if self.learn and not prefill:      # (a prefill's first forward runs over the prompt)
             self.costs.add_draft(batch_size, max(0, drafts.shape[1] - 1), draft_ms)
         rows = drafts.tolist()
         out: List[List[int]] = [row[:k] for row, k in zip(rows, ks)]
         self._prev = {rid: (b, k) for rid, b, k in zip(req_ids, bins, ks)}
+        self._prev_conf = {} if path is None else dict(zip(req_ids, path.confidences))
         self._prev_plan, self._prev_draft_ms = plan, draft_ms
         self._step_end = time.perf_counter()
         return out
@@ -270,21 +313,59 @@ class HeteroSpecProposer(EagleProposer):
             return True
         return self.policy.fitted_plan(batch_size).speculate
 
+    def _greedy_logits(self, sampling_metadata) -> bool:
+        """Whether vLLM's draft sampling is the argmax of ``compute_logits`` (then we compute
+        the logits once and read the confidences from them too)."""
+        return not getattr(self, "use_local_argmax_reduction", False) and \
+            not getattr(self, "use_heterogeneous_vocab", False) and \
+            (not getattr(self, "_enable_probabilistic_draft_probs", False) or sampling_metadata.all_greedy)
+
     def _sample_draft_tokens(self, hidden_states, sampling_metadata):
-        tokens, probs = super()._sample_draft_tokens(hidden_states, sampling_metadata)
-        if self._decision is not None and self._decision[2] is None:
-            self._decide(hidden_states)
+        if self._decision is None:
+            return super()._sample_draft_tokens(hidden_states, sampling_metadata)
+        logits = None
+        if self._greedy_logits(sampling_metadata):
+            logits = self.model.compute_logits(hidden_states)
+            tokens, probs = logits.argmax(dim=-1), None      # what vLLM's greedy draft sampling does
+        else:
+            tokens, probs = super()._sample_draft_tokens(hidden_states, sampling_metadata)
+        self._chain.append(tokens)
+        if self._decision[2] is None:
+            self._decide(hidden_states, logits)
+        elif self._path is not None:
+            top1, _, _ = ops.topk_entropy(logits.float().contiguous(), 1)
+            if not self._path.step(top1[:, 0].exp()) and len(self._chain) < self.num_speculative_tokens:
+                raise _ChainStop
         return tokens, probs
 
-    def _decide(self, hidden_states: torch.Tensor) -> None:
+    def _start_path(self, plan: Plan, batch_size: int, limit: int) -> Optional[PathStop]:
+        """A :class:`PathStop` for this call, or None where the bins' lengths stand: path stop
+        off, a plan that is not the fitted one (exploration: fixed chains that time the costs),
+        a chain of one token, or costs whose slopes are not measured yet."""
+        if not self.path_stop or plan.predicted_accept is None or limit < 2:
+            return None
+        slopes = self.costs.slopes(batch_size)
+        if slopes is None:
+            return None
+        verify_ms, draft_ms = slopes
+        # tokens per ms: measured speculative steps (learning), else what plain steps make
+        rate = self.rate.get(self.costs.bucket(batch_size)) if self.learn else None
+        rate = rate or batch_size / self.costs.plain_ms(batch_size)
+        return PathStop(self.calibration, rate, verify_ms, draft_ms, batch_size, limit)
+
+    def _decide(self, hidden_states: torch.Tensor, logits: Optional[torch.Tensor] = None) -> None:
         """After the first draft forward: each request's bin and draft length; the loop of
         ``EagleProposer.propose`` (version-pinned) then runs ``num_speculative_tokens - 1`` more
-        forwards, so that is set to the longest chain of the batch."""
+        forwards, so that is set to the longest chain of the batch (with the path stop: to the
+        limit, and the path stop may end the loop sooner)."""
         plan, limit, _ = self._decision
         B = hidden_states.shape[0]
+        top1 = None
         if plan.binned and plan.num_bins > 1:
-            logits = self.model.compute_logits(hidden_states).float()
-            _, _, entropy = ops.topk_entropy(logits, plan.entropy_k)
+            if logits is None:
+                logits = self.model.compute_logits(hidden_states)
+            top, _, entropy = ops.topk_entropy(logits.float().contiguous(), plan.entropy_k)
+            top1 = top[:, 0]
             bins_t, _, budget_t = plan.decide(entropy.contiguous())
         else:
             bins_t = torch.zeros(B, dtype=torch.int64, device=hidden_states.device)
@@ -295,3 +376,10 @@ class HeteroSpecProposer(EagleProposer):
         bins, ks = bins_t.tolist(), budget_t.tolist()
         self._decision = (plan, limit, (bins, ks))
         self.num_speculative_tokens = max(1, max(ks) if ks else 1)
+        path = self._start_path(plan, B, limit) if logits is not None else None
+        if path is not None and any(ks):
+            if top1 is None:
+                top1 = ops.topk_entropy(logits.float().contiguous(), 1)[0][:, 0]
+            path.begin(ks)
+            self._path = path
+            self.num_speculative_tokens = limit if path.step(top1.exp()) else 1

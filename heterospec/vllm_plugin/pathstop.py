@@ -1,0 +1,135 @@
+"""Where each request's draft chain stops: HeteroSpec's cumulative path measure, read at every step.
+
+vLLM's EAGLE-3 proposer drafts a chain per request. The entropy bin read after the first draft
+forward says *whether* a request drafts (the bin's action; :mod:`.proposer`); how far it is worth
+drafting depends on how the chain goes on. After each draft forward ``j`` this module reads
+every request's draft confidence ``c_j`` (the draft's top-1 probability of the token it just
+drafted) and keeps the *path survival*
+
+    S_j = a(c_1) * a(c_2) * ... * a(c_j)      the probability that drafts 1..j are all accepted
+
+where ``a(c)`` is the acceptance probability of a draft token of confidence ``c`` given that
+its predecessors were accepted: the draft's own confidence, corrected online by what the target
+accepted (:class:`ConfidenceCalibration`; a draft trained on little data is over-confident, and
+the correction is per device-independent confidence bucket, learned in a few hundred tokens).
+
+The chain is priced by marginal throughput. A step produces ``tokens / ms`` on average
+(``rate``, measured from the engine's own speculative steps). Draft token ``j`` of request ``r``
+adds ``S_j`` expected tokens and costs the target's slope ``s / B`` ms to verify (``s`` = ms per
+draft token per request, the step-cost model's speculative slope); one more draft forward costs
+``g`` ms (the draft line's slope) for the whole batch. So, after forward ``j``:
+
+* request ``r`` keeps token ``j`` iff ``S_j >= rate * s / B`` (token 1: whenever its bin drafts);
+* request ``r`` stays *alive* iff it kept token ``j`` and its next token would still be worth
+  verifying: ``S_j * a(c_j) >= rate * s / B`` (the next confidence is not known before the next
+  forward; the last one is its estimate);
+* the loop runs another forward iff ``sum_alive S_j * a(c_j) >= rate * (g + s * n_alive / B)``:
+  the expected tokens of one more forward, per ms, beat what a step makes per ms on average.
+
+Gains fall along a chain (``S`` only shrinks), so stopping at the first step that does not pay
+is the greedy optimum of tokens per ms. No vLLM import here: the rule is tested on its own.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import List, Optional, Sequence
+
+import torch
+
+
+class ConfidenceCalibration:
+    """``a(c)``: the probability that a draft token of top-1 confidence ``c`` is accepted (its
+    predecessors accepted), per confidence bucket, starting from ``a(c) = c``.
+
+    Each bucket keeps exponentially forgotten counts of accepted and drafted tokens; the
+    estimate shrinks towards ``c`` itself with ``PRIOR`` pseudo-tokens, so an empty bucket trusts
+    the draft and a full one trusts the target's verdicts."""
+
+    BUCKETS = 10
+    PRIOR = 4.0
+    KEEP = 0.995          # per observed token: ~200 tokens of memory per bucket
+
+    def __init__(self) -> None:
+        self.accepted = torch.zeros(self.BUCKETS, dtype=torch.float64)
+        self.drafted = torch.zeros(self.BUCKETS, dtype=torch.float64)
+
+    def _bucket(self, conf: torch.Tensor) -> torch.Tensor:
+        return (conf.double() * self.BUCKETS).long().clamp_(0, self.BUCKETS - 1)
+
+    def _bucket_of(self, conf: float) -> int:
+        c = float(conf)
+        return min(self.BUCKETS - 1, max(0, int(c * self.BUCKETS))) if math.isfinite(c) else 0
+
+    def __call__(self, conf: torch.Tensor) -> torch.Tensor:
+        """``a(c)`` for a tensor of confidences (float64, same shape)."""
+        c = conf.double().nan_to_num(0.0).clamp(0.0, 1.0)     # (a non-finite confidence: no trust)
+        b = self._bucket(c)
+        return ((self.accepted[b] + self.PRIOR * c) / (self.drafted[b] + self.PRIOR)).clamp_(0.0, 1.0)
+
+    def observe(self, confidences: Sequence[Sequence[float]], accepted: Sequence[int]) -> None:
+        """Request ``r`` drafted tokens of confidences ``confidences[r]`` and the target accepted
+        the first ``accepted[r]``: those count as accepted, the next one (if any) as rejected, the
+        rest were never judged."""
+        for conf, acc in zip(confidences, accepted):
+            judged = min(len(conf), int(acc) + 1)
+            for j in range(judged):
+                b = self._bucket_of(conf[j])
+                self.accepted[b] *= self.KEEP
+                self.drafted[b] *= self.KEEP
+                self.drafted[b] += 1.0
+                self.accepted[b] += 1.0 if j < acc else 0.0
+
+
+class PathStop:
+    """The chain of one ``propose`` call, decided step by step (see the module docstring).
+
+    Use: :meth:`begin` with each request's bin length (0: the request does not draft), then
+    :meth:`step` after every draft forward with the confidences of the tokens it drafted; it
+    returns whether the loop should run another forward. :attr:`lengths` are the tokens each
+    request keeps."""
+
+    def __init__(self, calibration: ConfidenceCalibration, rate: float, verify_ms: float, draft_ms: float,
+                 batch_size: int, limit: int) -> None:
+        if rate <= 0 or verify_ms < 0 or draft_ms < 0 or batch_size < 1 or limit < 1:
+            raise ValueError(f"PathStop: rate {rate} must be > 0, verify_ms {verify_ms} and draft_ms {draft_ms} "
+                             f">= 0, batch_size {batch_size} and limit {limit} >= 1")
+        self.calibration = calibration
+        self.rate, self.verify_ms, self.draft_ms = float(rate), float(verify_ms), float(draft_ms)
+        self.batch_size, self.limit = int(batch_size), int(limit)
+        self.keep_at = self.rate * self.verify_ms / self.batch_size     # expected tokens a kept token must add
+        self.survival: Optional[torch.Tensor] = None
+        self.alive: Optional[torch.Tensor] = None
+        self.lengths: List[int] = []
+        self.confidences: List[List[float]] = []
+        self.forwards = 0
+
+    def begin(self, bin_lengths: Sequence[int]) -> None:
+        n = len(bin_lengths)
+        self.survival = torch.ones(n, dtype=torch.float64)
+        self.alive = torch.tensor([int(k) > 0 for k in bin_lengths], dtype=torch.bool)
+        self.lengths = [0] * n
+        self.confidences = [[] for _ in range(n)]
+        self.forwards = 0
+
+    def step(self, confidence: torch.Tensor) -> bool:
+        """Forward ``j = forwards + 1`` drafted one token per request, of top-1 probabilities
+        ``confidence`` (``[B]``). Returns True when another forward pays."""
+        assert self.survival is not None, "PathStop.begin first"
+        self.forwards += 1
+        j = self.forwards
+        conf = confidence.detach().double().cpu()
+        a = self.calibration(conf)
+        survival = self.survival * a
+        keep = self.alive & ((survival >= self.keep_at) | (j == 1))
+        for r in torch.nonzero(keep).flatten().tolist():
+            self.lengths[r] = j
+            self.confidences[r].append(float(conf[r]))
+        self.survival = torch.where(keep, survival, torch.zeros_like(survival))
+        nxt = self.survival * a                       # the next token's expected gain, per request
+        self.alive = keep & (nxt >= self.keep_at)
+        if j >= self.limit or not bool(self.alive.any()):
+            return False
+        n_alive = int(self.alive.sum())
+        gain = float(nxt[self.alive].sum())
+        return gain >= self.rate * (self.draft_ms + self.verify_ms * n_alive / self.batch_size)

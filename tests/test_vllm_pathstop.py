@@ -1,0 +1,84 @@
+"""The vLLM plugin's path stop (heterospec.vllm_plugin.pathstop): no vLLM needed."""
+
+import pytest
+import torch
+
+from heterospec.vllm_plugin.pathstop import ConfidenceCalibration, PathStop
+
+
+def test_calibration_starts_at_the_draft_confidence_and_learns_the_targets_verdicts():
+    cal = ConfidenceCalibration()
+    c = torch.tensor([0.05, 0.5, 0.95])
+    assert torch.allclose(cal(c), c.double())
+    # an over-confident draft: tokens at 0.9-1.0 accepted half the time
+    for i in range(400):
+        cal.observe([[0.95]], [i % 2])
+    assert abs(float(cal(torch.tensor([0.95]))) - 0.5) < 0.05
+    assert abs(float(cal(torch.tensor([0.35]))) - 0.35) < 1e-6          # other buckets untouched
+
+
+def test_calibration_judges_the_accepted_tokens_and_the_first_rejected_one_only():
+    cal = ConfidenceCalibration()
+    cal.observe([[0.15, 0.45, 0.75]], [1])           # token 1 accepted, 2 rejected, 3 never judged
+    assert cal.drafted[1] == 1 and cal.accepted[1] == 1
+    assert cal.drafted[4] == 1 and cal.accepted[4] == 0
+    assert cal.drafted[7] == 0
+    cal.observe([[0.15, 0.45]], [2])                 # both accepted, nothing rejected
+    assert cal.drafted[4] == pytest.approx(1 * cal.KEEP + 1) and cal.accepted[4] == 1
+
+
+def _run(stop: PathStop, bins, confs):
+    """Drive ``stop`` as the proposer does: one confidence row per forward, until it stops."""
+    stop.begin(bins)
+    for row in confs:
+        if not stop.step(torch.tensor(row)):
+            break
+    return stop.lengths, stop.forwards
+
+
+def _brute_force(p, plain_ms, verify_ms, draft_ms, limit):
+    """Chain length with the most tokens per ms when every draft is accepted with probability p
+    given its predecessors: a step with j drafts makes 1 + p + ... + p^j tokens in
+    plain_ms + j * verify_ms + (j - 1) * draft_ms."""
+    best = max(range(1, limit + 1), key=lambda j: (1 + sum(p ** i for i in range(1, j + 1))) /
+               (plain_ms + j * verify_ms + (j - 1) * draft_ms))
+    rate = (1 + sum(p ** i for i in range(1, best + 1))) / (plain_ms + best * verify_ms + (best - 1) * draft_ms)
+    return best, rate
+
+
+@pytest.mark.parametrize("p,verify_ms,draft_ms", [(0.9, 3.0, 4.0), (0.8, 6.0, 5.0), (0.6, 2.0, 3.0),
+                                                  (0.95, 1.0, 1.0), (0.5, 10.0, 10.0)])
+def test_batch_one_chain_is_the_throughput_optimum(p, verify_ms, draft_ms):
+    limit = 8
+    best, rate = _brute_force(p, 60.0, verify_ms, draft_ms, limit)
+    stop = PathStop(ConfidenceCalibration(), rate, verify_ms, draft_ms, batch_size=1, limit=limit)
+    lengths, forwards = _run(stop, [limit], [[p]] * limit)
+    assert lengths == [best] and forwards == best
+
+
+def test_requests_keep_their_own_lengths_and_a_bin_of_length_zero_drafts_nothing():
+    stop = PathStop(ConfidenceCalibration(), rate=0.05, verify_ms=4.0, draft_ms=2.0, batch_size=3, limit=6)
+    # request 0 confident throughout, request 1 unsure from its second token, request 2's bin: no drafts
+    lengths, forwards = _run(stop, [3, 1, 0], [[0.95, 0.9, 0.9]] + [[0.95, 0.05, 0.9]] * 5)
+    assert lengths[2] == 0
+    assert lengths[1] == 1                         # its first token: its bin drafts; the second does not pay
+    assert lengths[0] > 3 and forwards == lengths[0]      # extended beyond its bin's 3 while it pays
+
+
+def test_expensive_draft_forwards_stop_after_the_first():
+    stop = PathStop(ConfidenceCalibration(), rate=0.05, verify_ms=1.0, draft_ms=200.0, batch_size=1, limit=6)
+    assert _run(stop, [2], [[0.99]] * 6) == ([1], 1)
+
+
+def test_path_stop_rejects_bad_settings():
+    with pytest.raises(ValueError, match="rate"):
+        PathStop(ConfidenceCalibration(), rate=0.0, verify_ms=1.0, draft_ms=1.0, batch_size=1, limit=2)
+    with pytest.raises(ValueError, match="limit"):
+        PathStop(ConfidenceCalibration(), rate=1.0, verify_ms=1.0, draft_ms=1.0, batch_size=1, limit=0)
+
+
+def test_non_finite_confidences_are_not_trusted():
+    cal = ConfidenceCalibration()
+    assert float(cal(torch.tensor([float("nan")]))) == 0.0
+    cal.observe([[float("inf"), float("nan")]], [0])          # counted in the lowest bucket, no crash
+    assert cal.drafted[0] == 1
