@@ -178,16 +178,16 @@ class HeteroSpecProposer(EagleProposer):
     # -- timing and acceptance of the step that just ran -------------------------------------
     def _observe_step(self, batch_size: int, num_tokens: int, max_query_len: int,
                       num_rejected: Optional[torch.Tensor], now: float) -> None:
+        # the previous step's requests, once: (req id, bin, drafts, accepted drafts)
+        rejected = num_rejected.tolist() if num_rejected is not None and self._prev else None
+        outcome = [] if rejected is None else \
+            [(rid, *self._prev[rid], max(0, self._prev[rid][1] - int(rej)))
+             for rid, rej in zip(self.hs_runner.input_batch.req_ids[:len(rejected)], rejected) if rid in self._prev]
         if self._trace is not None:
-            self._trace_step(batch_size, num_tokens, max_query_len, num_rejected, now)
-        if num_rejected is not None and self._prev_conf:     # the path stop's confidence calibration
-            rejected = num_rejected.tolist()                 # (learns in frozen mode too: it depends on
-            confs, accepted = [], []                         # the texts only, not on timing)
-            for i, rid in enumerate(self.hs_runner.input_batch.req_ids[:len(rejected)]):
-                if rid in self._prev_conf:
-                    confs.append(self._prev_conf[rid])
-                    accepted.append(max(0, len(self._prev_conf[rid]) - int(rejected[i])))
-            self.calibration.observe(confs, accepted)
+            self._trace_step(batch_size, num_tokens, max_query_len, rejected, now)
+        if outcome and self._prev_conf:    # the path stop's confidence calibration (in frozen mode
+            # too: it depends on the texts only, not on timing)
+            self.calibration.observe([self._prev_conf[o[0]] for o in outcome], [o[3] for o in outcome])
         if not self.learn:                 # frozen: plans depend on the batch, the entropies and the texts
             return
         step_s = None                      # the whole previous step (draft + target), if clean
@@ -204,25 +204,17 @@ class HeteroSpecProposer(EagleProposer):
             if step_s is not None:
                 self.policy.observe(plan, [], [], seconds=step_s)
             return
-        if num_rejected is not None and plan is not None and self._prev:
-            rejected = num_rejected.tolist()
-            bins, accepted, drafted = [], [], []
-            for i, rid in enumerate(self.hs_runner.input_batch.req_ids[:len(rejected)]):
-                if rid in self._prev:          # every request: its bin; positions up to its chain
-                    b, k = self._prev[rid]
-                    bins.append(b)
-                    accepted.append(max(0, k - int(rejected[i])) if k > 0 else 0)
-                    drafted.append(k)            # the plan's chain, cut to vLLM's K
-            if bins:
-                if step_s is not None:         # what a speculative step makes per ms (path stop)
-                    b = self.costs.bucket(batch_size)
-                    rate = (len(bins) + sum(accepted)) / (1e3 * step_s)
-                    old = self.rate.get(b)
-                    self.rate[b] = rate if old is None else RATE_KEEP * old + (1.0 - RATE_KEEP) * rate
-                if plan.predicted_accept is not None:
-                    self.policy.observe(plan, bins, accepted, seconds=step_s, drafted=drafted)
+        if outcome and plan is not None:   # every request: its bin; positions up to its chain
+            bins, drafted, accepted = [o[1] for o in outcome], [o[2] for o in outcome], [o[3] for o in outcome]
+            if step_s is not None:             # what a speculative step makes per ms (path stop)
+                bucket = self.costs.bucket(batch_size)
+                rate = (len(bins) + sum(accepted)) / (1e3 * step_s)
+                old = self.rate.get(bucket)
+                self.rate[bucket] = rate if old is None else RATE_KEEP * old + (1.0 - RATE_KEEP) * rate
+            if plan.predicted_accept is not None:
+                self.policy.observe(plan, bins, accepted, seconds=step_s, drafted=drafted)
 
-    def _trace_step(self, batch_size, num_tokens, max_query_len, num_rejected, now) -> None:
+    def _trace_step(self, batch_size, num_tokens, max_query_len, rejected, now) -> None:
         """One JSON line for the step that just ran: its plan, draft lengths, draft and target
         milliseconds, tokens in the target forward, and the drafts the target rejected."""
         import json
@@ -230,7 +222,7 @@ class HeteroSpecProposer(EagleProposer):
                "plan": self._prev_plan.name if self._prev_plan is not None else None,
                "k": [k for _, k in self._prev.values()], "draft_ms": round(self._prev_draft_ms, 3),
                "target_ms": None if self._step_end is None else round(1e3 * (now - self._step_end), 3),
-               "rejected": None if num_rejected is None or not self._prev else num_rejected.tolist(),
+               "rejected": rejected,
                "path_stop": bool(self._prev_conf)}
         self._trace.write(json.dumps(rec) + "\n")
         self._trace.flush()
