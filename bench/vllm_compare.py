@@ -115,6 +115,22 @@ def _vllm_interleaved(runs, prompts_file: str, n: int, args) -> dict:
                 proc.kill()
 
 
+def _never_drafting_costs(out_dir: str) -> str:
+    """A frozen step-cost file in which drafting costs far more than it could gain (plain steps
+    100 ms, a speculative step 2-3 s, the drafter 1-2 s, at batch buckets 1 and 8): every plan
+    the plugin fits from it is plain, and it never explores. Returns its path."""
+    def line(points):
+        return [[x, y, 5, [y] * 5] for x, y in points]
+    costs = {"format": 2}
+    for name, points in (("plain", [(0.0, 100.0)]), ("target", [(1.0, 2000.0), (2.0, 3000.0)]),
+                         ("draft", [(0.0, 1000.0), (1.0, 2000.0)])):
+        costs[name] = {str(b): line(points) for b in (1, 8)}
+    path = os.path.join(os.path.abspath(out_dir), "costs-never-drafts.json")
+    with open(path, "w") as f:
+        json.dump(costs, f)
+    return path
+
+
 def _ours(texts, args) -> dict:
     import torch
 
@@ -154,11 +170,15 @@ def main() -> int:
     p.add_argument("--memory-gib", type=float, default=1.5, help="with --interleave: memory of each vLLM engine")
     p.add_argument("--path-stop-ab", action="store_true",
                    help="with --interleave: also run this checkout's plugin with path_stop off (bins' fixed lengths)")
+    p.add_argument("--never-drafts", action="store_true",
+                   help="with --interleave: also run the plugin with frozen step costs that make every plan "
+                        "plain (the drafter runs over prefills only): what a step costs in vLLM's speculative "
+                        "mode when nothing is drafted, against vLLM autoregressive")
     p.add_argument("--baseline", nargs="+", default=[], metavar="DIR",
                    help="with --interleave: also run the HeteroSpec plugin of each heterospec checkout DIR")
     args = p.parse_args()
-    if (args.baseline or args.path_stop_ab or args.repeats != 1) and not args.interleave:
-        p.error("--baseline, --path-stop-ab and --repeats need --interleave")
+    if (args.baseline or args.path_stop_ab or args.never_drafts or args.repeats != 1) and not args.interleave:
+        p.error("--baseline, --path-stop-ab, --never-drafts and --repeats need --interleave")
     args.preload = _preload() if args.ld_preload == "auto" else ""
 
     from tqdm.auto import tqdm
@@ -181,6 +201,9 @@ def main() -> int:
     if args.path_stop_ab:
         runs.append((f"vllm heterospec (K<={args.heterospec_k}), path stop off", "heterospec", args.heterospec_k,
                      env_here, {"path_stop": False}))
+    if args.never_drafts:
+        runs.append((f"vllm heterospec (K<={args.heterospec_k}), never drafts", "heterospec", args.heterospec_k,
+                     env_here, {"costs": _never_drafting_costs(args.out), "learn": False}))
     runs.append((f"vllm heterospec (K<={args.heterospec_k})", "heterospec", args.heterospec_k, env_here, {}))
     results = {}
     if args.interleave:

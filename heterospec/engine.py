@@ -223,6 +223,13 @@ class _Drafting:
     pstar: torch.Tensor       # [B]
     state: object             # the draft's DraftTreeState
     traced: bool = False      # calibration traces: the tree keeps every K's path entropy
+    cut: Optional[torch.Tensor] = None   # [B] eager rounds: the forward after which a request's
+    #                           deeper layers were found dead (Engine._stop_dead_layers); None: none
+
+    def drafts_at(self, step: int) -> torch.Tensor:
+        """[B] bool: the requests that draft forward ``step`` (their bin's depth, unless cut)."""
+        live = self.depth_limit >= step
+        return live if self.cut is None else live & (self.cut >= step)
 
     @property
     def entropy(self) -> torch.Tensor:
@@ -374,6 +381,9 @@ class Engine:
         # read inside the draft steps and the verify forward, and one packed device-to-host read
         # per round in _commit. On CPU, host reads are cheap and early exits save compute.
         self.static_rounds = self.device.type == "cuda"
+        # Eager rounds stop drafting a request once no deeper node could enter its verified set
+        # (:meth:`_stop_dead_layers`): the tree is the same, its useless draft forwards are not run.
+        self.stop_dead_layers = True
         # CUDA graphs of those rounds' two halves, captured per configuration (graphs.py).
         if cuda_graphs is not None and not isinstance(cuda_graphs, bool):
             raise ValueError(f"Engine: cuda_graphs must be True, False or None, got {cuda_graphs!r}")
@@ -1187,7 +1197,7 @@ class Engine:
         deciding the bins after forward ``plan.decide_depth``."""
         draft, B, k = self.draft, st.size, cfg.top_k
         for step in range(first, last + 1):
-            if step > plan.decide_depth and not self.static_rounds and not bool((d.depth_limit >= step).any()):
+            if step > plan.decide_depth and not self.static_rounds and not bool(d.drafts_at(step).any()):
                 break
             # 2. One draft forward over the frontier (depth `step`), k children per node.
             positions = (st.prefix_lens + step - 1)[:, None].expand(B, k)
@@ -1198,7 +1208,7 @@ class Engine:
                 draft.logits(out).reshape(B * k, -1), d.ek, d.entropy.gather(1, d.frontier).reshape(-1))
             lp, ids = lp_full[:, :k].reshape(B, k, k), ids[:, :k].reshape(B, k, k)
             child_scores = d.scores.gather(1, d.frontier)[:, :, None] + lp              # [B, k, k]
-            live = (d.depth_limit >= step)[:, None, None]
+            live = d.drafts_at(step)[:, None, None]
             child_scores = torch.where(live, child_scores, torch.full_like(child_scores, float("-inf")))
 
             base = k + (step - 1) * k * k
@@ -1217,12 +1227,38 @@ class Engine:
             #    its depth (extended drafting) and budget (Top-N pruning).
             if step == plan.decide_depth:
                 self._decide(d, cfg, plan, base)
+            # 4. Requests whose next layers could not enter their Top-N stop drafting.
+            if plan.decide_depth <= step < plan.max_depth and self.stop_dead_layers and not self.static_rounds \
+                    and not d.traced:
+                self._stop_dead_layers(d, min(plan.max_nodes, base + k * k), base + k * k, child_scores, step)
 
             # Next frontier: the k best children by cumulative score (ties: lower index).
             order = torch.sort(child_scores.reshape(B, k * k), dim=1, descending=True, stable=True).indices[:, :k]
             d.frontier = base + order
             d.f_hidden = out.gather(1, (order // k)[:, :, None].expand(B, k, out.shape[-1]))
             d.f_slot = ((step - 1) * k + order // k)
+
+    @staticmethod
+    def _stop_dead_layers(d: "_Drafting", n: int, filled: int, child_scores: torch.Tensor, step: int) -> None:
+        """Top-N pruning verifies each request's ``budget`` candidates of highest cumulative score,
+        and a score only falls along a path (each draft log-probability is <= 0). So once every
+        candidate of the layer just drafted scores below the ``budget``-th best candidate drafted
+        so far, no deeper candidate can be selected: the request's depth ends here. Strictly
+        below: a tie keeps drafting (``select_tree_nodes`` breaks ties by index). The verified
+        tree is exactly the one the bin's full depth would give (and the round's record keeps the
+        bin's depth); the saved forwards are the rounds where a flat distribution keeps the best
+        candidates shallow. ``n``: the largest budget that can have a ``budget``-th candidate
+        (the plan's, at most the ``filled`` candidates drafted so far); a request with a larger
+        budget drafts on."""
+        B = child_scores.shape[0]
+        if n <= 0:
+            return
+        best = d.scores[:, :filled].topk(n, dim=1).values                        # [B, n], descending
+        nth = best.gather(1, (d.budget.clamp(min=1, max=n) - 1)[:, None])[:, 0]   # the budget-th best score
+        dead = ((child_scores.reshape(B, -1).amax(dim=1) < nth) & (d.budget <= n)) | (d.budget <= 0)
+        # (the record keeps the bin's depth, the action; only the forwards stop)
+        prev = d.depth_limit if d.cut is None else d.cut
+        d.cut = torch.where(dead, prev.clamp(max=step), prev)
 
     @staticmethod
     def _pstar(scores, local, base, k, cfg: SpecConfig, first_layer: bool = False) -> torch.Tensor:

@@ -131,6 +131,49 @@ def test_forced_bins_drive_extended_drafting_and_pruning():
            [(r.accept_len, r.verified, r.depth) for r in base.stats.records]
 
 
+def _count_forwards(draft):
+    calls = []
+    inner = draft.tree_step
+
+    def tree_step(*args, **kwargs):
+        calls.append(1)
+        return inner(*args, **kwargs)
+    draft.tree_step = tree_step
+    return calls
+
+
+# every round in bin 0 (deepest drafting, few nodes: layers die), or bins spread over the rounds
+@pytest.mark.parametrize("bins,fires", [([1e6, 2e6, 3e6], True), ([0.5, 1.0, 2.0], False)])
+def test_dead_layers_stop_drafting_without_changing_the_tree(bins, fires):
+    """A request stops drafting once no deeper candidate could enter its Top-N: every round
+    verifies the same tree as with the bin's full depth, with fewer draft forwards."""
+    cfg = SpecConfig(top_k=3, depth=3, total_tokens=10)
+    engine, draft = _pair("noisy", seed=7)
+    engine.bins = EntropyBins(bins)
+    calls = _count_forwards(draft)
+    prompts = _prompts(engine.target.config.vocab_size, 3, seed=7)
+    draft.set_prompts(prompts)
+    runs = {}
+    for stop in (False, True):
+        engine.stop_dead_layers = stop
+        for method in ("eagle3", "heterospec"):
+            calls.clear()
+            out = engine.generate_batch(prompts, max_new_tokens=24, method=method, config=cfg)
+            runs[stop, method] = (out, len(calls))
+    saved = 0
+    for method in ("eagle3", "heterospec"):
+        (full, n_full), (fast, n_fast) = runs[False, method], runs[True, method]
+        for a, b in zip(full, fast):
+            assert a.token_ids == b.token_ids, method
+            assert [(r.accept_len, r.verified, r.tcr) for r in a.stats.records] == \
+                   [(r.accept_len, r.verified, r.tcr) for r in b.stats.records], method
+            assert all(rb.depth <= ra.depth for ra, rb in zip(a.stats.records, b.stats.records))
+        assert n_fast <= n_full, method
+        saved += n_full - n_fast
+    if fires:
+        assert saved > 0      # the rule fired (else this case shows nothing)
+
+
 def test_path_entropy_is_recorded_and_bounded():
     engine, draft = _pair("noisy", seed=6)
     prompt = _prompts(engine.target.config.vocab_size, 1, seed=6)[0]

@@ -109,6 +109,8 @@ class HeteroSpecProposer(EagleProposer):
         self._prev: Dict[str, Tuple[int, int]] = {}   # req id -> (bin, draft tokens) proposed last step
         self._prev_plan: Optional[Plan] = None       # the plan of the previous step (plain too)
         self._prev_draft_ms = 0.0                     # its draft time
+        self._prev_warm_ms = 0.0                      # its warm forward's time (plain steps)
+        self._prev_ours_ms = 0.0                      # its time in propose outside draft forwards
         self._decision = None
         # path stop: per device-independent confidence bucket, what the target accepted; per
         # batch bucket, the tokens per ms of speculative steps; this call's chain
@@ -222,6 +224,7 @@ class HeteroSpecProposer(EagleProposer):
                "plan": self._prev_plan.name if self._prev_plan is not None else None,
                "k": [k for _, k in self._prev.values()], "draft_ms": round(self._prev_draft_ms, 3),
                "target_ms": None if self._step_end is None else round(1e3 * (now - self._step_end), 3),
+               "warm_ms": round(self._prev_warm_ms, 3), "ours_ms": round(self._prev_ours_ms, 3),
                "rejected": rejected,
                "path_stop": bool(self._prev_conf)}
         self._trace.write(json.dumps(rec) + "\n")
@@ -248,6 +251,7 @@ class HeteroSpecProposer(EagleProposer):
         if mode == SPECULATE and not plan.speculate:     # another TP rank's plan: this rank follows rank 0
             plan = self._chain_plan("follow", 1)
         if mode != SPECULATE:
+            t0 = time.perf_counter()
             if mode == WARM:   # the draft's KV cache gets this step's tokens; the step stays plain
                 super().propose(0, target_token_ids, target_positions, target_hidden_states, next_token_ids,
                                 token_indices_to_sample, common_attn_metadata, sampling_metadata,
@@ -258,6 +262,8 @@ class HeteroSpecProposer(EagleProposer):
             # with what plain decoding costs)
             self._prev, self._prev_plan, self._prev_draft_ms, self._prev_conf = {}, plan, 0.0, {}
             self._step_end = time.perf_counter()
+            self._prev_warm_ms = 1e3 * (self._step_end - t0)
+            self._prev_ours_ms = 1e3 * (t0 - now)
             return [[] for _ in range(batch_size)]
         self._decision = (plan, limit, None)
         self._path, self._chain = None, []
@@ -285,6 +291,7 @@ class HeteroSpecProposer(EagleProposer):
         self._prev_conf = {} if path is None else dict(zip(req_ids, path.confidences))
         self._prev_plan, self._prev_draft_ms = plan, draft_ms
         self._step_end = time.perf_counter()
+        self._prev_warm_ms, self._prev_ours_ms = 0.0, 1e3 * (self._step_end - now) - draft_ms
         return out
 
     def _keep_warm(self, batch_size: int, plan: Plan) -> bool:
