@@ -1,8 +1,10 @@
 """Where HeteroSpec's plain mode loses to autoregressive decoding at a batch size where it does not
-speculate (issue 10): autoregressive vs HeteroSpec (fitted policy; with the draft's catch-up
-window, ``Engine.draft_window``, and without) vs a policy that is always plain but keeps the
-draft's bookkeeping (taps, pending extend), and a scripted plain policy that probes speculation
-as the fitted one does in a plain bucket (with and without the window), interleaved in one process.
+speculate (issue 10), interleaved in one process: autoregressive vs HeteroSpec (fitted policy;
+with the draft's catch-up window, ``Engine.draft_window``, and without; and with a plain
+bucket's probes spaced by the model's predicted loss only, as before the twentieth session) vs
+a policy that is always plain but keeps the draft's bookkeeping (taps, pending extend), and a
+scripted plain policy that probes speculation as the fitted one does in a plain bucket (with
+and without the window).
 
     python bench/plain_mode_ab.py [--batch 8]   # 4 MT-bench + 4 Alpaca prompts, 96 tokens, 6 passes
 """
@@ -15,7 +17,7 @@ import torch
 
 import heterospec
 from heterospec.bench import load_prompt_sets
-from heterospec.policy import Eagle3Policy, Plan, Policy
+from heterospec.policy import Eagle3Policy, FittedPolicy, Plan, Policy
 
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("--passes", type=int, default=6)
@@ -49,10 +51,20 @@ class Probing(Policy):
         return self.spec if self.n % 64 < 5 and self.n > 5 else Plan("plain", speculate=False)
 
 
+class ModelPriced(FittedPolicy):
+    """The fitted policy as before the twentieth session: a plain bucket's probes spaced by the
+    model's predicted loss only (a bucket the guard holds plain probes every 64-256 rounds)."""
+    def _measured_probe_loss(self, bucket):
+        return 0.0
+
+
 window = eng.draft_window
+# its own online state (in memory), the same tables and cost model as the engine's fitted policy
+model_priced = ModelPriced(eng.tables_for(eng.config.top_k), eng.cost_model, eng.config, ragged=eng.ragged_verify)
 # name, generate_batch arguments, the engine's draft_window for the run
 cases = [("ar", dict(method="autoregressive"), window), ("hs", dict(method="heterospec"), window),
          ("hs-no-window", dict(method="heterospec"), None),
+         ("hs-model-priced", dict(method="heterospec", policy=model_priced), window),
          ("probing", dict(method="heterospec", policy=Probing()), window),
          ("probing-no-window", dict(method="heterospec", policy=Probing()), None),
          ("plain+draft", dict(method="heterospec", policy=PlainWithDraft()), window)]

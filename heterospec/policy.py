@@ -954,20 +954,38 @@ class FittedPolicy(Policy):
 
     def _probe_spacing(self, bucket: int, plan: Plan) -> int:
         """Plain rounds between two probe bursts of a plain bucket: ``PROBE_EVERY`` (doubled after
-        each losing probe, :attr:`MAX_BACKOFF`), or more where the model predicts that a burst
-        loses more than ``PROBE_LOSS_SHARE`` of the plain time in between."""
+        each losing probe, :attr:`MAX_BACKOFF`), or more where a burst loses more than
+        ``PROBE_LOSS_SHARE`` of the plain time in between - as the model predicts it, or as the
+        last burst measured it, whichever loss is larger. (A bucket the guard holds plain has a
+        model that predicts a gain; only the measurement prices its probes.)"""
         every = self.PROBE_EVERY << self._backoff.get(bucket, 0)
+        priced = max(self._predicted_probe_loss(plan), self._measured_probe_loss(bucket))
+        if not math.isfinite(priced) or priced <= every:
+            return every
+        return min(int(math.ceil(priced)), max(every, self.PROBE_EVERY << self.MAX_PRICED_BACKOFF))
+
+    def _predicted_probe_loss(self, plan: Plan) -> float:
+        """A burst's loss in plain rounds / ``PROBE_LOSS_SHARE``, as the model predicts it (0 when
+        it predicts a gain or nothing)."""
         exp = plan.expected or {}
         spec, plain = exp.get("speculative") or {}, exp.get("plain") or {}
         try:
             # a speculative round's time beyond what plain steps take for its tokens
             loss_ms = float(spec["ms"]) - float(spec["tokens"]) / float(plain["tokens"]) * float(plain["ms"])
-            priced = self.PROBE_BURST * loss_ms / (self.PROBE_LOSS_SHARE * float(plain["ms"]))
+            return max(0.0, self.PROBE_BURST * loss_ms / (self.PROBE_LOSS_SHARE * float(plain["ms"])))
         except (KeyError, TypeError, ZeroDivisionError):
-            return every
-        if not math.isfinite(priced) or priced <= every:
-            return every
-        return min(int(math.ceil(priced)), max(every, self.PROBE_EVERY << self.MAX_PRICED_BACKOFF))
+            return 0.0
+
+    def _measured_probe_loss(self, bucket: int) -> float:
+        """The same from the last burst's rounds (:attr:`_recent_spec`) against the bucket's
+        measured plain steps: each speculative round's time beyond what plain steps take for its
+        tokens. 0 without both measurements, or where the burst won."""
+        st, recent = self._realized.get(bucket), self._recent_spec.get(bucket)
+        if st is None or not recent or st[5] < self.MIN_REALIZED[1] or st[3] <= 0 or st[4] <= 0:
+            return 0.0
+        plain_round_s, plain_rate = st[4] / st[5], st[3] / st[4]       # seconds; tokens per request per s
+        loss_s = sum(s - t / plain_rate for t, s in recent) / len(recent)
+        return max(0.0, self.PROBE_BURST * loss_s / (self.PROBE_LOSS_SHARE * plain_round_s))
 
     # A speculating bucket whose rounds have delivered CLEAR_WIN times the plain steps' rate or
     # more probes plain steps PROBE_EVERY << CLEAR_WIN_BACKOFF rounds apart: each probe gives up

@@ -1101,6 +1101,35 @@ def test_plain_bucket_probes_as_often_as_their_predicted_loss_allows(draft_ms, s
     assert kinds.index(True) + 1 == want and all(kinds[want - 1:want - 1 + policy.PROBE_BURST])  # a whole burst
 
 
+def test_guard_held_bucket_probes_as_often_as_its_measured_loss_allows():
+    """Where the guard holds a bucket plain against a model that predicts a gain, the model
+    cannot price the probes (it sees no loss): the last burst's measured loss does. Speculative
+    rounds of 25 ms for 2 tokens per request against plain steps of 10 ms: 5 ms lost per round,
+    so a burst of PROBE_BURST costs PROBE_LOSS_SHARE of 5 * 5 / (0.01 * 10) = 250 plain rounds,
+    not PROBE_EVERY."""
+    policy = FittedPolicy(_tables(easy_accept=0.7), LinearCost(a=10.0, b=1.0, c=0.5, e=0.5),
+                          SpecConfig(top_k=4, depth=1, total_tokens=4))
+    policy.EARLY_PLAIN_PROBES = ()
+    spec = policy.plan(1)
+    assert spec.speculate and policy._predicted_probe_loss(spec) == 0.0      # the model predicts a gain
+    for _ in range(8):
+        policy.observe(spec, [0], [1], seconds=0.025)                      # 2 tokens per request
+        policy.observe(spec.alternative, [], [], seconds=0.010)
+    assert policy.realized_loses(1) and not policy.plan(1).speculate       # the guard holds it plain
+    want = round(policy.PROBE_BURST * (0.025 - 2 * 0.010) / (policy.PROBE_LOSS_SHARE * 0.010))   # 250
+    assert policy.PROBE_EVERY < want < policy.PROBE_EVERY << policy.MAX_PRICED_BACKOFF
+    kinds = []
+    for _ in range(want + 2):
+        p = policy.round_plan(1)
+        kinds.append(p.speculate)
+        if not p.speculate:
+            policy.observe(p, [], [], seconds=0.010)
+    assert abs(kinds.index(True) + 1 - want) <= 1         # (the ceiling of a float sum)
+    # The same bucket without burst measurements is spaced by PROBE_EVERY (doubled per lost probe).
+    policy._recent_spec.clear()
+    assert policy._probe_spacing(1, policy.plan(1)) == policy.PROBE_EVERY << policy._backoff.get(1, 0)
+
+
 def test_plain_bucket_backs_off_probes_that_keep_losing():
     """A bucket that decodes plainly probes speculation every PROBE_EVERY rounds with a burst of
     PROBE_BURST speculative rounds; each probe that loses again (fewer tokens per request per
