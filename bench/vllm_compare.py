@@ -119,15 +119,17 @@ def _never_drafting_costs(out_dir: str) -> str:
     """A frozen step-cost file in which drafting costs far more than it could gain (plain steps
     100 ms, a speculative step 2-3 s, the drafter 1-2 s, at batch buckets 1 and 8): every plan
     the plugin fits from it is plain, and it never explores. Returns its path."""
-    def line(points):
-        return [[x, y, 5, [y] * 5] for x, y in points]
-    costs = {"format": 2}
-    for name, points in (("plain", [(0.0, 100.0)]), ("target", [(1.0, 2000.0), (2.0, 3000.0)]),
-                         ("draft", [(0.0, 1000.0), (1.0, 2000.0)])):
-        costs[name] = {str(b): line(points) for b in (1, 8)}
+    from heterospec.vllm_plugin.costs import StepCosts
+    costs = StepCosts()
+    for b in (1, 8):
+        for _ in range(5):
+            costs.add_target(b, b, 100.0)                                   # plain
+            costs.add_target(b, 2 * b, 2000.0)                              # 1 draft token per request
+            costs.add_target(b, 3 * b, 3000.0)                              # 2
+            costs.add_draft(b, 0, 1000.0)
+            costs.add_draft(b, 1, 2000.0)
     path = os.path.join(os.path.abspath(out_dir), "costs-never-drafts.json")
-    with open(path, "w") as f:
-        json.dump(costs, f)
+    costs.save(path)
     return path
 
 

@@ -1230,7 +1230,7 @@ class Engine:
             # 4. Requests whose next layers could not enter their Top-N stop drafting.
             if plan.decide_depth <= step < plan.max_depth and self.stop_dead_layers and not self.static_rounds \
                     and not d.traced:
-                self._stop_dead_layers(d, min(plan.max_nodes, base + k * k), base + k * k, child_scores, step)
+                self._stop_dead_layers(d, plan.max_nodes, base + k * k, child_scores, step)
 
             # Next frontier: the k best children by cumulative score (ties: lower index).
             order = torch.sort(child_scores.reshape(B, k * k), dim=1, descending=True, stable=True).indices[:, :k]
@@ -1239,7 +1239,7 @@ class Engine:
             d.f_slot = ((step - 1) * k + order // k)
 
     @staticmethod
-    def _stop_dead_layers(d: "_Drafting", n: int, filled: int, child_scores: torch.Tensor, step: int) -> None:
+    def _stop_dead_layers(d: "_Drafting", max_nodes: int, filled: int, child_scores: torch.Tensor, step: int) -> None:
         """Top-N pruning verifies each request's ``budget`` candidates of highest cumulative score,
         and a score only falls along a path (each draft log-probability is <= 0). So once every
         candidate of the layer just drafted scores below the ``budget``-th best candidate drafted
@@ -1247,10 +1247,9 @@ class Engine:
         below: a tie keeps drafting (``select_tree_nodes`` breaks ties by index). The verified
         tree is exactly the one the bin's full depth would give (and the round's record keeps the
         bin's depth); the saved forwards are the rounds where a flat distribution keeps the best
-        candidates shallow. ``n``: the largest budget that can have a ``budget``-th candidate
-        (the plan's, at most the ``filled`` candidates drafted so far); a request with a larger
-        budget drafts on."""
-        B = child_scores.shape[0]
+        candidates shallow. ``filled``: the candidates drafted so far; a request whose budget
+        exceeds them drafts on."""
+        B, n = child_scores.shape[0], min(max_nodes, filled)    # the largest budget with a budget-th candidate
         if n <= 0:
             return
         best = d.scores[:, :filled].topk(n, dim=1).values                        # [B, n], descending
