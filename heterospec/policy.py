@@ -593,7 +593,8 @@ def fit_plan(tables: AcceptanceTables, cost, batch_size: int, context: int = 256
              max_nodes: Optional[int] = None, margin: float = PLAIN_MARGIN,
              position_scale: Sequence[float] = (), time_scale: float = 1.0, plain_scale: float = 1.0,
              bin_freq: Optional[Dict[int, Sequence[float]]] = None, shortlist: Optional[dict] = None,
-             bin_scale: Optional[Dict[int, Sequence[float]]] = None, static: bool = False) -> Plan:
+             bin_scale: Optional[Dict[int, Sequence[float]]] = None, static: bool = False,
+             options: Optional[Sequence[int]] = None, scores: Optional[Dict[int, float]] = None) -> Plan:
     """The plan that maximises expected tokens/s at ``batch_size`` under ``cost``.
 
     Every binning option of ``tables`` (where ``H(P*)`` is read, its K, the CART label) gets its
@@ -610,14 +611,17 @@ def fit_plan(tables: AcceptanceTables, cost, batch_size: int, context: int = 256
     (costlier) batch search runs on a shortlist: the 3 options best at batch 1 and the 3 whose
     search starts (the batch-1 optimum, the best action for all bins alike) are fastest at this
     batch size. ``shortlist``: a dict the caller keeps to reuse them (valid while ``cost`` and the
-    other arguments but ``batch_size`` and the time scales stay the same)."""
+    other arguments but ``batch_size`` and the time scales stay the same). ``options``: fit only
+    these binning options (indices into ``tables.options``; default all); ``scores``: a dict
+    filled with the expected tokens/s (before ``time_scale``) of every option fully fitted."""
     B = batch_size
     cost = cost if isinstance(cost, _MemoCost) else _MemoCost(cost)
     plain_ms = cost.plain_ms(B, context) * plain_scale
     plain = {"tokens": float(B), "ms": plain_ms, "tokens_per_s": 1e3 * B / plain_ms}
     bin_freq = bin_freq or {}
     bin_scale = bin_scale or {}
-    options = list(range(len(tables.options)))
+    options = list(range(len(tables.options))) if options is None else \
+        sorted({int(i) for i in options if 0 <= int(i) < len(tables.options)})
 
     def fit(i, batch, quick=False):
         return _fit_option(tables, tables.options[i], cost, batch, context, ragged, max_nodes,
@@ -629,8 +633,8 @@ def fit_plan(tables: AcceptanceTables, cost, batch_size: int, context: int = 256
 
     if B > 1:   # the batch search is costlier: only the options best alone or starting best here
         shortlist = {} if shortlist is None else shortlist
-        key = (context, ragged, static, max_nodes, tuple(position_scale), tuple(sorted(bin_freq.items())),
-               tuple(sorted((i, tuple(v)) for i, v in bin_scale.items())))
+        key = (tuple(options), context, ragged, static, max_nodes, tuple(position_scale),
+               tuple(sorted(bin_freq.items())), tuple(sorted((i, tuple(v)) for i, v in bin_scale.items())))
         if key not in shortlist:
             shortlist[key] = best3(1)
         if key + (B,) not in shortlist:
@@ -639,6 +643,8 @@ def fit_plan(tables: AcceptanceTables, cost, batch_size: int, context: int = 256
     best, best_eval = None, None
     for i in options:
         acts, ev = fit(i, B)
+        if ev is not None and scores is not None:
+            scores[i] = float(ev["tokens_per_s"])
         if ev is not None and time_scale != 1.0:
             ev = dict(ev, ms=ev["ms"] * time_scale, tokens_per_s=ev["tokens_per_s"] / time_scale)
         if ev is not None and (best_eval is None or ev["tokens_per_s"] > best_eval["tokens_per_s"]):
@@ -716,8 +722,11 @@ class FittedPolicy(Policy):
         self._burst: Dict[int, int] = {}              # speculative rounds left in a plain bucket's probe
         self._last_fit: Dict[int, Tuple[int, Plan]] = {}
         self._shortlist: dict = {}                    # fit_plan's batch-1 option shortlist
+        # per bucket: fits since its last full fit, and the options that fitted best in it
+        self._option_rank: Dict[int, Tuple[int, Optional[List[int]]]] = {}
         self._memo = _MemoCost(cost)                  # the cost model's answers, until a refit
         self._fit_s = 0.0                             # seconds spent fitting (the refit budget)
+        self._fits = 0                                # fits made (bench/policy_fit_ab.py)
         self._round_s = 0.0                           # seconds of the rounds observed
         self._time_used: Dict[int, float] = {}
         self._plain_used: Dict[int, float] = {}
@@ -752,6 +761,13 @@ class FittedPolicy(Policy):
     # nothing). At least one observed round of the bucket between two of its fits.
     FIT_SHARE = 0.05
     REFIT_GAP = 16
+    # A fit searches every binning option of the tables (16 for the shipped draft: where H(P*)
+    # is read, its K, the CART label), a few ms at batch 1, and the corrections move it every
+    # few rounds. Between full fits a bucket refits only the SHORTLIST options that fitted best
+    # in its last full fit; every FULL_EVERY-th fit of a bucket searches them all again, so a
+    # workload that moves the best option elsewhere is followed within that many fits.
+    SHORTLIST = 3
+    FULL_EVERY = 8
 
     def fitted_plan(self, batch_size: int, context: Optional[int] = None) -> Plan:
         """The plan the model fits (with the online corrections), before the guard. A bucket
@@ -768,10 +784,17 @@ class FittedPolicy(Policy):
                 return last[1]
         if key not in self._plans:
             t0 = time.perf_counter()
+            since_full, best = self._option_rank.get(b, (self.FULL_EVERY, None))
+            full = best is None or since_full + 1 >= self.FULL_EVERY
+            scores: Dict[int, float] = {}
             plan = fit_plan(self.tables, self._memo, b, c, self.ragged, max_nodes=self.max_nodes,
                             position_scale=s, time_scale=t, plain_scale=q, bin_freq=f, shortlist=self._shortlist,
-                            bin_scale=g, static=self.static)
+                            bin_scale=g, static=self.static, options=None if full else best, scores=scores)
+            if full and scores:
+                best = sorted(scores, key=lambda i: (-scores[i], i))[:self.SHORTLIST]
+            self._option_rank[b] = (0 if full else since_full + 1, best)
             self._fit_s += time.perf_counter() - t0
+            self._fits += 1
             if plan.speculate:            # the plain plan the guard falls back to probes this one
                 plan.alternative.alternative = plan
             self._plans[key] = plan
@@ -1005,6 +1028,7 @@ class FittedPolicy(Policy):
         self._plans = {}
         self._last_fit = {}
         self._shortlist = {}
+        self._option_rank = {}
         self._memo = _MemoCost(self.cost)
 
     def time_scale(self, bucket: int) -> float:

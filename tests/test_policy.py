@@ -1046,6 +1046,55 @@ def test_fitted_policy_refits_a_bucket_at_most_every_refit_gap_rounds():
     assert policy.plan(1) is not later
 
 
+def _tables_of_options(accepts=(0.5, 0.6, 0.7, 0.8, 0.9)):
+    """One binning option per ``easy_accept`` (the last fits best)."""
+    opts = [_tables(easy_accept=a).options[0] for a in accepts]
+    return AcceptanceTables(4, DEPTHS, NODES, opts)
+
+
+def test_fit_plan_fits_only_the_options_asked_and_reports_their_scores():
+    tables, cost = _tables_of_options(), LinearCost(a=10.0, b=0.3, c=0.2, e=0.2)
+    scores = {}
+    best = fit_plan(tables, cost, 1, scores=scores)
+    assert best.expected["option"] == 4 and sorted(scores) == [0, 1, 2, 3, 4]
+    assert max(scores, key=scores.get) == 4
+    scores = {}
+    one = fit_plan(tables, cost, 1, options=[1], scores=scores)
+    assert one.expected["option"] == 1 and list(scores) == [1]
+    assert fit_plan(tables, cost, 2, options=[2, 3]).expected["option"] == 3
+
+
+@pytest.mark.parametrize("B", [1, 4])
+def test_refits_between_full_fits_search_the_shortlist_only(monkeypatch, B):
+    """A fit searches every binning option; between full fits (every FULL_EVERY-th fit of a
+    bucket) a refit searches the SHORTLIST options that fitted best in the last full one."""
+    import heterospec.policy as P
+    tables, cost = _tables_of_options(), LinearCost(a=10.0, b=0.3, c=0.2, e=0.2)
+    fitted = []
+    inner = P._fit_option
+
+    def counting(tables_, opt, *a, **k):
+        fitted.append(tables_.options.index(opt))
+        return inner(tables_, opt, *a, **k)
+    monkeypatch.setattr(P, "_fit_option", counting)
+    policy = FittedPolicy(tables, cost, SpecConfig(top_k=4, depth=1, total_tokens=4))
+    per_fit = []
+    for _ in range(FittedPolicy.FULL_EVERY + 1):
+        fitted.clear()
+        plan = policy.plan(B)
+        per_fit.append(set(fitted))
+        assert plan.expected["option"] == 4          # the best option stays in the shortlist
+        policy._plans.clear()                         # as if the corrections had moved
+        policy._last_fit.clear()
+        policy._shortlist.clear()
+    assert per_fit[0] == {0, 1, 2, 3, 4} and per_fit[FittedPolicy.FULL_EVERY] == {0, 1, 2, 3, 4}
+    assert all(s == {2, 3, 4} for s in per_fit[1:FittedPolicy.FULL_EVERY])
+    policy.refit()                                    # a new cost model: a full fit at once
+    fitted.clear()
+    policy.plan(B)
+    assert set(fitted) == {0, 1, 2, 3, 4}
+
+
 def test_fitted_policy_refits_at_once_when_fits_are_cheap_against_the_rounds():
     """Timed rounds: a bucket takes up moved corrections after one round while fitting stays
     under FIT_SHARE of the rounds' time (a fresh workload's first corrections must not wait
