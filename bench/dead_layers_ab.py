@@ -16,9 +16,6 @@ Writes ``OUT/dead_layers_ab.json`` and ``.md``. Run with nothing else on the mac
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import re
 import statistics
 import time
 
@@ -26,7 +23,7 @@ import torch
 from tqdm.auto import tqdm
 
 import heterospec
-from heterospec.bench import load_prompt_sets
+from heterospec.bench import load_prompt_sets, speed_flags, write_report
 
 
 def _counting(draft):
@@ -50,8 +47,7 @@ def main() -> None:
     ap.add_argument("--methods", nargs="+", default=["eagle3", "heterospec"])
     ap.add_argument("--out", default="bench/out/dead-layers")
     args = ap.parse_args()
-    flags = sorted(set(re.findall(r"avx512_bf16|avx2|amx_bf16", open("/proc/cpuinfo").read())))
-    print("CPU flags:", " ".join(flags), "| torch threads", torch.get_num_threads())
+    flags = speed_flags(announce=True)
     eng = heterospec.Engine.from_pretrained(device="cpu", dtype=getattr(torch, args.dtype))
     calls = _counting(eng.draft)
     sets = load_prompt_sets(args.sets, args.n, 0)
@@ -94,13 +90,8 @@ def main() -> None:
                          f"| {r['fw_on'] / n:.2f} / {r['fw_off'] / n:.2f} | {1e3 * r['draft_s_on'] / n:.2f} / "
                          f"{1e3 * r['draft_s_off'] / n:.2f} | {r['same']} |")
         lines.append(f"| {m} | **mean** | | **{statistics.mean(ratios):.3f}** | | | |")
-    text = "\n".join(lines)
-    print(text)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "dead_layers_ab.md"), "w") as f:
-        f.write(text + "\n")
-    with open(os.path.join(args.out, "dead_layers_ab.json"), "w") as f:
-        json.dump({"flags": flags, "args": vars(args), "rows": {f"{m}/{s}": r for (m, s), r in rows.items()}}, f, indent=1)
+    write_report(args.out, "dead_layers_ab", "\n".join(lines),
+                 {"flags": flags, "args": vars(args), "rows": {f"{m}/{s}": r for (m, s), r in rows.items()}})
 
 
 if __name__ == "__main__":

@@ -9,14 +9,13 @@ and without the window).
     python bench/plain_mode_ab.py [--batch 8]   # 4 MT-bench + 4 Alpaca prompts, 96 tokens, 6 passes
 """
 import argparse
-import re
 import statistics
 import time
 
 import torch
 
 import heterospec
-from heterospec.bench import load_prompt_sets
+from heterospec.bench import load_prompt_sets, speed_flags
 from heterospec.policy import Eagle3Policy, FittedPolicy, Plan, Policy
 
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -25,8 +24,7 @@ ap.add_argument("--max-new-tokens", type=int, default=96)
 ap.add_argument("--batch", type=int, default=8, help="prompts per call: half MT-bench, half Alpaca")
 args = ap.parse_args()
 torch.set_num_threads(2)
-flags = sorted(set(re.findall(r"avx512_bf16|avx2", open("/proc/cpuinfo").read())))
-print("CPU flags:", " ".join(flags), "| torch threads", torch.get_num_threads())
+flags = speed_flags(announce=True)
 eng = heterospec.Engine.from_pretrained(device="cpu", dtype=torch.float32)
 half = (args.batch + 1) // 2
 sets = load_prompt_sets(["mtbench", "alpaca"], half, 0)

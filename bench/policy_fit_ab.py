@@ -17,16 +17,13 @@ Writes ``OUT/policy_fit_ab.md`` and ``.json``. Run with nothing else on the mach
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import re
 import time
 
 import torch
 from tqdm.auto import tqdm
 
 import heterospec
-from heterospec.bench import load_prompt_sets
+from heterospec.bench import load_prompt_sets, speed_flags, write_report
 from heterospec.policy import FittedPolicy
 
 
@@ -38,8 +35,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     ap.add_argument("--out", default="bench/out/policy-fit")
     args = ap.parse_args()
-    flags = sorted(set(re.findall(r"avx512_bf16|avx2|amx_bf16", open("/proc/cpuinfo").read())))
-    print("CPU flags:", " ".join(flags), "| torch threads", torch.get_num_threads())
+    flags = speed_flags(announce=True)
     eng = heterospec.Engine.from_pretrained(device="cpu", dtype=getattr(torch, args.dtype))
     sets = load_prompt_sets(args.sets, args.n, 0)
     eng.generate(sets[args.sets[0]][0].text, max_new_tokens=16, method="heterospec")   # warm-up
@@ -72,13 +68,7 @@ def main() -> None:
         lines.append(f"| {arm} | {t['tokens'] / t['s']:.2f} | {1e3 * t['policy_s'] / n:.3f} | {t['fits'] / n:.3f} | "
                      f"{1e3 * t['fit_s'] / max(t['fits'], 1):.2f} |")
     lines.append(f"\ntok/s shortlist / full: {tot['shortlist']['tokens'] / tot['shortlist']['s'] / (tot['full']['tokens'] / tot['full']['s']):.3f}")
-    text = "\n".join(lines)
-    print(text)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "policy_fit_ab.md"), "w") as f:
-        f.write(text + "\n")
-    with open(os.path.join(args.out, "policy_fit_ab.json"), "w") as f:
-        json.dump({"flags": flags, "args": vars(args), "arms": tot}, f, indent=1)
+    write_report(args.out, "policy_fit_ab", "\n".join(lines), {"flags": flags, "args": vars(args), "arms": tot})
 
 
 if __name__ == "__main__":

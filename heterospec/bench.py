@@ -14,6 +14,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import time
 from collections import defaultdict
@@ -50,6 +51,30 @@ def machine_description(device) -> str:
     except OSError:
         pass
     return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} threads)"
+
+
+def speed_flags(announce: bool = False) -> List[str]:
+    """The CPU flags every speed result names (bf16 / AMX support decides the fast paths);
+    ``announce``: also print them with the torch thread count."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = sorted(set(re.findall(r"avx512_bf16|avx2|amx_bf16", f.read())))
+    except OSError:
+        flags = []
+    if announce:
+        print("CPU flags:", " ".join(flags) or "(none found)", "| torch threads", torch.get_num_threads())
+    return flags
+
+
+def write_report(out_dir: str, stem: str, text: str, payload: dict) -> None:
+    """Print ``text`` and write it to ``out_dir/stem.md``, ``payload`` to ``out_dir/stem.json``
+    (the A/B scripts of bench/)."""
+    print(text)
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, f"{stem}.md"), "w") as f:
+        f.write(text + "\n")
+    with open(os.path.join(out_dir, f"{stem}.json"), "w") as f:
+        json.dump(payload, f, indent=1)
 
 
 def _acceptance_rates(records: List[dict], max_len: int) -> List[float]:

@@ -847,6 +847,22 @@ class FittedPolicy(Policy):
             st_tok, st_s = st_tok + rounds * tok, st_s + rounds * sec
         return st_tok / st_s, pl_tok / pl_s
 
+    # A call's requests are new contexts: the guard's speculative evidence was measured on the
+    # requests before them. At a new call it keeps at most CALL_CARRY rounds per request of the
+    # batch, so a single request (batch 1, a round measures one prompt) is judged on its own
+    # rounds within MIN_REALIZED - one hard prompt no longer keeps the next, easy one plain for
+    # its whole length (bench/RESULTS.md, twenty-first session) - while at batch 4 and up
+    # (a round averages several prompts, and a losing burst costs more) the verdict stands.
+    CALL_CARRY = 2.0
+
+    def new_requests(self, batch_size: int) -> None:
+        """A call with ``batch_size`` new requests starts (the engine's generate / generate_batch)."""
+        st = self._realized.get(self.bucket(batch_size))
+        cap = self.CALL_CARRY * batch_size
+        if st is not None and st[2] > cap:
+            k = cap / st[2]
+            st[0], st[1], st[2] = st[0] * k, st[1] * k, cap
+
     def _last_probe_lost(self, bucket: int) -> bool:
         """Whether the last ``PROBE_BURST`` speculative rounds of this bucket (in a plain bucket:
         its last probe) delivered fewer tokens per request per second than its plain steps do."""

@@ -981,6 +981,37 @@ def test_realized_throughput_guard_falls_back_to_plain_steps():
     assert policy.plan(1).speculate
 
 
+def test_a_new_request_is_judged_on_its_own_rounds_at_batch_1_only():
+    """The guard's verdict came from earlier prompts: a new call at batch 1 keeps CALL_CARRY
+    rounds of it, so the new prompt speculates again until its own rounds are measured; at
+    batch 4 (a round averages four prompts) the verdict stands."""
+    def held_plain(B):
+        cost = LinearCost(a=10.0, b=1.0, c=0.5, e=0.5) if B == 1 else LinearCost(a=10.0, b=0.3, c=0.2, e=0.2)
+        policy = FittedPolicy(_tables(easy_accept=0.7), cost, SpecConfig(top_k=4, depth=1, total_tokens=4))
+        spec = policy.fitted_plan(B)
+        assert spec.speculate
+        for _ in range(5):    # 2 tokens per request in 40 ms, plain steps 1 in 10 ms: the guard holds plain
+            policy.observe(spec, [0] * B, [1] * B, seconds=0.040)
+        for _ in range(3):
+            policy.observe(spec.alternative, [], [], seconds=0.010)
+        assert policy.realized_loses(B) and not policy.plan(B).speculate and policy.fitted_plan(B).speculate
+        return policy, spec
+
+    policy, _ = held_plain(4)
+    policy.new_requests(4)
+    assert not policy.plan(4).speculate                 # 5 rounds of 4 prompts: within 2 rounds per request
+    policy, spec = held_plain(1)
+    policy.new_requests(1)
+    assert policy.realized(1) is None and policy.plan(1).speculate
+    for _ in range(3):        # the new prompt's own rounds lose too: plain again
+        policy.observe(spec, [0], [1], seconds=0.040)
+    assert policy.realized_loses(1) and not policy.plan(1).speculate
+    policy.new_requests(1)
+    for _ in range(3):        # this one's rounds win: the guard lets it speculate
+        policy.observe(spec, [0], [3], seconds=0.012)
+    assert not policy.realized_loses(1)
+
+
 def test_guard_is_not_turned_by_a_few_unlucky_rounds_but_by_a_real_loss():
     """Five speculative rounds that accepted nothing (8 % likely at an acceptance of 0.4) and
     ran 10 % slower than a plain step: the model's prediction (a clear win) outweighs them; the
