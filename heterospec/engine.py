@@ -589,7 +589,7 @@ class Engine:
         ids = [self._encode(p, chat) for p in prompts]
         pol = self._policy(method, cfg, policy or self.policy)
         B = len(ids)
-        if hasattr(pol, "new_requests"):
+        if pol is not None:
             pol.new_requests(B)         # new contexts: what the guard measured was another prompt's
         speculative = pol is not None and pol.needs_draft(B)
         tree_cap = pol.max_tree_nodes(B) + 1 if speculative else 1

@@ -159,6 +159,10 @@ class Policy:
         """The plan of the next round (the fitted policy probes the alternative now and then)."""
         return self.plan(batch_size, context)
 
+    def new_requests(self, batch_size: int) -> None:
+        """A call with ``batch_size`` new requests starts (a policy that learns online may forget
+        what it measured on earlier prompts; the fixed ones have nothing to forget)."""
+
     def needs_draft(self, batch_size: int) -> bool:
         """Whether any batch size up to ``batch_size`` speculates (a batch only shrinks)."""
         return any(self.plan(b).speculate for b in range(1, batch_size + 1))
