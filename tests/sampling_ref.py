@@ -29,3 +29,30 @@ def reference_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, to
     for w in warpers:
         x = w(ids, x)
     return torch.softmax(x, dim=-1).reshape(shape)
+
+
+def chi_square_pvalue(samples, law):
+    """Chi-square goodness of fit of ``samples`` (hashable outcomes) to ``law`` (outcome ->
+    probability); outcomes expected fewer than 5 times are pooled into one cell. Returns the
+    p-value and how many samples fell on outcomes the law gives probability 0."""
+    from scipy.stats import chi2
+
+    counts = {}
+    for s in samples:
+        counts[s] = counts.get(s, 0) + 1
+    n = len(samples)
+    cells = sorted(law, key=lambda c: -law[c])
+    stat, dof, pooled_e, pooled_o = 0.0, -1, 0.0, 0
+    for c in cells:
+        e = law[c] * n
+        if e >= 5:
+            stat += (counts.get(c, 0) - e) ** 2 / e
+            dof += 1
+        else:                                   # pool rare sequences into one cell
+            pooled_e += e
+            pooled_o += counts.get(c, 0)
+    if pooled_e > 0:
+        stat += (pooled_o - pooled_e) ** 2 / pooled_e
+        dof += 1
+    impossible = sum(v for c, v in counts.items() if law.get(c, 0.0) == 0.0)
+    return float(chi2.sf(stat, dof)), impossible

@@ -24,7 +24,7 @@ from heterospec import ops as hops
 from heterospec.config import SamplingParams
 from heterospec.entropy import EntropyBins
 from tests.engine_util import OracleDraft, stops_inside_accepted_path, tiny_hf_llama
-from tests.sampling_ref import reference_probs
+from tests.sampling_ref import chi_square_pvalue, reference_probs
 
 VOCAB, NEW, REQUESTS, ALPHA = 8, 3, 6000, 1e-3
 PROMPT = [3, 5, 1, 7]
@@ -48,30 +48,6 @@ def exact_law(hf, params, new=NEW, eos=()):
 
     walk((), 1.0)
     return law
-
-
-def chi_square_pvalue(samples, law):
-    from scipy.stats import chi2
-
-    counts = {}
-    for s in samples:
-        counts[s] = counts.get(s, 0) + 1
-    n = len(samples)
-    cells = sorted(law, key=lambda c: -law[c])
-    stat, dof, pooled_e, pooled_o = 0.0, -1, 0.0, 0
-    for c in cells:
-        e = law[c] * n
-        if e >= 5:
-            stat += (counts.get(c, 0) - e) ** 2 / e
-            dof += 1
-        else:                                   # pool rare sequences into one cell
-            pooled_e += e
-            pooled_o += counts.get(c, 0)
-    if pooled_e > 0:
-        stat += (pooled_o - pooled_e) ** 2 / pooled_e
-        dof += 1
-    impossible = sum(v for c, v in counts.items() if law.get(c, 0.0) == 0.0)
-    return float(chi2.sf(stat, dof)), impossible
 
 
 def _engine(draft_kind, requests=REQUESTS):

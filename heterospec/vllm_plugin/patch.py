@@ -5,18 +5,27 @@ it). When the user asked for HeteroSpec (``additional_config={"heterospec": {...
 drafter is vLLM's EAGLE-3 :class:`EagleProposer`, its class is switched to our subclass
 :class:`~heterospec.vllm_plugin.proposer.HeteroSpecProposer`, which keeps every vLLM method and
 overrides ``propose`` (per-request draft lengths) and ``_sample_draft_tokens`` (the decision
-after the first draft forward). Nothing else of vLLM is touched; without the ``heterospec`` key
-vLLM runs unchanged.
+after the first draft forward).
+
+One fix of vLLM 0.32.0 on CPU comes with it (:func:`fix_cpu_expand`): the CPU replacement of the
+rejection sampler's ``expand_kernel`` leaves per-token temperature, top-k and top-p uninitialised,
+so every speculative step at temperature > 0 sampled from a wrong law. Nothing else of vLLM is
+touched; without the ``heterospec`` key vLLM runs unchanged, that bug included.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
+
+import torch
 
 from .options import HeteroSpecSetupError, requested
 
 SUPPORTED_VLLM = "0.32.0"
+EXPAND_KERNEL = "vllm.v1.sample.rejection_sampler.expand_kernel"
 _installed = False
+_log = logging.getLogger(__name__)
 
 
 def check_config(vllm_config) -> None:
@@ -39,12 +48,48 @@ def check_config(vllm_config) -> None:
             "without async scheduling: pass async_scheduling=False (`--no-async-scheduling`)")
 
 
+def expand_tokens(output_ptr, input_ptr, cu_num_tokens_ptr, replace_from, replace_to, MAX_NUM_TOKENS=None):
+    """vLLM's ``expand_kernel`` in torch: request ``i``'s value (``replace_from`` read as
+    ``replace_to``) written to each of its tokens, ``cu_num_tokens_ptr`` being the cumulative token
+    counts. Any dtype (temperature and top-p are float32, top-k int32), written into ``output_ptr``.
+    The parameter names are the Triton kernel's, so vLLM's dispatcher passes them by name."""
+    ends = cu_num_tokens_ptr.to(torch.int64)
+    counts = torch.diff(ends, prepend=ends.new_zeros(1))
+    values = torch.where(input_ptr == replace_from, torch.full_like(input_ptr, replace_to), input_ptr)
+    n = int(ends[-1]) if ends.numel() else 0
+    output_ptr[:n] = torch.repeat_interleave(values, counts, output_size=n).to(output_ptr.dtype)
+
+
+def fix_cpu_expand() -> bool:
+    """Replace vLLM 0.32.0's CPU ``expand_kernel`` (C++ ``expand_kernel_impl``) with
+    :func:`expand_tokens`. Why: its wrapper casts the output to a temporary int64 copy that is never
+    written back, so ``rejection_sampler.expand_batch_to_tokens`` returns uninitialised memory for
+    float32 and int32 inputs. The rejection sampler then divides the target's logits by garbage
+    temperatures (and filters by garbage top-k / top-p): speculative sampling drew from a wrong
+    law, and no two runs with the same seeds agreed. Greedy requests never read these values.
+    Uses vLLM's own kernel-override registry; returns True when the fix was installed (a CPU
+    platform whose registry holds that C++ replacement), False otherwise (GPU, Triton-CPU)."""
+    from vllm.triton_utils import dispatcher
+
+    entry = dispatcher._registry.get(EXPAND_KERNEL)
+    if entry is None or entry[1] is expand_tokens:
+        return entry is not None
+    if getattr(entry[1], "__name__", "") != "_expand_kernel_impl":
+        return False                      # someone else's replacement: leave it
+    del dispatcher._registry[EXPAND_KERNEL]     # re-registered below; skips vLLM's "overwriting" warning
+    dispatcher.register_kernels({EXPAND_KERNEL: expand_tokens})
+    _log.info("heterospec: replaced vLLM %s's CPU expand_kernel (uninitialised per-token temperature / top-k / "
+              "top-p in speculative sampling)", SUPPORTED_VLLM)
+    return True
+
+
 def _wrap_runner_init(original):
     @functools.wraps(original)
     def __init__(self, vllm_config, *args, **kwargs):
         options = requested(vllm_config)
         if options is not None:
             check_config(vllm_config)
+            fix_cpu_expand()
         original(self, vllm_config, *args, **kwargs)
         drafter = getattr(self, "drafter", None)       # absent on ranks without the draft (PP)
         if options is None or drafter is None:
