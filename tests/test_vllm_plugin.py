@@ -1,9 +1,11 @@
 """HeteroSpec inside vLLM (heterospec/vllm_plugin).
 
-Without vLLM (the main test environment): the cost lines, the options, the chain tables and the
-version guard. With vLLM 0.32.0 installed (the vLLM environment of scripts/setup-vllm.sh, run by
-CI's vLLM step): greedy output of vLLM + HeteroSpec equals vLLM's autoregressive output at batch 1
-and batch 8, a seeded sampling run is reproducible, and a missing draft or tables fail clearly.
+Without vLLM (the main test environment): the cost lines, the options, the chain tables, the
+version guard and the CPU expand fix. With vLLM 0.32.0 installed (the vLLM environment of
+scripts/setup-vllm.sh, run by CI's vLLM step): vLLM's rejection sampler keeps the target's law
+with the plugin's fixes, seeded requests sample what autoregressive decoding samples, greedy and
+seeded-sampling output of vLLM + HeteroSpec equal vLLM's autoregressive output at batch 1 and
+batch 8, and a missing draft or tables fail clearly.
 Each vLLM engine runs in its own process (``python -m heterospec.vllm_plugin generate``).
 """
 
@@ -329,6 +331,94 @@ def test_cpu_speculative_sampling_keeps_the_target_law():
         assert impossible == 0 and pvalue > 1e-3, (pvalue, impossible)
 
 
+@needs_vllm
+def test_seeded_requests_sample_what_autoregressive_decoding_samples():
+    """``patch.couple_seeded_sampling``: whatever is drafted, a request with its own seed emits the
+    tokens vLLM's sampler gives it decoding one token per step with the same seed. vLLM's own
+    ``Sampler`` and ``RejectionSampler`` on a synthetic target; one batch holds a seeded, an
+    unseeded and a greedy request, with draft lengths 0-4 per step and drafts right or wrong."""
+    import random
+
+    import torch
+    from vllm.platforms import current_platform
+    from vllm.v1.sample.logits_processor import LogitsProcessors
+    from vllm.v1.sample.metadata import SamplingMetadata
+    from vllm.v1.sample.rejection_sampler import RejectionSampler
+    from vllm.v1.sample.sampler import Sampler
+    from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
+
+    from heterospec.vllm_plugin.patch import couple_seeded_sampling, fix_cpu_expand
+
+    current_platform.register_triton_kernel_overrides()
+    fix_cpu_expand()
+    couple_seeded_sampling()
+    V, N, PROMPT = 16, 48, [3, 1, 4]
+
+    def target(prefix):                     # the next-token logits after ``prefix``
+        return torch.randn(V, generator=torch.Generator().manual_seed(hash(tuple(prefix)) % 2**31)) * 1.5
+
+    def meta(temps, gens):
+        b = len(temps)
+        return SamplingMetadata(
+            temperature=torch.tensor(temps), all_greedy=all(t == 0 for t in temps), all_random=all(t > 0 for t in temps),
+            top_p=None, top_k=None, generators=gens, max_num_logprobs=None, no_penalties=True, prompt_token_ids=None,
+            frequency_penalties=torch.zeros(b), presence_penalties=torch.zeros(b), repetition_penalties=torch.ones(b),
+            output_token_ids=[[] for _ in range(b)], allowed_token_ids_mask=None, bad_words_token_ids={},
+            logitsprocs=LogitsProcessors())
+
+    sampler = Sampler()
+    temps = [0.8, 0.8, 0.0]                  # seeded, unseeded, greedy
+
+    def autoregressive(temp, seed):
+        g = torch.Generator().manual_seed(seed) if seed is not None else None
+        seq = []
+        for _ in range(N):
+            out = sampler(target(PROMPT + seq)[None].clone(), meta([temp], {0: g} if g else {}))
+            seq.append(int(out.sampled_token_ids[0, 0]))
+        return seq
+
+    want_seeded, want_greedy = autoregressive(0.8, 11), autoregressive(0.0, None)
+    rs = RejectionSampler(sampler)
+    rng = random.Random(0)
+    seqs, gen = [[], [], []], torch.Generator().manual_seed(11)
+    spec_steps = 0
+    while min(len(q) for q in seqs) < N:
+        drafts = []
+        for q in seqs:
+            d = []
+            for _ in range(rng.choice([0, 1, 2, 3, 4])):     # right (the target's argmax) or wrong
+                best = int(target(PROMPT + q + d).argmax())
+                d.append(best if rng.random() < 0.6 else rng.randrange(V))
+            drafts.append(d)
+        md = meta(temps, {0: gen})
+        if not any(drafts):                  # no drafts in the batch: vLLM's plain sampler
+            out = sampler(torch.stack([target(PROMPT + q) for q in seqs]), md).sampled_token_ids
+        else:
+            spec_steps += 1
+            rows, tgt, bonus, off = [], [], [], 0
+            for q, d in zip(seqs, drafts):
+                rows += [target(PROMPT + q + d[:j]) for j in range(len(d) + 1)]
+                tgt += list(range(off, off + len(d)))
+                bonus.append(off + len(d))
+                off += len(d) + 1
+            n = [len(d) for d in drafts]
+            cu = torch.tensor(n).cumsum(0).to(torch.int32)
+            spec = SpecDecodeMetadata(
+                draft_token_ids=torch.tensor([t for d in drafts for t in d], dtype=torch.int32), num_draft_tokens=n,
+                cu_num_draft_tokens=cu, cu_num_sampled_tokens=(cu + torch.arange(1, 4, dtype=torch.int32)),
+                target_logits_indices=torch.tensor(tgt, dtype=torch.int32),
+                bonus_logits_indices=torch.tensor(bonus, dtype=torch.int32),
+                logits_indices=torch.arange(off, dtype=torch.int32))
+            out = rs(spec, None, torch.stack(rows), md).sampled_token_ids
+        for q, row in zip(seqs, out.tolist()):
+            emitted = [t for t in row if t != -1]
+            assert emitted and all(0 <= t < V for t in emitted)
+            q.extend(emitted)
+    assert spec_steps > 10
+    assert seqs[0][:N] == want_seeded, "the seeded request's text depends on what was drafted"
+    assert seqs[2][:N] == want_greedy
+
+
 PROMPTS = [
     "Write a haiku about the sea.",
     "What is 17 times 23? Show your steps.",
@@ -401,19 +491,21 @@ def test_vllm_heterospec_greedy_equals_autoregressive(autoregressive, tmp_path, 
 
 @needs_vllm
 @pytest.mark.slow
-def test_vllm_heterospec_seeded_sampling_is_reproducible(tmp_path):
-    """Two engines, the same seeds, the same text. Until ``patch.fix_cpu_expand`` no two runs
-    agreed on CPU: the rejection sampler read uninitialised temperatures, accepted almost no
-    draft (2 of 738 in one run) and wrote garbled text."""
-    sampling = ["--batch", "8", "--max-new-tokens", "32", "--temperature", "0.8", "--seed", "7"]
-    args = ["--method", "heterospec", "--k", "6", *sampling, "--options", _speculating_costs(tmp_path / "costs.json")]
-    first, second = _generate(tmp_path, *args), _generate(tmp_path, *args)
-    _check_mixed_drafts(first[8], 6)
-    assert first[8]["token_ids"] == second[8]["token_ids"]
-    spec = first[8]["spec"]
-    # with the fix 50 of 220 draft tokens were accepted in this run; with garbage temperatures
-    # vLLM's own eagle3 accepted 3 of 735
-    assert spec["num_accepted_tokens"] >= 0.1 * spec["num_draft_tokens"], spec
+def test_vllm_heterospec_seeded_sampling_equals_autoregressive(tmp_path):
+    """Temperature 0.8, per-request seeds: vLLM + HeteroSpec writes the text vLLM autoregressive
+    writes with the same seeds, at batch 1 and at batch 8 (so a seeded run is reproducible however
+    vLLM forms its batches and whatever the plan drafts). Before ``patch.fix_cpu_expand`` and
+    ``patch.couple_seeded_sampling`` no two runs agreed: vLLM's rejection sampler read
+    uninitialised temperatures, and a request's draws depended on its draft lengths."""
+    sampling = ["--batch", "1", "8", "--max-new-tokens", "32", "--temperature", "0.8", "--seed", "7"]
+    ar = _generate(tmp_path, "--method", "autoregressive", *sampling)
+    hs = _generate(tmp_path, "--method", "heterospec", "--k", "6", *sampling,
+                   "--options", _speculating_costs(tmp_path / "costs.json"))
+    for b in (1, 8):
+        _check_mixed_drafts(hs[b], 6)
+        assert hs[b]["token_ids"] == ar[b]["token_ids"], f"batch {b}"
+        spec = hs[b]["spec"]
+        assert spec["num_accepted_tokens"] >= 0.1 * spec["num_draft_tokens"], spec   # drafts were accepted
 
 
 @needs_vllm

@@ -7,10 +7,17 @@ drafter is vLLM's EAGLE-3 :class:`EagleProposer`, its class is switched to our s
 overrides ``propose`` (per-request draft lengths) and ``_sample_draft_tokens`` (the decision
 after the first draft forward).
 
-One fix of vLLM 0.32.0 on CPU comes with it (:func:`fix_cpu_expand`): the CPU replacement of the
-rejection sampler's ``expand_kernel`` leaves per-token temperature, top-k and top-p uninitialised,
-so every speculative step at temperature > 0 sampled from a wrong law. Nothing else of vLLM is
-touched; without the ``heterospec`` key vLLM runs unchanged, that bug included.
+Two changes of vLLM's sampling come with it, both for temperature > 0:
+
+- :func:`fix_cpu_expand`: vLLM 0.32.0's CPU replacement of the rejection sampler's
+  ``expand_kernel`` leaves per-token temperature, top-k and top-p uninitialised, so every
+  speculative step sampled from a wrong law (CPU only);
+- :func:`couple_seeded_sampling`: a request with its own seed has its drafts verified by exact
+  match against the tokens vLLM's sampler draws for it (:mod:`.seeded`), so its text is the one
+  vLLM autoregressive decoding writes with that seed, whatever was drafted.
+
+Nothing else of vLLM is touched; without the ``heterospec`` key vLLM runs unchanged, that bug
+included.
 """
 
 from __future__ import annotations
@@ -83,6 +90,18 @@ def fix_cpu_expand() -> bool:
     return True
 
 
+def couple_seeded_sampling() -> None:
+    """Route seeded requests of vLLM's rejection sampler through :mod:`.seeded` (idempotent)."""
+    from vllm.v1.sample import rejection_sampler as rs
+
+    from . import seeded
+
+    if not getattr(rs.RejectionSampler.forward, "_heterospec", False):
+        rs.RejectionSampler.forward = seeded.wrap_forward(rs.RejectionSampler.forward)
+    if not getattr(rs.rejection_sample, "_heterospec", False):
+        rs.rejection_sample = seeded.wrap_rejection_sample(rs.rejection_sample, int(rs.PLACEHOLDER_TOKEN_ID))
+
+
 def _wrap_runner_init(original):
     @functools.wraps(original)
     def __init__(self, vllm_config, *args, **kwargs):
@@ -90,6 +109,7 @@ def _wrap_runner_init(original):
         if options is not None:
             check_config(vllm_config)
             fix_cpu_expand()
+            couple_seeded_sampling()
         original(self, vllm_config, *args, **kwargs)
         drafter = getattr(self, "drafter", None)       # absent on ranks without the draft (PP)
         if options is None or drafter is None:
