@@ -335,8 +335,9 @@ def test_cpu_speculative_sampling_keeps_the_target_law():
 def test_seeded_requests_sample_what_autoregressive_decoding_samples():
     """``patch.couple_seeded_sampling``: whatever is drafted, a request with its own seed emits the
     tokens vLLM's sampler gives it decoding one token per step with the same seed. vLLM's own
-    ``Sampler`` and ``RejectionSampler`` on a synthetic target; one batch holds a seeded, an
-    unseeded and a greedy request, with draft lengths 0-4 per step and drafts right or wrong."""
+    ``Sampler`` and ``RejectionSampler`` on a synthetic target; one batch holds two seeded
+    requests (temperatures 0.8 and 1.1), an unseeded and a greedy one, with draft lengths 0-4 per
+    step and drafts right or wrong."""
     import random
 
     import torch
@@ -367,7 +368,7 @@ def test_seeded_requests_sample_what_autoregressive_decoding_samples():
             logitsprocs=LogitsProcessors())
 
     sampler = Sampler()
-    temps = [0.8, 0.8, 0.0]                  # seeded, unseeded, greedy
+    temps = [0.8, 1.1, 0.8, 0.0]             # seeded, seeded, unseeded, greedy
 
     def autoregressive(temp, seed):
         g = torch.Generator().manual_seed(seed) if seed is not None else None
@@ -377,10 +378,11 @@ def test_seeded_requests_sample_what_autoregressive_decoding_samples():
             seq.append(int(out.sampled_token_ids[0, 0]))
         return seq
 
-    want_seeded, want_greedy = autoregressive(0.8, 11), autoregressive(0.0, None)
+    want = [autoregressive(0.8, 11), autoregressive(1.1, 12), None, autoregressive(0.0, None)]
     rs = RejectionSampler(sampler)
     rng = random.Random(0)
-    seqs, gen = [[], [], []], torch.Generator().manual_seed(11)
+    seqs = [[], [], [], []]
+    gens = {0: torch.Generator().manual_seed(11), 1: torch.Generator().manual_seed(12)}
     spec_steps = 0
     while min(len(q) for q in seqs) < N:
         drafts = []
@@ -390,7 +392,7 @@ def test_seeded_requests_sample_what_autoregressive_decoding_samples():
                 best = int(target(PROMPT + q + d).argmax())
                 d.append(best if rng.random() < 0.6 else rng.randrange(V))
             drafts.append(d)
-        md = meta(temps, {0: gen})
+        md = meta(temps, dict(gens))
         if not any(drafts):                  # no drafts in the batch: vLLM's plain sampler
             out = sampler(torch.stack([target(PROMPT + q) for q in seqs]), md).sampled_token_ids
         else:
@@ -405,7 +407,7 @@ def test_seeded_requests_sample_what_autoregressive_decoding_samples():
             cu = torch.tensor(n).cumsum(0).to(torch.int32)
             spec = SpecDecodeMetadata(
                 draft_token_ids=torch.tensor([t for d in drafts for t in d], dtype=torch.int32), num_draft_tokens=n,
-                cu_num_draft_tokens=cu, cu_num_sampled_tokens=(cu + torch.arange(1, 4, dtype=torch.int32)),
+                cu_num_draft_tokens=cu, cu_num_sampled_tokens=(cu + torch.arange(1, 5, dtype=torch.int32)),
                 target_logits_indices=torch.tensor(tgt, dtype=torch.int32),
                 bonus_logits_indices=torch.tensor(bonus, dtype=torch.int32),
                 logits_indices=torch.arange(off, dtype=torch.int32))
@@ -415,8 +417,9 @@ def test_seeded_requests_sample_what_autoregressive_decoding_samples():
             assert emitted and all(0 <= t < V for t in emitted)
             q.extend(emitted)
     assert spec_steps > 10
-    assert seqs[0][:N] == want_seeded, "the seeded request's text depends on what was drafted"
-    assert seqs[2][:N] == want_greedy
+    for i in (0, 1):
+        assert seqs[i][:N] == want[i], f"seeded request {i}: its text depends on what was drafted"
+    assert seqs[3][:N] == want[3]
 
 
 PROMPTS = [

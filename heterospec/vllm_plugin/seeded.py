@@ -17,9 +17,10 @@ sample of the target's law. It is also the token vLLM's autoregressive decoding 
 same seed: the text no longer depends on the draft, the plan or the batch.
 
 Order of draws in a step that drafts ``n`` tokens for a request at position ``p``: positions
-``p .. p+n-1`` here, the bonus token at ``p+n`` by vLLM's sampler from a copy of the generator
-advanced by ``n`` draws. After a rejection at ``p+j`` the generator is left after draw ``p+j``,
-where the next step continues. Installed by :func:`heterospec.vllm_plugin.patch.install`'s
+``p .. p+n-1`` here (all drafted positions of all such requests in one call of vLLM's sampler),
+the bonus token at ``p+n`` by vLLM's sampler from a copy of the generator advanced by ``n``
+draws. After a rejection at ``p+j`` the generator is left after draw ``p+j``, where the next
+step continues. Installed by :func:`heterospec.vllm_plugin.patch.install`'s
 runner hook when HeteroSpec is asked for.
 """
 
@@ -42,6 +43,21 @@ def draw_token(sampler, logits: torch.Tensor, generator: torch.Generator) -> int
     return int(tokens.reshape(-1)[0])
 
 
+def advance(sampler, generator: torch.Generator, n: int, vocab: int, device) -> None:
+    """Advance ``generator`` by what ``n`` sampled tokens cost it. vLLM 0.32.0's CPU sampler
+    (``TopKTopPSampler.forward_cpu``) draws one 31-bit seed per token for its fused Gumbel-max;
+    that draw is repeated here, since running the fused op over the vocabulary only to move
+    the generator costs ~0.5 ms a token. Any other sampler is run on blank logits."""
+    tks = sampler.topk_topp_sampler
+    if getattr(tks.forward, "__func__", None) is type(tks).forward_cpu and not getattr(tks, "use_fp64_gumbel", False):
+        for _ in range(n):
+            torch.randint(0, 2**31, (1,), generator=generator, dtype=torch.long)
+        return
+    blank = torch.zeros(vocab, dtype=torch.float32, device=device)
+    for _ in range(n):
+        draw_token(sampler, blank, generator)
+
+
 def _random(sampling_metadata, i: int) -> bool:
     t = sampling_metadata.temperature
     return t is not None and float(t[i]) >= SAMPLING_EPS
@@ -59,17 +75,13 @@ def wrap_forward(original):
                 or getattr(self, "synthetic_mode", False)):
             return original(self, metadata, draft_probs, logits, sampling_metadata)
         real, bonus = {}, dict(gens)
-        blank = None
         for i, g in gens.items():
             n = metadata.num_draft_tokens[i]
             if n == 0 or not _random(sampling_metadata, i):
                 continue
-            if blank is None:
-                blank = torch.zeros(logits.shape[-1], dtype=torch.float32, device=logits.device)
             ahead = torch.Generator(device=g.device)
             ahead.set_state(g.get_state())
-            for _ in range(n):
-                draw_token(self.sampler, blank, ahead)
+            advance(self.sampler, ahead, n, logits.shape[-1], logits.device)
             real[i], bonus[i] = g, ahead
         if not real:
             return original(self, metadata, draft_probs, logits, sampling_metadata)
@@ -100,15 +112,26 @@ def wrap_rejection_sample(original, placeholder: int):
                        *args, **kwargs)
         ends = cu_num_draft_tokens.tolist()
         drafts = draft_token_ids.tolist()
+        # Every drafted position of every taken request in one call of vLLM's sampler, rows in
+        # position order, so that each request's generator hands its draws out in that order.
+        rows, row_gens, spans = [], {}, {}
         for i, g in real.items():
             n = num_draft_tokens[i]
-            start = ends[i] - n
+            spans[i] = (len(rows), ends[i] - n, n, g.get_state())
+            for j in range(n):
+                row_gens[len(rows)] = g
+                rows.append(ends[i] - n + j)
+        tokens, _ = sampler.topk_topp_sampler(target_logits[rows].to(torch.float32), row_gens, None, None)
+        tokens = tokens.reshape(-1).tolist()
+        for i, g in real.items():
+            first, start, n, state = spans[i]
             out[i].fill_(placeholder)
             for j in range(n):
-                token = draw_token(sampler, target_logits[start + j], g)
-                out[i, j] = token
-                if token != drafts[start + j]:
-                    break                   # g stands after this position's draw
+                out[i, j] = tokens[first + j]
+                if tokens[first + j] != drafts[start + j]:
+                    g.set_state(state)          # the draws of positions p .. p+j only
+                    advance(sampler, g, j + 1, target_logits.shape[-1], target_logits.device)
+                    break
             else:
                 out[i, n] = bonus_token_ids.reshape(-1)[i]
                 g.set_state(bonus[i].get_state())      # after the bonus token's draw
