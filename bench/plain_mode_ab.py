@@ -6,7 +6,7 @@ a policy that is always plain but keeps the draft's bookkeeping (taps, pending e
 scripted plain policy that probes speculation as the fitted one does in a plain bucket (with
 and without the window).
 
-    python bench/plain_mode_ab.py [--batch 8]   # 4 MT-bench + 4 Alpaca prompts, 96 tokens, 6 passes
+    python bench/plain_mode_ab.py [--batch 8] [--draft-dtype float32]   # 4 MT-bench + 4 Alpaca prompts, 96 tokens, 6 passes
 """
 import argparse
 import statistics
@@ -22,10 +22,14 @@ ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("--passes", type=int, default=6)
 ap.add_argument("--max-new-tokens", type=int, default=96)
 ap.add_argument("--batch", type=int, default=8, help="prompts per call: half MT-bench, half Alpaca")
+ap.add_argument("--draft-dtype", choices=["float32", "bfloat16"], default=None,
+                help="the draft's dtype (default: the engine's choice for this CPU); float32 with "
+                     "MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 emulates an AVX2-only CPU")
 args = ap.parse_args()
 torch.set_num_threads(2)
 flags = speed_flags(announce=True)
-eng = heterospec.Engine.from_pretrained(device="cpu", dtype=torch.float32)
+eng = heterospec.Engine.from_pretrained(device="cpu", dtype=torch.float32,
+                                        draft_dtype=getattr(torch, args.draft_dtype) if args.draft_dtype else None)
 half = (args.batch + 1) // 2
 sets = load_prompt_sets(["mtbench", "alpaca"], half, 0)
 prompts = ([p.text for p in sets["mtbench"]] + [p.text for p in sets["alpaca"]])[:args.batch]
