@@ -276,22 +276,65 @@ def _vllm_version():
 needs_vllm = pytest.mark.skipif(_vllm_version() != SUPPORTED_VLLM,
                                 reason=f"needs vLLM {SUPPORTED_VLLM} (scripts/setup-vllm.sh makes its environment)")
 
-@needs_vllm
-def test_cpu_speculative_sampling_keeps_the_target_law():
-    """vLLM 0.32.0 on CPU expands per-request temperature / top-k / top-p to draft tokens with a
-    C++ kernel that leaves them uninitialised (``patch.fix_cpu_expand``). With the plugin's fix,
-    vLLM's own rejection sampler draws every request from its processed target law: a batch
-    mixing two sampling settings and two draft lengths, the law from transformers' warpers
-    (tests/sampling_ref.py), chi-square. No engine start: the sampler's functions are called as
-    vLLM's ``RejectionSampler.forward`` calls them."""
-    from types import SimpleNamespace
+def _sampling_metadata(temps, gens, top_k=None, top_p=None):
+    """vLLM's SamplingMetadata of a batch with these temperatures (0: greedy), generators and
+    per-request top-k / top-p tensors; no penalties or logits processors."""
+    import torch
+    from vllm.v1.sample.logits_processor import LogitsProcessors
+    from vllm.v1.sample.metadata import SamplingMetadata
 
+    b = len(temps)
+    return SamplingMetadata(
+        temperature=torch.tensor(temps, dtype=torch.float32), all_greedy=all(t == 0 for t in temps),
+        all_random=all(t > 0 for t in temps), top_p=top_p, top_k=top_k, generators=gens, max_num_logprobs=None,
+        no_penalties=True, prompt_token_ids=None, frequency_penalties=torch.zeros(b), presence_penalties=torch.zeros(b),
+        repetition_penalties=torch.ones(b), output_token_ids=[[] for _ in range(b)], allowed_token_ids_mask=None,
+        bad_words_token_ids={}, logitsprocs=LogitsProcessors())
+
+
+def _spec_metadata(drafts):
+    """vLLM's SpecDecodeMetadata of a step whose logits hold, per request, one row per draft token
+    and then its bonus row."""
+    import torch
+    from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
+
+    n = [len(d) for d in drafts]
+    tgt, bonus, off = [], [], 0
+    for k in n:
+        tgt += list(range(off, off + k))
+        bonus.append(off + k)
+        off += k + 1
+    cu = torch.tensor(n).cumsum(0).to(torch.int32)
+    return SpecDecodeMetadata(
+        draft_token_ids=torch.tensor([t for d in drafts for t in d], dtype=torch.int32), num_draft_tokens=n,
+        cu_num_draft_tokens=cu, cu_num_sampled_tokens=cu + torch.arange(1, len(n) + 1, dtype=torch.int32),
+        target_logits_indices=torch.tensor(tgt, dtype=torch.int32), bonus_logits_indices=torch.tensor(bonus, dtype=torch.int32),
+        logits_indices=torch.arange(off, dtype=torch.int32))
+
+
+@needs_vllm
+@pytest.mark.parametrize("verifier", ["vllm", "exact-match"])
+def test_cpu_speculative_sampling_keeps_the_target_law(verifier):
+    """A batch mixing two sampling settings and two draft lengths; each request's tokens against
+    its processed target law (transformers' warpers, tests/sampling_ref.py), chi-square.
+
+    ``vllm``: vLLM 0.32.0's own rejection sampling, called as ``RejectionSampler.forward`` calls
+    it. On CPU it expands per-request temperature / top-k / top-p to draft tokens with a C++
+    kernel that leaves them uninitialised; this checks the plugin's fix (``patch.fix_cpu_expand``).
+    ``exact-match``: ``RejectionSampler.forward`` as the plugin patches it (``patch.couple_seeded_sampling``),
+    which verifies sampling requests by exact match against vLLM's sampler."""
     import torch
     from vllm.platforms import current_platform
     from vllm.triton_utils import HAS_TRITON
-    from vllm.v1.sample.rejection_sampler import apply_sampling_constraints, expand_batch_to_tokens, rejection_sample
+    from vllm.v1.sample.rejection_sampler import (
+        RejectionSampler,
+        apply_sampling_constraints,
+        expand_batch_to_tokens,
+        rejection_sample,
+    )
+    from vllm.v1.sample.sampler import Sampler
 
-    from heterospec.vllm_plugin.patch import fix_cpu_expand
+    from heterospec.vllm_plugin.patch import couple_seeded_sampling, fix_cpu_expand
     from tests.sampling_ref import chi_square_pvalue, reference_probs
 
     current_platform.register_triton_kernel_overrides()        # as vLLM's worker does at start
@@ -308,15 +351,19 @@ def test_cpu_speculative_sampling_keeps_the_target_law():
     # kind A drafts 2 tokens at temperature 0.8, top-k 5; kind B 1 token at 1.3, top-p 0.9
     draft_a = [int(logits_a[0].argmax()), int(logits_a[1].argsort(descending=True)[1])]
     draft_b = [int(logits_b[0].argsort(descending=True)[2])]
-    num_draft = [2, 1] * R
-    logits = torch.cat([logits_a, logits_b] * R)
-    meta = SimpleNamespace(all_greedy=False, all_random=True, generators={},
-                           temperature=torch.tensor([0.8, 1.3] * R), top_k=torch.tensor([5, V] * R, dtype=torch.int32),
-                           top_p=torch.tensor([1.0, 0.9] * R))
-    cu_draft = torch.tensor(num_draft, dtype=torch.int32).cumsum(0, dtype=torch.int32)
-    processed = apply_sampling_constraints(logits.clone(), cu_draft, meta)
-    out = rejection_sample(torch.tensor((draft_a + draft_b) * R, dtype=torch.int32), num_draft, 2, cu_draft, None,
-                           processed, torch.full((2 * R, 1), V - 1, dtype=torch.int64), meta)
+    meta = _sampling_metadata([0.8, 1.3] * R, {}, top_k=torch.tensor([5, V] * R, dtype=torch.int32),
+                              top_p=torch.tensor([1.0, 0.9] * R))
+    if verifier == "vllm":
+        num_draft = [2, 1] * R
+        cu_draft = torch.tensor(num_draft, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+        processed = apply_sampling_constraints(torch.cat([logits_a, logits_b] * R), cu_draft, meta)
+        out = rejection_sample(torch.tensor((draft_a + draft_b) * R, dtype=torch.int32), num_draft, 2, cu_draft,
+                               None, processed, torch.full((2 * R, 1), V - 1, dtype=torch.int64), meta)
+    else:
+        couple_seeded_sampling()
+        bonus_row = torch.zeros(1, V)
+        logits = torch.cat([logits_a, bonus_row, logits_b, bonus_row] * R)
+        out = RejectionSampler(Sampler())(_spec_metadata([draft_a, draft_b] * R), None, logits, meta).sampled_token_ids
 
     pa0, pa1 = reference_probs(logits_a[0], 0.8, top_k=5), reference_probs(logits_a[1], 0.8, top_k=5)
     pb0 = reference_probs(logits_b[0], 1.3, top_p=0.9)
@@ -329,6 +376,8 @@ def test_cpu_speculative_sampling_keeps_the_target_law():
     for samples, law in ((samples_a, law_a), (samples_b, {(x,): float(pb0[x]) for x in range(V)})):
         pvalue, impossible = chi_square_pvalue(samples, law)
         assert impossible == 0 and pvalue > 1e-3, (pvalue, impossible)
+    # a rejected position ends the request's tokens there
+    assert all(r[1] == -1 for r in rows[0::2] if r[0] != draft_a[0])
 
 
 @needs_vllm
@@ -342,11 +391,8 @@ def test_seeded_requests_sample_what_autoregressive_decoding_samples():
 
     import torch
     from vllm.platforms import current_platform
-    from vllm.v1.sample.logits_processor import LogitsProcessors
-    from vllm.v1.sample.metadata import SamplingMetadata
     from vllm.v1.sample.rejection_sampler import RejectionSampler
     from vllm.v1.sample.sampler import Sampler
-    from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 
     from heterospec.vllm_plugin.patch import couple_seeded_sampling, fix_cpu_expand
 
@@ -358,15 +404,7 @@ def test_seeded_requests_sample_what_autoregressive_decoding_samples():
     def target(prefix):                     # the next-token logits after ``prefix``
         return torch.randn(V, generator=torch.Generator().manual_seed(hash(tuple(prefix)) % 2**31)) * 1.5
 
-    def meta(temps, gens):
-        b = len(temps)
-        return SamplingMetadata(
-            temperature=torch.tensor(temps), all_greedy=all(t == 0 for t in temps), all_random=all(t > 0 for t in temps),
-            top_p=None, top_k=None, generators=gens, max_num_logprobs=None, no_penalties=True, prompt_token_ids=None,
-            frequency_penalties=torch.zeros(b), presence_penalties=torch.zeros(b), repetition_penalties=torch.ones(b),
-            output_token_ids=[[] for _ in range(b)], allowed_token_ids_mask=None, bad_words_token_ids={},
-            logitsprocs=LogitsProcessors())
-
+    meta = _sampling_metadata
     sampler = Sampler()
     temps = [0.8, 1.1, 0.8, 0.0]             # seeded, seeded, unseeded, greedy
 
@@ -397,20 +435,8 @@ def test_seeded_requests_sample_what_autoregressive_decoding_samples():
             out = sampler(torch.stack([target(PROMPT + q) for q in seqs]), md).sampled_token_ids
         else:
             spec_steps += 1
-            rows, tgt, bonus, off = [], [], [], 0
-            for q, d in zip(seqs, drafts):
-                rows += [target(PROMPT + q + d[:j]) for j in range(len(d) + 1)]
-                tgt += list(range(off, off + len(d)))
-                bonus.append(off + len(d))
-                off += len(d) + 1
-            n = [len(d) for d in drafts]
-            cu = torch.tensor(n).cumsum(0).to(torch.int32)
-            spec = SpecDecodeMetadata(
-                draft_token_ids=torch.tensor([t for d in drafts for t in d], dtype=torch.int32), num_draft_tokens=n,
-                cu_num_draft_tokens=cu, cu_num_sampled_tokens=(cu + torch.arange(1, 5, dtype=torch.int32)),
-                target_logits_indices=torch.tensor(tgt, dtype=torch.int32),
-                bonus_logits_indices=torch.tensor(bonus, dtype=torch.int32),
-                logits_indices=torch.arange(off, dtype=torch.int32))
+            rows = [target(PROMPT + q + d[:j]) for q, d in zip(seqs, drafts) for j in range(len(d) + 1)]
+            spec = _spec_metadata(drafts)
             out = rs(spec, None, torch.stack(rows), md).sampled_token_ids
         for q, row in zip(seqs, out.tolist()):
             emitted = [t for t in row if t != -1]

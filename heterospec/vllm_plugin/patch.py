@@ -12,9 +12,10 @@ Two changes of vLLM's sampling come with it, both for temperature > 0:
 - :func:`fix_cpu_expand`: vLLM 0.32.0's CPU replacement of the rejection sampler's
   ``expand_kernel`` leaves per-token temperature, top-k and top-p uninitialised, so every
   speculative step sampled from a wrong law (CPU only);
-- :func:`couple_seeded_sampling`: a request with its own seed has its drafts verified by exact
-  match against the tokens vLLM's sampler draws for it (:mod:`.seeded`), so its text is the one
-  vLLM autoregressive decoding writes with that seed, whatever was drafted.
+- :func:`couple_seeded_sampling`: a sampling step's drafts are verified by exact match against
+  the tokens vLLM's sampler draws (:mod:`.seeded`): the same law, a third of the sampler's time
+  on CPU, and a seeded request writes the text vLLM autoregressive writes for its seed, whatever
+  was drafted.
 
 Nothing else of vLLM is touched; without the ``heterospec`` key vLLM runs unchanged, that bug
 included.
@@ -91,7 +92,7 @@ def fix_cpu_expand() -> bool:
 
 
 def couple_seeded_sampling() -> None:
-    """Route seeded requests of vLLM's rejection sampler through :mod:`.seeded` (idempotent)."""
+    """Verify sampling steps of vLLM's rejection sampler by exact match (:mod:`.seeded`; idempotent)."""
     from vllm.v1.sample import rejection_sampler as rs
 
     from . import seeded

@@ -1,27 +1,32 @@
-"""Seeded sampling that does not depend on what was drafted (vLLM, temperature > 0, per-request seeds).
+"""Exact-match verification of sampled drafts in vLLM, and seeded requests that write the text
+vLLM autoregressive writes for their seed (temperature > 0).
 
-vLLM picks a seeded request's token with one draw of the request's generator (on CPU one seed
-for a per-token Gumbel-max, on GPU one exponential vector: ``Sampler.topk_topp_sampler``). Its
-rejection sampler draws differently: uniforms for the draft tokens, exponentials for a residual
-token, and the bonus token's draw before all of them. So the text a seeded request gets depends
-on how many tokens were drafted for it at every step. HeteroSpec drafts per request and per step
-from the batch, the entropies and the measured costs, and vLLM forms batches as requests arrive,
-so two runs with the same seeds wrote different texts.
+vLLM picks a sampling request's token with one draw (on CPU one seed for a per-token Gumbel-max,
+on GPU one exponential vector: ``Sampler.topk_topp_sampler``), from the request's own generator
+when it has a seed. Its rejection sampler draws differently: uniforms for the draft tokens,
+exponentials over the whole vocabulary for a residual token, and the bonus token's draw before
+all of them. So the text a seeded request gets depends on how many tokens were drafted for it
+at every step. HeteroSpec drafts per request and per step from the batch, the entropies and the
+measured costs, and vLLM forms batches as requests arrive, so two runs with the same seeds wrote
+different texts. On CPU the residual's exponentials are also most of the sampler's time
+(``torch.exponential_`` over batch x 49,152 floats: ~11 ms of a 20 ms call at batch 8).
 
-Here a seeded request's draft tokens are verified by **exact match**. The token at position
-``p`` is the one vLLM's own sampler picks from the target's processed logits at ``p`` with the
-request's ``p``-th draw; a draft token is accepted iff it is that token. For a draft that
-proposes one token per position (greedy drafting, the only kind the plugin runs) this accepts
-with probability ``P(d)``, as rejection sampling does, and every emitted token is an exact
-sample of the target's law. It is also the token vLLM's autoregressive decoding emits with the
-same seed: the text no longer depends on the draft, the plan or the batch.
+Here every draft token of a sampling step is verified by **exact match**. The token at position
+``p`` is the one vLLM's own sampler picks from the target's processed logits at ``p`` (with the
+request's ``p``-th draw when it has a seed); a draft token is accepted iff it is that token. A
+greedy request's token is the target's argmax, as in vLLM's greedy kernel. For a draft that
+proposes one token per position (greedy drafting, the only kind the plugin runs) exact match
+accepts with probability ``P(d)``, as rejection sampling does, and every emitted token is an
+exact sample of the target's law. For a seeded request it is also the token vLLM's
+autoregressive decoding emits with the same seed: the text no longer depends on the draft, the
+plan or the batch.
 
-Order of draws in a step that drafts ``n`` tokens for a request at position ``p``: positions
-``p .. p+n-1`` here (all drafted positions of all such requests in one call of vLLM's sampler),
+Order of draws in a step that drafts ``n`` tokens for a seeded request at position ``p``:
+positions ``p .. p+n-1`` here (all drafted positions of the step in one call of vLLM's sampler),
 the bonus token at ``p+n`` by vLLM's sampler from a copy of the generator advanced by ``n``
 draws. After a rejection at ``p+j`` the generator is left after draw ``p+j``, where the next
-step continues. Installed by :func:`heterospec.vllm_plugin.patch.install`'s
-runner hook when HeteroSpec is asked for.
+step continues. Installed by :func:`heterospec.vllm_plugin.patch.couple_seeded_sampling` when
+HeteroSpec is asked for; an all-greedy step keeps vLLM's own kernels.
 """
 
 from __future__ import annotations
@@ -64,18 +69,17 @@ def _random(sampling_metadata, i: int) -> bool:
 
 
 def wrap_forward(original):
-    """``RejectionSampler.forward``: for every seeded, random request that drafted, give vLLM's
+    """``RejectionSampler.forward``: where any request samples, verify the step by exact match
+    (:func:`wrap_rejection_sample`); every seeded, sampling request that drafted gives vLLM's
     bonus sampler a copy of its generator advanced by the draws of its draft positions."""
 
     @functools.wraps(original)
     def forward(self, metadata, draft_probs, logits, sampling_metadata):
         global _active
-        gens = sampling_metadata.generators
-        if (not gens or sampling_metadata.all_greedy or draft_probs is not None
-                or getattr(self, "synthetic_mode", False)):
+        if sampling_metadata.all_greedy or draft_probs is not None or getattr(self, "synthetic_mode", False):
             return original(self, metadata, draft_probs, logits, sampling_metadata)
-        real, bonus = {}, dict(gens)
-        for i, g in gens.items():
+        real, bonus = {}, dict(sampling_metadata.generators)
+        for i, g in sampling_metadata.generators.items():
             n = metadata.num_draft_tokens[i]
             if n == 0 or not _random(sampling_metadata, i):
                 continue
@@ -83,8 +87,6 @@ def wrap_forward(original):
             ahead.set_state(g.get_state())
             advance(self.sampler, ahead, n, logits.shape[-1], logits.device)
             real[i], bonus[i] = g, ahead
-        if not real:
-            return original(self, metadata, draft_probs, logits, sampling_metadata)
         _active = (real, bonus, self.sampler)
         try:
             return original(self, metadata, draft_probs, logits, dataclasses.replace(sampling_metadata, generators=bonus))
@@ -96,8 +98,11 @@ def wrap_forward(original):
 
 
 def wrap_rejection_sample(original, placeholder: int):
-    """``rejection_sample``: vLLM's kernels for every other request; exact match, position by
-    position with the request's own generator, for the requests :func:`wrap_forward` took."""
+    """``rejection_sample`` inside :func:`wrap_forward`: exact match for every request. A greedy
+    request's tokens are the target's argmax (as vLLM's greedy kernel has them); a sampling
+    request's are drawn by vLLM's sampler, all drafted positions of the step in one call (rows
+    in position order, so that each seeded request's generator hands its draws out in that
+    order; requests without a seed draw from the global generator, as vLLM's sampler does)."""
 
     @functools.wraps(original)
     def rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
@@ -106,35 +111,43 @@ def wrap_rejection_sample(original, placeholder: int):
             return original(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
                             target_logits, bonus_token_ids, sampling_metadata, *args, **kwargs)
         real, bonus, sampler = _active
-        others = {i: g for i, g in sampling_metadata.generators.items() if i not in real}
-        out = original(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
-                       target_logits, bonus_token_ids, dataclasses.replace(sampling_metadata, generators=others),
-                       *args, **kwargs)
+        batch = len(num_draft_tokens)
         ends = cu_num_draft_tokens.tolist()
         drafts = draft_token_ids.tolist()
-        # Every drafted position of every taken request in one call of vLLM's sampler, rows in
-        # position order, so that each request's generator hands its draws out in that order.
-        rows, row_gens, spans = [], {}, {}
-        for i, g in real.items():
-            n = num_draft_tokens[i]
-            spans[i] = (len(rows), ends[i] - n, n, g.get_state())
+        sampling = [_random(sampling_metadata, i) for i in range(batch)]
+        # the target's token at every drafted position
+        rows, row_gens, states = [], {}, {}
+        for i in range(batch):
+            if sampling[i] and num_draft_tokens[i]:
+                if i in real:
+                    states[i] = real[i].get_state()
+                for j in range(ends[i] - num_draft_tokens[i], ends[i]):
+                    if i in real:
+                        row_gens[len(rows)] = real[i]
+                    rows.append(j)
+        drawn = iter([])
+        if rows:
+            tokens, _ = sampler.topk_topp_sampler(target_logits[rows].to(torch.float32), row_gens, None, None)
+            drawn = iter(tokens.reshape(-1).tolist())
+        greedy = target_logits.argmax(dim=-1).tolist() if not all(sampling) else None
+        out = torch.full((batch, max_spec_len + 1), placeholder, dtype=torch.int32, device=target_logits.device)
+        bonus_ids = bonus_token_ids.reshape(-1).tolist()
+        for i in range(batch):
+            n, start = num_draft_tokens[i], ends[i] - num_draft_tokens[i]
+            target = [next(drawn) for _ in range(n)] if sampling[i] else greedy[start:start + n]
+            kept = n
             for j in range(n):
-                row_gens[len(rows)] = g
-                rows.append(ends[i] - n + j)
-        tokens, _ = sampler.topk_topp_sampler(target_logits[rows].to(torch.float32), row_gens, None, None)
-        tokens = tokens.reshape(-1).tolist()
-        for i, g in real.items():
-            first, start, n, state = spans[i]
-            out[i].fill_(placeholder)
-            for j in range(n):
-                out[i, j] = tokens[first + j]
-                if tokens[first + j] != drafts[start + j]:
-                    g.set_state(state)          # the draws of positions p .. p+j only
-                    advance(sampler, g, j + 1, target_logits.shape[-1], target_logits.device)
+                if target[j] != drafts[start + j]:
+                    kept = j
                     break
-            else:
-                out[i, n] = bonus_token_ids.reshape(-1)[i]
-                g.set_state(bonus[i].get_state())      # after the bonus token's draw
+            row = target[:kept + 1] if kept < n else target + [bonus_ids[i]]
+            out[i, :len(row)] = torch.tensor(row, dtype=torch.int32)
+            if i in real:
+                if kept < n:                 # the draws of positions p .. p+kept only
+                    real[i].set_state(states[i])
+                    advance(sampler, real[i], kept + 1, target_logits.shape[-1], target_logits.device)
+                else:                        # after the bonus token's draw
+                    real[i].set_state(bonus[i].get_state())
         return out
 
     rejection_sample._heterospec = True
