@@ -13,8 +13,8 @@ Two changes of vLLM's sampling come with it, both for temperature > 0:
   ``expand_kernel`` leaves per-token temperature, top-k and top-p uninitialised, so every
   speculative step sampled from a wrong law (CPU only);
 - :func:`couple_seeded_sampling`: a sampling step's drafts are verified by exact match against
-  the tokens vLLM's sampler draws (:mod:`.seeded`): the same law, a third of the sampler's time
-  on CPU, and a seeded request writes the text vLLM autoregressive writes for its seed, whatever
+  the tokens vLLM's sampler draws (:mod:`.seeded`): the same law, no vocabulary-wide residual
+  noise, and a seeded request writes the text vLLM autoregressive writes for its seed, whatever
   was drafted.
 
 Nothing else of vLLM is touched; without the ``heterospec`` key vLLM runs unchanged, that bug

@@ -8,8 +8,8 @@ exponentials over the whole vocabulary for a residual token, and the bonus token
 all of them. So the text a seeded request gets depends on how many tokens were drafted for it
 at every step. HeteroSpec drafts per request and per step from the batch, the entropies and the
 measured costs, and vLLM forms batches as requests arrive, so two runs with the same seeds wrote
-different texts. On CPU the residual's exponentials are also most of the sampler's time
-(``torch.exponential_`` over batch x 49,152 floats: ~11 ms of a 20 ms call at batch 8).
+different texts. On CPU the residual's exponentials (``torch.exponential_`` over batch x
+vocabulary floats) are also most of the rejection sampler's time (bench/RESULTS.md).
 
 Here every draft token of a sampling step is verified by **exact match**. The token at position
 ``p`` is the one vLLM's own sampler picks from the target's processed logits at ``p`` (with the
@@ -37,7 +37,7 @@ import functools
 import torch
 
 SAMPLING_EPS = 1e-5      # vLLM's Sampler: temperature below this is greedy
-_active = None           # during one RejectionSampler.forward: (real generators, bonus generators, sampler)
+_active = None           # during one RejectionSampler.forward: (real generators, bonus generators, sampler, sampling)
 
 
 def draw_token(sampler, logits: torch.Tensor, generator: torch.Generator) -> int:
@@ -51,10 +51,12 @@ def draw_token(sampler, logits: torch.Tensor, generator: torch.Generator) -> int
 def advance(sampler, generator: torch.Generator, n: int, vocab: int, device) -> None:
     """Advance ``generator`` by what ``n`` sampled tokens cost it. vLLM 0.32.0's CPU sampler
     (``TopKTopPSampler.forward_cpu``) draws one 31-bit seed per token for its fused Gumbel-max;
-    that draw is repeated here, since running the fused op over the vocabulary only to move
-    the generator costs ~0.5 ms a token. Any other sampler is run on blank logits."""
+    that draw is repeated here, since running the fused op over the whole vocabulary only to
+    move the generator would cost as much as sampling the token. Any other sampler is run on
+    blank logits."""
     tks = sampler.topk_topp_sampler
-    if getattr(tks.forward, "__func__", None) is type(tks).forward_cpu and not getattr(tks, "use_fp64_gumbel", False):
+    cpu = getattr(type(tks), "forward_cpu", None)
+    if cpu is not None and getattr(tks.forward, "__func__", None) is cpu and not getattr(tks, "use_fp64_gumbel", False):
         for _ in range(n):
             torch.randint(0, 2**31, (1,), generator=generator, dtype=torch.long)
         return
@@ -63,9 +65,10 @@ def advance(sampler, generator: torch.Generator, n: int, vocab: int, device) -> 
         draw_token(sampler, blank, generator)
 
 
-def _random(sampling_metadata, i: int) -> bool:
+def _sampling(sampling_metadata, batch: int) -> list:
+    """Per request: does it sample (temperature >= vLLM's epsilon), read with one host copy."""
     t = sampling_metadata.temperature
-    return t is not None and float(t[i]) >= SAMPLING_EPS
+    return [False] * batch if t is None else [x >= SAMPLING_EPS for x in t[:batch].tolist()]
 
 
 def wrap_forward(original):
@@ -79,15 +82,16 @@ def wrap_forward(original):
         if sampling_metadata.all_greedy or draft_probs is not None or getattr(self, "synthetic_mode", False):
             return original(self, metadata, draft_probs, logits, sampling_metadata)
         real, bonus = {}, dict(sampling_metadata.generators)
+        sampling = _sampling(sampling_metadata, len(metadata.num_draft_tokens))
         for i, g in sampling_metadata.generators.items():
             n = metadata.num_draft_tokens[i]
-            if n == 0 or not _random(sampling_metadata, i):
+            if n == 0 or not sampling[i]:
                 continue
             ahead = torch.Generator(device=g.device)
             ahead.set_state(g.get_state())
             advance(self.sampler, ahead, n, logits.shape[-1], logits.device)
             real[i], bonus[i] = g, ahead
-        _active = (real, bonus, self.sampler)
+        _active = (real, bonus, self.sampler, sampling)
         try:
             return original(self, metadata, draft_probs, logits, dataclasses.replace(sampling_metadata, generators=bonus))
         finally:
@@ -110,11 +114,10 @@ def wrap_rejection_sample(original, placeholder: int):
         if _active is None:
             return original(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
                             target_logits, bonus_token_ids, sampling_metadata, *args, **kwargs)
-        real, bonus, sampler = _active
+        real, bonus, sampler, sampling = _active
         batch = len(num_draft_tokens)
         ends = cu_num_draft_tokens.tolist()
         drafts = draft_token_ids.tolist()
-        sampling = [_random(sampling_metadata, i) for i in range(batch)]
         # the target's token at every drafted position
         rows, row_gens, states = [], {}, {}
         for i in range(batch):
