@@ -321,7 +321,7 @@ def test_cpu_speculative_sampling_keeps_the_target_law(verifier):
     ``vllm``: vLLM 0.32.0's own rejection sampling, called as ``RejectionSampler.forward`` calls
     it. On CPU it expands per-request temperature / top-k / top-p to draft tokens with a C++
     kernel that leaves them uninitialised; this checks the plugin's fix (``patch.fix_cpu_expand``).
-    ``exact-match``: ``RejectionSampler.forward`` as the plugin patches it (``patch.couple_seeded_sampling``),
+    ``exact-match``: ``RejectionSampler.forward`` as the plugin patches it (``patch.verify_by_exact_match``),
     which verifies sampling requests by exact match against vLLM's sampler."""
     import torch
     from vllm.platforms import current_platform
@@ -334,7 +334,7 @@ def test_cpu_speculative_sampling_keeps_the_target_law(verifier):
     )
     from vllm.v1.sample.sampler import Sampler
 
-    from heterospec.vllm_plugin.patch import couple_seeded_sampling, fix_cpu_expand
+    from heterospec.vllm_plugin.patch import verify_by_exact_match, fix_cpu_expand
     from tests.sampling_ref import chi_square_pvalue, reference_probs
 
     current_platform.register_triton_kernel_overrides()        # as vLLM's worker does at start
@@ -360,7 +360,7 @@ def test_cpu_speculative_sampling_keeps_the_target_law(verifier):
         out = rejection_sample(torch.tensor((draft_a + draft_b) * R, dtype=torch.int32), num_draft, 2, cu_draft,
                                None, processed, torch.full((2 * R, 1), V - 1, dtype=torch.int64), meta)
     else:
-        couple_seeded_sampling()
+        verify_by_exact_match()
         bonus_row = torch.zeros(1, V)
         logits = torch.cat([logits_a, bonus_row, logits_b, bonus_row] * R)
         out = RejectionSampler(Sampler())(_spec_metadata([draft_a, draft_b] * R), None, logits, meta).sampled_token_ids
@@ -382,7 +382,7 @@ def test_cpu_speculative_sampling_keeps_the_target_law(verifier):
 
 @needs_vllm
 def test_seeded_requests_sample_what_autoregressive_decoding_samples():
-    """``patch.couple_seeded_sampling``: whatever is drafted, a request with its own seed emits the
+    """``patch.verify_by_exact_match``: whatever is drafted, a request with its own seed emits the
     tokens vLLM's sampler gives it decoding one token per step with the same seed. vLLM's own
     ``Sampler`` and ``RejectionSampler`` on a synthetic target; one batch holds two seeded
     requests (temperatures 0.8 and 1.1), an unseeded and a greedy one, with draft lengths 0-4 per
@@ -394,11 +394,11 @@ def test_seeded_requests_sample_what_autoregressive_decoding_samples():
     from vllm.v1.sample.rejection_sampler import RejectionSampler
     from vllm.v1.sample.sampler import Sampler
 
-    from heterospec.vllm_plugin.patch import couple_seeded_sampling, fix_cpu_expand
+    from heterospec.vllm_plugin.patch import verify_by_exact_match, fix_cpu_expand
 
     current_platform.register_triton_kernel_overrides()
     fix_cpu_expand()
-    couple_seeded_sampling()
+    verify_by_exact_match()
     V, N, PROMPT = 16, 48, [3, 1, 4]
 
     def target(prefix):                     # the next-token logits after ``prefix``
@@ -524,7 +524,7 @@ def test_vllm_heterospec_seeded_sampling_equals_autoregressive(tmp_path):
     """Temperature 0.8, per-request seeds: vLLM + HeteroSpec writes the text vLLM autoregressive
     writes with the same seeds, at batch 1 and at batch 8 (so a seeded run is reproducible however
     vLLM forms its batches and whatever the plan drafts). Before ``patch.fix_cpu_expand`` and
-    ``patch.couple_seeded_sampling`` no two runs agreed: vLLM's rejection sampler read
+    ``patch.verify_by_exact_match`` no two runs agreed: vLLM's rejection sampler read
     uninitialised temperatures, and a request's draws depended on its draft lengths."""
     sampling = ["--batch", "1", "8", "--max-new-tokens", "32", "--temperature", "0.8", "--seed", "7"]
     ar = _generate(tmp_path, "--method", "autoregressive", *sampling)

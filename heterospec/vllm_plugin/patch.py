@@ -12,8 +12,8 @@ Two changes of vLLM's sampling come with it, both for temperature > 0:
 - :func:`fix_cpu_expand`: vLLM 0.32.0's CPU replacement of the rejection sampler's
   ``expand_kernel`` leaves per-token temperature, top-k and top-p uninitialised, so every
   speculative step sampled from a wrong law (CPU only);
-- :func:`couple_seeded_sampling`: a sampling step's drafts are verified by exact match against
-  the tokens vLLM's sampler draws (:mod:`.seeded`): the same law, no vocabulary-wide residual
+- :func:`verify_by_exact_match`: a sampling step's drafts are verified by exact match against
+  the tokens vLLM's sampler draws (:mod:`.exact_match`): the same law, no vocabulary-wide residual
   noise, and a seeded request writes the text vLLM autoregressive writes for its seed, whatever
   was drafted.
 
@@ -91,16 +91,16 @@ def fix_cpu_expand() -> bool:
     return True
 
 
-def couple_seeded_sampling() -> None:
-    """Verify sampling steps of vLLM's rejection sampler by exact match (:mod:`.seeded`; idempotent)."""
+def verify_by_exact_match() -> None:
+    """Verify sampling steps of vLLM's rejection sampler by exact match (:mod:`.exact_match`; idempotent)."""
     from vllm.v1.sample import rejection_sampler as rs
 
-    from . import seeded
+    from . import exact_match
 
     if not getattr(rs.RejectionSampler.forward, "_heterospec", False):
-        rs.RejectionSampler.forward = seeded.wrap_forward(rs.RejectionSampler.forward)
+        rs.RejectionSampler.forward = exact_match.wrap_forward(rs.RejectionSampler.forward)
     if not getattr(rs.rejection_sample, "_heterospec", False):
-        rs.rejection_sample = seeded.wrap_rejection_sample(rs.rejection_sample, int(rs.PLACEHOLDER_TOKEN_ID))
+        rs.rejection_sample = exact_match.wrap_rejection_sample(rs.rejection_sample, int(rs.PLACEHOLDER_TOKEN_ID))
 
 
 def _wrap_runner_init(original):
@@ -110,7 +110,7 @@ def _wrap_runner_init(original):
         if options is not None:
             check_config(vllm_config)
             fix_cpu_expand()
-            couple_seeded_sampling()
+            verify_by_exact_match()
         original(self, vllm_config, *args, **kwargs)
         drafter = getattr(self, "drafter", None)       # absent on ranks without the draft (PP)
         if options is None or drafter is None:

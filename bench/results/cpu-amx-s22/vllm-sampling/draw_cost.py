@@ -1,7 +1,7 @@
 import time, torch
 from vllm.platforms import current_platform
 from vllm.v1.sample.sampler import Sampler
-from heterospec.vllm_plugin.seeded import draw_token
+from heterospec.vllm_plugin.exact_match import draw_token
 torch.set_num_threads(2)
 s = Sampler()
 V = 49152
@@ -16,7 +16,7 @@ for _ in range(n):
     a = torch.Generator(); a.set_state(g.get_state())
 ds = (time.perf_counter() - t) / n
 print(f"draw_token V={V}: {dt*1e6:.1f} us; generator copy: {ds*1e6:.1f} us")
-from heterospec.vllm_plugin.seeded import advance
+from heterospec.vllm_plugin.exact_match import advance
 t = time.perf_counter()
 for _ in range(n): advance(s, g, 1, V, "cpu")
 print(f"advance by one token: {(time.perf_counter() - t) / n * 1e6:.1f} us")

@@ -1,6 +1,6 @@
 """Time of vLLM's RejectionSampler.forward at batch 8, V = 49,152, 1-2 drafts per request, temperature 0.8,
 interleaved: vLLM's own path (expand fixed; the unpatched forward), and exact match
-(patch.couple_seeded_sampling) for unseeded and for seeded requests.
+(patch.verify_by_exact_match) for unseeded and for seeded requests.
     python rs_cost.py      # in the vLLM environment"""
 import time, statistics, torch
 from vllm.platforms import current_platform
@@ -9,9 +9,9 @@ from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.sample.rejection_sampler import RejectionSampler
 from vllm.v1.sample.sampler import Sampler
 from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
-from heterospec.vllm_plugin.patch import couple_seeded_sampling, fix_cpu_expand
+from heterospec.vllm_plugin.patch import verify_by_exact_match, fix_cpu_expand
 torch.set_num_threads(2)
-current_platform.register_triton_kernel_overrides(); fix_cpu_expand(); couple_seeded_sampling()
+current_platform.register_triton_kernel_overrides(); fix_cpu_expand(); verify_by_exact_match()
 V, B = 49152, 8
 n = [1, 2, 1, 2, 1, 2, 1, 2]
 def meta(gens):

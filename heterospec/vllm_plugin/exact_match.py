@@ -25,7 +25,7 @@ Order of draws in a step that drafts ``n`` tokens for a seeded request at positi
 positions ``p .. p+n-1`` here (all drafted positions of the step in one call of vLLM's sampler),
 the bonus token at ``p+n`` by vLLM's sampler from a copy of the generator advanced by ``n``
 draws. After a rejection at ``p+j`` the generator is left after draw ``p+j``, where the next
-step continues. Installed by :func:`heterospec.vllm_plugin.patch.couple_seeded_sampling` when
+step continues. Installed by :func:`heterospec.vllm_plugin.patch.verify_by_exact_match` when
 HeteroSpec is asked for; an all-greedy step keeps vLLM's own kernels.
 """
 
@@ -133,7 +133,7 @@ def wrap_rejection_sample(original, placeholder: int):
             tokens, _ = sampler.topk_topp_sampler(target_logits[rows].to(torch.float32), row_gens, None, None)
             drawn = iter(tokens.reshape(-1).tolist())
         greedy = target_logits.argmax(dim=-1).tolist() if not all(sampling) else None
-        out = torch.full((batch, max_spec_len + 1), placeholder, dtype=torch.int32, device=target_logits.device)
+        out = [[placeholder] * (max_spec_len + 1) for _ in range(batch)]
         bonus_ids = bonus_token_ids.reshape(-1).tolist()
         for i in range(batch):
             n, start = num_draft_tokens[i], ends[i] - num_draft_tokens[i]
@@ -144,14 +144,14 @@ def wrap_rejection_sample(original, placeholder: int):
                     kept = j
                     break
             row = target[:kept + 1] if kept < n else target + [bonus_ids[i]]
-            out[i, :len(row)] = torch.tensor(row, dtype=torch.int32)
+            out[i][:len(row)] = row
             if i in real:
                 if kept < n:                 # the draws of positions p .. p+kept only
                     real[i].set_state(states[i])
                     advance(sampler, real[i], kept + 1, target_logits.shape[-1], target_logits.device)
                 else:                        # after the bonus token's draw
                     real[i].set_state(bonus[i].get_state())
-        return out
+        return torch.tensor(out, dtype=torch.int32, device=target_logits.device)     # one copy to the device
 
     rejection_sample._heterospec = True
     return rejection_sample
