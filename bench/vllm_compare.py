@@ -83,7 +83,8 @@ def _vllm_interleaved(runs, prompts_file: str, n: int, args) -> dict:
             else:
                 raise SystemExit(f"vLLM engine {label} exited before it was ready (rc {proc.wait()})")
         labels = [r[0] for r in runs]
-        results = {(lab, b): {"seconds": 0.0, "tokens": 0, "token_ids": []} for lab in labels for b in args.batch}
+        results = {(lab, b): {"seconds": 0.0, "tokens": 0, "token_ids": [], "passes": [[0, 0.0] for _ in range(args.repeats)]}
+                   for lab in labels for b in args.batch}
         groups = [(b, list(range(s, min(s + b, n)))) for b in args.batch for s in range(0, n, b)]
         turns = [(rep, gi) for rep in range(args.repeats) for gi in range(len(groups))]
         for t, (rep, gi) in enumerate(tqdm(turns, desc="interleaved prompt groups", unit="group")):
@@ -101,6 +102,8 @@ def _vllm_interleaved(runs, prompts_file: str, n: int, args) -> dict:
                 o, r = json.loads(line), results[(lab, b)]
                 r["seconds"] += o["seconds"]
                 r["tokens"] += o["tokens"]
+                r["passes"][rep][0] += o["tokens"]
+                r["passes"][rep][1] += o["seconds"]
                 if rep == 0:
                     r["token_ids"].extend(o["token_ids"])
         return results
@@ -176,11 +179,16 @@ def main() -> int:
                    help="with --interleave: also run the plugin with frozen step costs that make every plan "
                         "plain (the drafter runs over prefills only): what a step costs in vLLM's speculative "
                         "mode when nothing is drafted, against vLLM autoregressive")
+    p.add_argument("--lean-steps-ab", action="store_true",
+                   help="with --interleave: also run each plugin engine of this checkout with lean_steps off "
+                        "(vLLM's own step path: the rejection sampler on steps without drafts, drafts fetched "
+                        "from the worker in a second round trip)")
     p.add_argument("--baseline", nargs="+", default=[], metavar="DIR",
                    help="with --interleave: also run the HeteroSpec plugin of each heterospec checkout DIR")
     args = p.parse_args()
-    if (args.baseline or args.path_stop_ab or args.never_drafts or args.repeats != 1) and not args.interleave:
-        p.error("--baseline, --path-stop-ab, --never-drafts and --repeats need --interleave")
+    if (args.baseline or args.path_stop_ab or args.never_drafts or args.lean_steps_ab or args.repeats != 1) \
+            and not args.interleave:
+        p.error("--baseline, --path-stop-ab, --never-drafts, --lean-steps-ab and --repeats need --interleave")
     args.preload = _preload() if args.ld_preload == "auto" else ""
 
     from tqdm.auto import tqdm
@@ -206,7 +214,11 @@ def main() -> int:
     if args.never_drafts:
         runs.append((f"vllm heterospec (K<={args.heterospec_k}), never drafts", "heterospec", args.heterospec_k,
                      env_here, {"costs": _never_drafting_costs(args.out), "learn": False}))
-    runs.append((f"vllm heterospec (K<={args.heterospec_k})", "heterospec", args.heterospec_k, env_here, {}))
+    main_label = f"vllm heterospec (K<={args.heterospec_k})"
+    runs.append((main_label, "heterospec", args.heterospec_k, env_here, {}))
+    if args.lean_steps_ab:
+        runs += [(label + ", lean steps off", m, k, env, {**opts, "lean_steps": False})
+                 for label, m, k, env, opts in runs if m == "heterospec" and env is env_here]
     results = {}
     if args.interleave:
         results = _vllm_interleaved([(lab, m, max(k, 1), env, opts) for lab, m, k, env, opts in runs],
@@ -237,12 +249,14 @@ def main() -> int:
             cells += [f"{tps:.1f}", f"{tps / ar_tps:.2f}x"]
             rows.append({"system": lab, "batch": b, "tokens_per_s": tps, "vs_vllm_ar": tps / ar_tps,
                          "tokens": o["tokens"], "seconds": o["seconds"]})
+            if o.get("passes") and ar.get("passes"):     # interleaved: each pass's ratio to vLLM AR's
+                rows[-1]["pass_vs_vllm_ar"] = [(t / s) / (at / a_s) for (t, s), (at, a_s) in zip(o["passes"], ar["passes"])]
         lines.append(f"| {lab} | " + " | ".join(cells) + f" | {'yes' if same else 'NO'} |")
     best = {b: max((r for r in rows if r["system"].startswith("vllm eagle3") and r["batch"] == b),
                    key=lambda r: r["tokens_per_s"]) for b in args.batch}
     lines.append("")
     for b in args.batch:
-        hs = next(r for r in rows if r["system"] == runs[-1][0] and r["batch"] == b)
+        hs = next(r for r in rows if r["system"] == main_label and r["batch"] == b)
         lines.append(f"batch {b}: vLLM+HeteroSpec / best fixed-K vLLM eagle3 ({best[b]['system']}) = "
                      f"{hs['tokens_per_s'] / best[b]['tokens_per_s']:.2f}x; / vLLM autoregressive = {hs['vs_vllm_ar']:.2f}x")
     report = "\n".join(lines)

@@ -448,6 +448,142 @@ def test_seeded_requests_sample_what_autoregressive_decoding_samples():
     assert seqs[3][:N] == want[3]
 
 
+def test_drafts_travel_with_the_step_output():
+    """``patch.take_drafts_from_output``: the engine core's ``take_draft_token_ids`` answers with the
+    drafts that came with the last ``sample_tokens`` output, once, and asks the worker (vLLM's
+    round trip) wherever none came with it: an output without them, or a new step."""
+    from heterospec.vllm_plugin.patch import DRAFTS, take_drafts_from_output
+
+    class Output:
+        pass
+
+    class Executor:                      # vLLM's MultiprocExecutor as EngineCore.step uses it
+        def __init__(self):
+            self.rpc, self.out = 0, None
+
+        def execute_model(self, scheduler_output, non_block=False):
+            return None
+
+        def sample_tokens(self, grammar_output, non_block=False):
+            return self.out
+
+        def take_draft_token_ids(self):
+            self.rpc += 1
+            return "from the worker"
+
+    def output(drafts):
+        out = Output()
+        setattr(out, DRAFTS, drafts)
+        return out
+
+    ex = Executor()
+    take_drafts_from_output(ex)
+    ex.out = output("step 1")
+    ex.execute_model("s1")
+    assert ex.sample_tokens(None) is ex.out
+    assert ex.take_draft_token_ids() == "step 1" and ex.rpc == 0
+    assert ex.take_draft_token_ids() == "from the worker" and ex.rpc == 1       # taken once
+    ex.out = output(None)                # a step in which nothing was drafted
+    ex.execute_model("s2")
+    ex.sample_tokens(None)
+    assert ex.take_draft_token_ids() is None and ex.rpc == 1
+    ex.out = Output()                    # an output without drafts: vLLM's round trip
+    ex.execute_model("s3")
+    ex.sample_tokens(None)
+    assert ex.take_draft_token_ids() == "from the worker" and ex.rpc == 2
+    ex.out = output("step 4")            # a step that brought drafts, then a new step without sample_tokens
+    ex.execute_model("s4")
+    ex.sample_tokens(None)
+    ex.execute_model("s5")
+    assert ex.take_draft_token_ids() == "from the worker" and ex.rpc == 3
+
+
+@needs_vllm
+def test_the_worker_sends_drafts_with_its_output():
+    """``patch.send_drafts_with_output``: the runner's ``sample_tokens`` output carries what its
+    ``take_draft_token_ids`` returns, through the pickle that carries it to the engine core;
+    vLLM's shared empty output is left alone."""
+    import pickle
+
+    from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, DraftTokenIds, ModelRunnerOutput
+
+    from heterospec.vllm_plugin.patch import DRAFTS, send_drafts_with_output
+
+    class Runner:
+        def __init__(self):
+            self.out = ModelRunnerOutput(req_ids=["a", "b"], req_id_to_index={"a": 0, "b": 1})
+
+        def sample_tokens(self, grammar_output):
+            return self.out
+
+        def take_draft_token_ids(self):
+            return DraftTokenIds(["a", "b"], [[5, 6], []])
+
+    runner = Runner()
+    send_drafts_with_output(runner)
+    got = pickle.loads(pickle.dumps(runner.sample_tokens(None)))
+    assert getattr(got, DRAFTS) == DraftTokenIds(["a", "b"], [[5, 6], []])
+    runner.out = EMPTY_MODEL_RUNNER_OUTPUT
+    assert runner.sample_tokens(None) is EMPTY_MODEL_RUNNER_OUTPUT and not hasattr(EMPTY_MODEL_RUNNER_OUTPUT, DRAFTS)
+
+
+@needs_vllm
+def test_a_step_without_drafts_is_sampled_by_the_sampler_alone(monkeypatch):
+    """``patch.sample_plainly_when_nothing_was_drafted``: a step in which no request drafted gives
+    the tokens vLLM's rejection sampler gives it (greedy, seeded and unseeded sampling, with the
+    same generator states), without running the rejection kernels; a step with a draft, or one
+    that asks for logprobs, still runs them."""
+    import dataclasses
+
+    import torch
+    from vllm.platforms import current_platform
+    from vllm.v1.sample import rejection_sampler as rs
+    from vllm.v1.sample.sampler import Sampler
+
+    from heterospec.vllm_plugin.patch import (fix_cpu_expand, sample_plainly_when_nothing_was_drafted,
+                                              verify_by_exact_match)
+
+    current_platform.register_triton_kernel_overrides()
+    fix_cpu_expand()
+    verify_by_exact_match()
+    sample_plainly_when_nothing_was_drafted()
+    patched = rs.RejectionSampler.forward
+    assert patched._heterospec_no_drafts
+    vllm_forward = patched.__wrapped__
+    sampler = rs.RejectionSampler(Sampler())
+    V, temps = 64, [0.0, 0.8, 1.1, 0.9]                   # greedy, seeded, seeded, unseeded
+    logits = torch.randn(4, V) * 2
+
+    def run(forward, step_logits, drafts, **meta_changes):
+        torch.manual_seed(5)
+        gens = {1: torch.Generator().manual_seed(11), 2: torch.Generator().manual_seed(12)}
+        meta = dataclasses.replace(_sampling_metadata(temps, gens), **meta_changes)
+        out = forward(sampler, _spec_metadata(drafts), None, step_logits.clone(), meta).sampled_token_ids
+        return out.tolist(), [g.get_state() for g in gens.values()]
+
+    calls = []
+    kernel = rs.rejection_sample
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return kernel(*args, **kwargs)
+
+    monkeypatch.setattr(rs, "rejection_sample", counted)
+    for seed in range(5):
+        torch.manual_seed(100 + seed)
+        step = torch.randn(4, V) * 2
+        (want, want_gens), n = run(vllm_forward, step, [[]] * 4), len(calls)
+        (got, got_gens) = run(patched, step, [[]] * 4)
+        assert got == want and all(torch.equal(a, b) for a, b in zip(got_gens, want_gens))
+        assert len(calls) == n, "the rejection kernels ran for a step without drafts"
+    # a step with one draft, and a step that asks for logprobs, keep vLLM's path
+    rows = torch.cat([logits[:1], logits[:1], logits[1:]])
+    n = len(calls)
+    run(patched, rows, [[int(logits[0].argmax())], [], [], []])
+    run(patched, logits, [[]] * 4, max_num_logprobs=0)
+    assert len(calls) == n + 2
+
+
 PROMPTS = [
     "Write a haiku about the sea.",
     "What is 17 times 23? Show your steps.",

@@ -17,6 +17,16 @@ Two changes of vLLM's sampling come with it, both for temperature > 0:
   noise, and a seeded request writes the text vLLM autoregressive writes for its seed, whatever
   was drafted.
 
+Two cut what vLLM's speculative mode costs per step beyond an autoregressive one (HeteroSpec
+decodes many steps plainly, and a plain step should cost what vLLM's autoregressive step does):
+
+- :func:`sample_plainly_when_nothing_was_drafted`: a step in which no request has a draft token
+  is sampled by vLLM's sampler alone, not through the rejection sampler's gathers and empty
+  kernels;
+- :func:`send_drafts_with_output` (worker) and :func:`take_drafts_from_output` (engine core):
+  the step's draft tokens travel with its output, instead of in a second round trip between the
+  engine core and the worker (``EngineCore.post_step`` -> ``take_draft_token_ids``).
+
 Nothing else of vLLM is touched; without the ``heterospec`` key vLLM runs unchanged, that bug
 included.
 """
@@ -32,6 +42,7 @@ from .options import HeteroSpecSetupError, requested
 
 SUPPORTED_VLLM = "0.32.0"
 EXPAND_KERNEL = "vllm.v1.sample.rejection_sampler.expand_kernel"
+DRAFTS = "heterospec_draft_token_ids"    # attribute of a step's ModelRunnerOutput: its drafts
 _installed = False
 _log = logging.getLogger(__name__)
 
@@ -103,6 +114,106 @@ def verify_by_exact_match() -> None:
         rs.rejection_sample = exact_match.wrap_rejection_sample(rs.rejection_sample, int(rs.PLACEHOLDER_TOKEN_ID))
 
 
+def sample_plainly_when_nothing_was_drafted() -> None:
+    """A step whose requests drafted nothing is sampled by vLLM's ``Sampler`` directly (idempotent).
+
+    In speculative mode vLLM's runner sends every step through ``RejectionSampler.forward``, also
+    one in which no request has a draft token: a gather of the logits, the bonus sampler, the
+    logits processors and the rejection kernels over empty tensors, and an output assembled from
+    them. For such a step the rejection sampler's tokens are its bonus tokens, sampled by
+    ``self.sampler`` from the same logits with ``predict_bonus_token=True``; that call alone
+    gives them. Steps that ask for logprobs, and every step with a draft, keep vLLM's path."""
+    from vllm.v1.sample import rejection_sampler as rs
+
+    original = rs.RejectionSampler.forward
+    if getattr(original, "_heterospec_no_drafts", False):
+        return
+
+    @functools.wraps(original)
+    def forward(self, metadata, draft_probs, logits, sampling_metadata):
+        if metadata.max_spec_len > 0 or sampling_metadata.max_num_logprobs is not None \
+                or getattr(sampling_metadata, "logprob_token_ids", None) or getattr(self, "synthetic_mode", False):
+            return original(self, metadata, draft_probs, logits, sampling_metadata)
+        if logits.shape[0] != len(metadata.num_draft_tokens):      # (rows are the bonus rows when nothing was drafted)
+            logits = logits[metadata.bonus_logits_indices]
+        return self.sampler(logits=logits, sampling_metadata=sampling_metadata, predict_bonus_token=True)
+
+    forward._heterospec_no_drafts = True
+    rs.RejectionSampler.forward = forward
+
+
+def _lean_steps(options, vllm_config) -> bool:
+    """Whether this engine takes a step's drafts from its output: HeteroSpec asked for, its option
+    ``lean_steps`` (default on; off runs vLLM's own step path, for comparison), and vLLM's plain
+    ``step`` loop (no batch queue, no async scheduling), where ``post_step`` takes the drafts
+    right after the output arrived."""
+    return options is not None and options.get("lean_steps", True) and \
+        getattr(vllm_config, "max_concurrent_batches", 1) == 1 and not vllm_config.scheduler_config.async_scheduling
+
+
+def send_drafts_with_output(runner) -> None:
+    """Worker side: the runner's ``sample_tokens`` attaches the step's drafts (what its
+    ``take_draft_token_ids`` returns, which leaves them in place) to the output it returns, as
+    attribute :data:`DRAFTS`. An engine core without :func:`take_drafts_from_output` ignores it
+    and asks for them as before."""
+    from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
+
+    sample = runner.sample_tokens
+
+    @functools.wraps(sample)
+    def sample_tokens(*args, **kwargs):
+        out = sample(*args, **kwargs)
+        if type(out) is ModelRunnerOutput and out is not EMPTY_MODEL_RUNNER_OUTPUT:
+            setattr(out, DRAFTS, runner.take_draft_token_ids())
+        return out
+
+    runner.sample_tokens = sample_tokens
+
+
+def take_drafts_from_output(executor) -> None:
+    """Engine-core side: ``executor.take_draft_token_ids`` answers with the drafts that came with
+    the output of the step's ``sample_tokens`` (:func:`send_drafts_with_output`), without the
+    round trip to the worker that vLLM makes for them after every step; where none came (an
+    output without them, a non-blocking call, a step whose ``execute_model`` returned its output
+    itself), it asks the worker as vLLM does."""
+    execute, sample, take = executor.execute_model, executor.sample_tokens, executor.take_draft_token_ids
+    missing = object()
+    box = {}
+
+    @functools.wraps(execute)
+    def execute_model(*args, **kwargs):
+        box.clear()                   # drafts belong to the step whose sample_tokens brought them
+        return execute(*args, **kwargs)
+
+    @functools.wraps(sample)
+    def sample_tokens(*args, **kwargs):
+        out = sample(*args, **kwargs)
+        box.clear()
+        drafts = getattr(out, DRAFTS, missing)
+        if drafts is not missing:
+            box["drafts"] = drafts
+        return out
+
+    @functools.wraps(take)
+    def take_draft_token_ids(*args, **kwargs):
+        drafts = box.pop("drafts", missing)
+        return take(*args, **kwargs) if drafts is missing else drafts
+
+    executor.execute_model, executor.sample_tokens = execute_model, sample_tokens
+    executor.take_draft_token_ids = take_draft_token_ids
+
+
+def _wrap_executor_init(original):
+    @functools.wraps(original)
+    def __init__(self, vllm_config, *args, **kwargs):
+        original(self, vllm_config, *args, **kwargs)
+        if _lean_steps(requested(vllm_config), vllm_config):
+            take_drafts_from_output(self)
+
+    __init__._heterospec = True
+    return __init__
+
+
 def _wrap_runner_init(original):
     @functools.wraps(original)
     def __init__(self, vllm_config, *args, **kwargs):
@@ -111,6 +222,8 @@ def _wrap_runner_init(original):
             check_config(vllm_config)
             fix_cpu_expand()
             verify_by_exact_match()
+            if options.get("lean_steps", True):
+                sample_plainly_when_nothing_was_drafted()
         original(self, vllm_config, *args, **kwargs)
         drafter = getattr(self, "drafter", None)       # absent on ranks without the draft (PP)
         if options is None or drafter is None:
@@ -122,6 +235,8 @@ def _wrap_runner_init(original):
             raise RuntimeError(f"HeteroSpec: expected vLLM's EagleProposer as the drafter, got {type(drafter).__name__}")
         drafter.__class__ = HeteroSpecProposer
         drafter.setup(self, options)
+        if _lean_steps(options, vllm_config):
+            send_drafts_with_output(self)
 
     __init__._heterospec = True
     return __init__
@@ -153,6 +268,9 @@ def install(version: str) -> bool:
     if version != SUPPORTED_VLLM:
         runner.__init__ = _wrong_version_guard(runner.__init__, version)
         return False
+    from vllm.v1.executor.multiproc_executor import MultiprocExecutor
+
     runner.__init__ = _wrap_runner_init(runner.__init__)
+    MultiprocExecutor.__init__ = _wrap_executor_init(MultiprocExecutor.__init__)
     _installed = True
     return True
