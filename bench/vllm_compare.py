@@ -18,8 +18,12 @@ HeteroSpec engine then learns its step costs from nothing into a file of its own
 (a fresh process, as a new user's first run). ``--baseline DIR ...`` adds a HeteroSpec
 engine per DIR running the plugin of that checkout of heterospec (e.g. a ``git worktree`` of the
 previous commit), for before/after comparisons. Prints and writes a table of tokens/s and ratios to vLLM
-autoregressive, the greedy-identity check of every method against its engine's autoregressive
-output, and a bar plot. Greedy, float32.
+autoregressive, the identity check of every method against its engine's autoregressive output,
+and a bar plot. Float32; greedy by default. ``--temperature T`` samples instead (vLLM's top-k /
+top-p off), ``--seed S`` gives request ``i`` the seed ``S + i`` in every engine: then vLLM +
+HeteroSpec must write vLLM autoregressive's text (its exact-match verification), while vLLM's own
+eagle3 and our engine draw differently per drafted token, so "same text" says NO for them there.
+Without a seed sampled texts are not compared.
 """
 
 from __future__ import annotations
@@ -41,10 +45,16 @@ def _preload() -> str:
     return ":".join(found)
 
 
+def _sampling_args(args) -> list:
+    """``generate``'s sampling arguments for this comparison."""
+    out = ["--temperature", str(args.temperature)] if args.temperature > 0 else []
+    return out + (["--seed", str(args.seed)] if args.seed is not None else [])
+
+
 def _vllm_run(method: str, k: int, prompts_file: str, args) -> dict:
     cmd = [sys.executable, "-m", "heterospec.vllm_plugin", "generate", "--method", method, "--k", str(k),
            "--prompts", prompts_file, "--batch", *map(str, args.batch), "--max-new-tokens", str(args.max_new_tokens),
-           "--warmup", "16"]
+           "--warmup", "16", *_sampling_args(args)]
     env = dict(os.environ, VLLM_LOGGING_LEVEL="WARNING")
     if args.preload:
         env["LD_PRELOAD"] = args.preload
@@ -66,7 +76,8 @@ def _vllm_interleaved(runs, prompts_file: str, n: int, args) -> dict:
         for label, method, k, env_extra, opts in tqdm(runs, desc="starting vLLM engines", unit="engine"):
             cmd = [sys.executable, "-m", "heterospec.vllm_plugin", "generate", "--method", method, "--k", str(k),
                    "--prompts", prompts_file, "--batch", str(max(args.batch)), "--max-new-tokens",
-                   str(args.max_new_tokens), "--warmup", "16", "--serve", "--memory-fraction", str(frac)]
+                   str(args.max_new_tokens), "--warmup", "16", "--serve", "--memory-fraction", str(frac),
+                   *_sampling_args(args)]
             if method == "heterospec":
                 costs = os.path.join(os.path.abspath(args.out), "costs-" + "".join(c if c.isalnum() else "_" for c in label) + ".json")
                 if os.path.exists(costs):
@@ -150,7 +161,9 @@ def _ours(texts, args) -> dict:
         for b in args.batch:
             ids, t0 = [], time.perf_counter()
             for s in range(0, len(texts), b):
-                res = engine.generate_batch(texts[s:s + b], max_new_tokens=args.max_new_tokens, method=m)
+                res = engine.generate_batch(texts[s:s + b], max_new_tokens=args.max_new_tokens, method=m,
+                                            temperature=args.temperature,
+                                            seed=None if args.seed is None else args.seed + s)
                 ids.extend(list(r.token_ids) for r in res)
             out[(m, b)] = {"seconds": time.perf_counter() - t0, "tokens": sum(len(x) for x in ids), "token_ids": ids}
     return out
@@ -164,6 +177,9 @@ def main() -> int:
     p.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3, 4, 5], help="fixed K of vLLM eagle3")
     p.add_argument("--heterospec-k", type=int, default=6, help="HeteroSpec's longest chain in vLLM")
     p.add_argument("--threads", type=int, default=2, help="torch threads of our engine")
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); > 0: sampling")
+    p.add_argument("--seed", type=int, default=None,
+                   help="with --temperature: request i gets seed SEED + i (our engine: one seed per batch call)")
     p.add_argument("--no-ours", action="store_true", help="skip our own engine")
     p.add_argument("--out", default="bench/out/vllm")
     p.add_argument("--ld-preload", choices=["auto", "none"], default="auto",
@@ -189,6 +205,10 @@ def main() -> int:
     if (args.baseline or args.path_stop_ab or args.never_drafts or args.lean_steps_ab or args.repeats != 1) \
             and not args.interleave:
         p.error("--baseline, --path-stop-ab, --never-drafts, --lean-steps-ab and --repeats need --interleave")
+    if args.temperature < 0:
+        p.error("--temperature must be >= 0")
+    if args.seed is not None and args.temperature == 0:
+        p.error("--seed needs --temperature > 0 (greedy decoding has no randomness)")
     args.preload = _preload() if args.ld_preload == "auto" else ""
 
     from tqdm.auto import tqdm
@@ -234,7 +254,10 @@ def main() -> int:
     labels = list(dict.fromkeys(lab for lab, _ in results))
     from heterospec.costmodel import _cpu_info
     lines = [f"machine: {machine_description('cpu')}, CPU flags: {' '.join(_cpu_info()['cpu_flags'])}", f"vLLM LD_PRELOAD: {args.preload or 'none'}",
-             f"MT-bench first {args.n} questions, {args.max_new_tokens} new tokens, greedy, float32"
+             f"MT-bench first {args.n} questions, {args.max_new_tokens} new tokens, "
+             + ("greedy" if args.temperature == 0 else f"temperature {args.temperature}"
+                + (f", seeds {args.seed}.." if args.seed is not None else ", no seeds (texts not compared)"))
+             + ", float32"
              + (f"; vLLM engines interleaved, {args.repeats} pass(es)" if args.interleave else ""), "",
              "| system | " + " | ".join(f"batch {b} tok/s | vs vLLM AR" for b in args.batch) + " | same text |",
              "|---|" + "---|---|" * len(args.batch) + "---|"]
@@ -251,7 +274,9 @@ def main() -> int:
                          "tokens": o["tokens"], "seconds": o["seconds"]})
             if o.get("passes") and ar.get("passes"):     # interleaved: each pass's ratio to vLLM AR's
                 rows[-1]["pass_vs_vllm_ar"] = [(t / s) / (at / a_s) for (t, s), (at, a_s) in zip(o["passes"], ar["passes"])]
-        lines.append(f"| {lab} | " + " | ".join(cells) + f" | {'yes' if same else 'NO'} |")
+        if args.temperature > 0 and args.seed is None:
+            same = None                       # unseeded sampling: nothing to compare
+        lines.append(f"| {lab} | " + " | ".join(cells) + f" | {'n/a' if same is None else 'yes' if same else 'NO'} |")
     best = {b: max((r for r in rows if r["system"].startswith("vllm eagle3") and r["batch"] == b),
                    key=lambda r: r["tokens_per_s"]) for b in args.batch}
     lines.append("")
