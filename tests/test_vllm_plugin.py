@@ -501,8 +501,8 @@ def test_drafts_travel_with_the_step_output():
 @needs_vllm
 def test_the_worker_sends_drafts_with_its_output():
     """``patch.send_drafts_with_output``: the runner's ``sample_tokens`` output carries what its
-    ``take_draft_token_ids`` returns, through the pickle that carries it to the engine core;
-    vLLM's shared empty output is left alone."""
+    ``take_draft_token_ids`` returns (with its own copy of the request ids), through the pickle
+    that carries it to the engine core; vLLM's shared empty output is left alone."""
     import pickle
 
     from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, DraftTokenIds, ModelRunnerOutput
@@ -512,16 +512,19 @@ def test_the_worker_sends_drafts_with_its_output():
     class Runner:
         def __init__(self):
             self.out = ModelRunnerOutput(req_ids=["a", "b"], req_id_to_index={"a": 0, "b": 1})
+            self.req_ids = ["a", "b"]             # the input batch's live list
 
         def sample_tokens(self, grammar_output):
             return self.out
 
         def take_draft_token_ids(self):
-            return DraftTokenIds(["a", "b"], [[5, 6], []])
+            return DraftTokenIds(self.req_ids, [[5, 6], []])
 
     runner = Runner()
     send_drafts_with_output(runner)
-    got = pickle.loads(pickle.dumps(runner.sample_tokens(None)))
+    out = runner.sample_tokens(None)
+    runner.req_ids.append("c")                # the batch moves on; the step's drafts do not
+    got = pickle.loads(pickle.dumps(out))
     assert getattr(got, DRAFTS) == DraftTokenIds(["a", "b"], [[5, 6], []])
     runner.out = EMPTY_MODEL_RUNNER_OUTPUT
     assert runner.sample_tokens(None) is EMPTY_MODEL_RUNNER_OUTPUT and not hasattr(EMPTY_MODEL_RUNNER_OUTPUT, DRAFTS)

@@ -33,6 +33,7 @@ included.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 
@@ -164,7 +165,10 @@ def send_drafts_with_output(runner) -> None:
     def sample_tokens(*args, **kwargs):
         out = sample(*args, **kwargs)
         if type(out) is ModelRunnerOutput and out is not EMPTY_MODEL_RUNNER_OUTPUT:
-            setattr(out, DRAFTS, runner.take_draft_token_ids())
+            drafts = runner.take_draft_token_ids()
+            if drafts is not None:     # (its req_ids may be the runner's live list: a copy travels)
+                drafts = dataclasses.replace(drafts, req_ids=list(drafts.req_ids))
+            setattr(out, DRAFTS, drafts)
         return out
 
     runner.sample_tokens = sample_tokens
