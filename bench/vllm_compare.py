@@ -74,7 +74,9 @@ def _vllm_interleaved(runs, prompts_file: str, n: int, args) -> dict:
     procs = {}
     try:
         for label, method, k, env_extra, opts in tqdm(runs, desc="starting vLLM engines", unit="engine"):
-            cmd = [sys.executable, "-m", "heterospec.vllm_plugin", "generate", "--method", method, "--k", str(k),
+            # -P: the working directory (this checkout, if run from its root) does not come first on
+            # sys.path, so PYTHONPATH picks the checkout each engine runs (--baseline)
+            cmd = [sys.executable, "-P", "-m", "heterospec.vllm_plugin", "generate", "--method", method, "--k", str(k),
                    "--prompts", prompts_file, "--batch", str(max(args.batch)), "--max-new-tokens",
                    str(args.max_new_tokens), "--warmup", "16", "--serve", "--memory-fraction", str(frac),
                    *_sampling_args(args)]
@@ -88,8 +90,12 @@ def _vllm_interleaved(runs, prompts_file: str, n: int, args) -> dict:
                 env["LD_PRELOAD"] = args.preload
             proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
             procs[label] = proc
+            want = (env_extra.get("PYTHONPATH") or "").split(os.pathsep)[0]
             for line in proc.stdout:
                 if line.startswith("{") and json.loads(line).get("ready"):
+                    ran = json.loads(line).get("heterospec")
+                    if want and ran and os.path.realpath(ran) != os.path.realpath(os.path.join(want, "heterospec")):
+                        raise SystemExit(f"vLLM engine {label} runs heterospec from {ran}, not from {want}")
                     break
             else:
                 raise SystemExit(f"vLLM engine {label} exited before it was ready (rc {proc.wait()})")

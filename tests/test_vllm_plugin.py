@@ -92,6 +92,34 @@ def test_step_costs_keep_the_fixed_cost_of_speculative_steps_out_of_the_slope():
     assert costs.plain_ms(1) == pytest.approx(55.0, rel=1e-6)
 
 
+def test_speculation_is_weighed_against_a_warm_plain_step():
+    """A plain step that keeps the draft's KV cache whole runs the draft's first forward: the
+    plan speculates as soon as that beats it, and turns the drafter off only where speculation
+    loses even to the warm step."""
+    def costs(warm_ms):
+        c = StepCosts()
+        for _ in range(4):
+            c.add_target(1, 1, 80.0)           # plain: 80 ms, 1 token -> 0.0125 tokens per ms
+            c.add_target(1, 2, 95.0)           # one draft token verified
+            c.add_target(1, 3, 110.0)
+            c.add_draft(1, 0, 9.0)             # the first forward (and its logits)
+            c.add_draft(1, 1, 30.0)            # a second forward: expensive, chains stay short
+            if warm_ms:
+                c.add_warm(1, warm_ms)
+        return c
+    # a 1-token step: 9 + 95 = 104 ms for 1 + a tokens; a = 0.28 -> 0.0123 tokens per ms,
+    # below a cold plain step (0.0125) and above a warm one (1 / 88 = 0.0114)
+    tables = _chain_tables(0.28, 0.28)
+    cold, warm = costs(0.0), costs(8.0)
+    assert cold.warm_ms(1) == 0.0 and cold.plain_ms(1) == pytest.approx(80.0)
+    assert warm.warm_ms(1) == pytest.approx(8.0) and warm.plain_ms(1) == pytest.approx(88.0)
+    assert warm.verify_ms(1, 1.0) == pytest.approx(80.0)      # the target side of a plain step alone
+    assert not fit_plan(tables, cold, 1, ragged=True, max_nodes=4).speculate
+    assert fit_plan(tables, warm, 1, ragged=True, max_nodes=4).speculate
+    # ... and where speculation loses to the warm step too, the plan stays plain (drafter off)
+    assert not fit_plan(_chain_tables(0.15, 0.15), warm, 1, ragged=True, max_nodes=4).speculate
+
+
 def test_step_cost_slopes_for_the_path_stop():
     costs = StepCosts()
     assert costs.slopes(1) is None                     # nothing measured: the path stop stays off
@@ -201,11 +229,18 @@ def test_step_costs_save_load_and_frozen_borrowing(tmp_path):
     for steps in (0, 3):
         costs.add_draft(2, steps, 1.0 + steps)
     costs.save(str(tmp_path / "c.json"))
+    costs.add_warm(2, 3.0)
+    costs.save(str(tmp_path / "c.json"))
     back = StepCosts.load(str(tmp_path / "c.json"))
     assert back.verify_ms(2, 3.0) == pytest.approx(64.0)
+    assert back.plain_ms(2) == pytest.approx(53.0) and back.warm_ms(2) == pytest.approx(3.0)
+    saved = json.loads((tmp_path / "c.json").read_text())
+    del saved["warm"]                       # a file saved before warm forwards were timed
+    (tmp_path / "nowarm.json").write_text(json.dumps(saved))
+    assert StepCosts.load(str(tmp_path / "nowarm.json")).plain_ms(2) == pytest.approx(50.0)
     back.frozen = True
     assert back.nearest_ready(16) == 2
-    assert back.plain_ms(16) == pytest.approx(50.0)          # an unmeasured bucket borrows the nearest
+    assert back.plain_ms(16) == pytest.approx(53.0)          # an unmeasured bucket borrows the nearest
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(ValueError, match="step-cost"):
         StepCosts.load(str(tmp_path / "bad.json"))

@@ -109,7 +109,9 @@ def _generate(args) -> int:
                 "spec": {k: after[k] - before.get(k, 0) for k in after}}
 
     if args.serve:
-        print(json.dumps({"ready": True}), flush=True)
+        import heterospec     # which checkout this engine runs (bench/vllm_compare.py --baseline)
+        print(json.dumps({"ready": True, "heterospec": os.path.dirname(os.path.abspath(heterospec.__file__))}),
+              flush=True)
         for line in sys.stdin:
             if line.strip():
                 print(json.dumps(timed([json.loads(line)["prompts"]])), flush=True)

@@ -5,14 +5,23 @@ vLLM runs the target, samples, and then calls the proposer; the time from the en
 (scheduling, the forward over the step's tokens, rejection sampling, bookkeeping), and the time
 inside ``propose`` is the draft's. Per batch-size bucket three quantities are learned:
 
-    plain_ms(B)           = p_B                      a step without drafts
+    plain level           = p_B                      a step without drafts (the target side)
     target_ms(B, T)       = a_B + s_B * (T - B) / B  a step verifying drafts, T = tokens in its forward
     draft_ms(B, steps)    = f_B + g_B * steps        steps = draft forwards after the first
+    warm level            = w_B                      the draft's first forward alone, no drafts
+                                                     (a plain step that keeps the draft's KV whole)
 
 The speculative line has its own intercept ``a_B`` rather than the plain step's: a step that
 verifies drafts also runs the rejection sampler and the drafts' bookkeeping, a fixed cost that a
 line through the plain steps would charge to the first draft tokens as a steep slope, and then
-extrapolate to longer chains (bench/RESULTS.md, vLLM step costs by K). Each line is fitted to
+extrapolate to longer chains (bench/RESULTS.md, vLLM step costs by K).
+
+The plain step the policy weighs speculation against is a *warm* one, ``plain_ms = p_B + w_B``:
+where the plan speculates, its plain steps (probes, the guard's fallback) run the draft's first
+forward anyway, so a speculative step is worth taking as soon as it beats that. Only a plan that
+loses to the warm step turns the drafter off (``plain_ms`` is then too high by ``w_B``, which
+errs towards speculating: going cold is the costly mistake, as every request then keeps a hole
+in the draft's KV cache and accepts less for the rest of its life). Each line is fitted to
 forgotten means of the steps per x (:class:`_Line`) and exposed with the interface
 :func:`heterospec.policy.fit_plan` expects of a cost model (``plain_ms``, ``verify_ms``,
 ``draft_ms``), so the fitted policy is the same one our own engine uses. vLLM packs the requests
@@ -112,6 +121,7 @@ class StepCosts:
         self.plain: Dict[int, _Line] = {}       # x = 0 always: the level
         self.target: Dict[int, _Line] = {}      # x = draft tokens per request (> 0)
         self.draft: Dict[int, _Line] = {}
+        self.warm: Dict[int, _Line] = {}        # x = 0 always: the level (optional in saved files)
         self.frozen = False          # True: no learning; a bucket never measured borrows the nearest one
 
     @staticmethod
@@ -138,6 +148,10 @@ class StepCosts:
     def add_draft(self, batch_size: int, steps: int, ms: float) -> None:
         self._line(self.draft, batch_size).add(float(steps), ms)
 
+    def add_warm(self, batch_size: int, ms: float) -> None:
+        """A plain step's warm draft forward (the draft's first forward, no logits, no drafts)."""
+        self._line(self.warm, batch_size).add(0.0, ms)
+
     def predict_target(self, batch_size: int, tokens: int) -> Optional[float]:
         x = float(tokens - batch_size) / batch_size
         line = (self.plain if x <= 0 else self.target).get(self.bucket(batch_size))
@@ -154,7 +168,7 @@ class StepCosts:
     def to_dict(self) -> dict:
         return {"format": self.FORMAT,
                 **{name: {str(b): v.to_list() for b, v in getattr(self, name).items()}
-                   for name in ("plain", "target", "draft")}}
+                   for name in ("plain", "target", "draft", "warm")}}
 
     @classmethod
     def from_dict(cls, d: dict) -> "StepCosts":
@@ -162,7 +176,9 @@ class StepCosts:
         try:
             if d.get("format") != cls.FORMAT:
                 raise ValueError(f"format {d.get('format')!r}, this version reads format {cls.FORMAT}")
-            for name in ("plain", "target", "draft"):
+            for name in ("plain", "target", "draft", "warm"):
+                if name == "warm" and name not in d:
+                    continue             # saved before warm steps were timed: learned again
                 setattr(c, name, {int(b): _Line.from_list(v) for b, v in d[name].items()})
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ValueError(f"not a saved vLLM step-cost model: {e}") from None
@@ -196,14 +212,28 @@ class StepCosts:
         return min(ready, key=lambda b: (abs(b - want), b))
 
     # -- the cost-model interface of heterospec.policy.fit_plan ------------------------------
-    def plain_ms(self, batch_size: int, context: int = 0) -> float:
+    def plain_level(self, batch_size: int) -> float:
+        """A plain step's target side alone (a step of a bucket whose drafter is off)."""
         return self._line(self.plain, batch_size).at(0.0) or 1.0
+
+    def warm_ms(self, batch_size: int) -> float:
+        """The warm draft forward of a plain step; 0 until measured."""
+        b = self.bucket(batch_size)
+        line = self.warm.get(b)
+        if (line is None or not line.known) and self.frozen:
+            near = self.nearest_ready(batch_size)
+            line = self.warm.get(near) if near is not None else None
+        return (line.at(0.0) or 0.0) if line is not None and line.known else 0.0
+
+    def plain_ms(self, batch_size: int, context: int = 0) -> float:
+        """The plain step speculation is weighed against: a warm one (see the module)."""
+        return self.plain_level(batch_size) + self.warm_ms(batch_size)
 
     def verify_ms(self, batch_size: int, nodes: float, context: int = 0) -> float:
         """Target step with ``nodes`` tokens per request (root included) on average."""
         if nodes <= 1.0:
-            return self.plain_ms(batch_size, context)
-        return self._line(self.target, batch_size).at(float(nodes) - 1.0) or self.plain_ms(batch_size, context)
+            return self.plain_level(batch_size)
+        return self._line(self.target, batch_size).at(float(nodes) - 1.0) or self.plain_level(batch_size)
 
     def draft_ms(self, batch_size: int, steps: float, extend_tokens: float = 1.0) -> float:
         return self._line(self.draft, batch_size).at(float(steps)) or 0.0

@@ -9,7 +9,9 @@ decides, once per step, between the first forward and the loop:
    (``Plan.speculate`` false), the drafter does not run (except over a prefill) and every
    request gets no draft: the step costs what vLLM's autoregressive step costs. Plain steps
    inside speculation (probes, the guard) run the draft's first forward only (``WARM``, see
-   :meth:`HeteroSpecProposer._keep_warm`).
+   :meth:`HeteroSpecProposer._keep_warm`). Such a step is what speculation is weighed against
+   (:class:`StepCosts` ``plain_ms``, and the guard's timing of plain steps): a speculative step
+   pays when it beats a warm plain step, and the drafter goes off only when it does not.
 2. **Entropy bins.** Otherwise, after the first forward, each request's Top-K entropy of the
    draft distribution (``torch.ops.heterospec.topk_entropy``, the first node of HeteroSpec's
    meta-path) selects its bin, and the bin's action its draft length ``k`` (0 .. the configured
@@ -108,8 +110,10 @@ class HeteroSpecProposer(EagleProposer):
         self._step_end: Optional[float] = None        # end of the previous propose call
         self._prev: Dict[str, Tuple[int, int]] = {}   # req id -> (bin, draft tokens) proposed last step
         self._prev_plan: Optional[Plan] = None       # the plan of the previous step (plain too)
+        self._after_switch = False                    # the previous step: plain, right after a speculative one
         self._prev_draft_ms = 0.0                     # its draft time
         self._prev_warm_ms = 0.0                      # its warm forward's time (plain steps)
+        self._prev_warm_charged = 0.0                 # ... charged to the step (0 over a prefill)
         self._prev_ours_ms = 0.0                      # its time in propose outside draft forwards
         self._decision = None
         # path stop: per device-independent confidence bucket, what the target accepted; per
@@ -193,14 +197,21 @@ class HeteroSpecProposer(EagleProposer):
         if not self.learn:                 # frozen: plans depend on the batch, the entropies and the texts
             return
         step_s = None                      # the whole previous step (draft + target), if clean
-        if self._step_end is not None and max_query_len <= 1 + self.max_draft:   # no prefill in it
+        # No prefill in it, and not the first plain step after a speculative one: that step runs
+        # slower than plain steps after plain steps (+9-27 % in every traced engine that decoded
+        # mostly plainly: bench/RESULTS.md, twenty-fourth session), a cost of the switch rather
+        # than of plain decoding. So a plain probe inside speculation is two plain steps (see
+        # propose), and only the second is timed (cost lines, guard, corrections).
+        if self._step_end is not None and max_query_len <= 1 + self.max_draft and not self._after_switch:
             ms = 1e3 * (now - self._step_end)
             pred = self.costs.predict_target(batch_size, num_tokens)
             if pred is None or ms < 3.0 * pred:        # else: the engine was idle
                 self.costs.add_target(batch_size, num_tokens, ms)
                 b = self.costs.bucket(batch_size)
                 self.timed_since_fit[b] = self.timed_since_fit.get(b, 0) + 1
-                step_s = 1e-3 * (ms + self._prev_draft_ms)
+                # (a plain step is charged its warm forward: what it cost, and what a plain
+                # step costs wherever the plan may speculate, see StepCosts)
+                step_s = 1e-3 * (ms + self._prev_draft_ms + self._prev_warm_charged)
         plan = self._prev_plan
         if plan is not None and not plan.speculate:     # a plain step: timed for the policy's guard
             if step_s is not None:
@@ -227,6 +238,14 @@ class HeteroSpecProposer(EagleProposer):
                "warm_ms": round(self._prev_warm_ms, 3), "ours_ms": round(self._prev_ours_ms, 3),
                "rejected": rejected,
                "path_stop": bool(self._prev_conf)}
+        b = self.costs.bucket(batch_size)
+        if b in self.planned:       # the policy's view: the model's verdict, the guard's, its corrections
+            realized = self.policy.realized(b)
+            rec.update({"model_speculates": self.policy.fitted_plan(batch_size).speculate,
+                        "guard_plain": self.policy.realized_loses(b),
+                        "realized": None if realized is None else [round(x, 3) for x in realized],
+                        "position_scale": list(self.policy.position_scale()),
+                        "time_scale": self.policy.time_scale(b), "plain_scale": self.policy.plain_scale(b)})
         self._trace.write(json.dumps(rec) + "\n")
         self._trace.flush()
 
@@ -242,6 +261,8 @@ class HeteroSpecProposer(EagleProposer):
         req_ids = list(self.hs_runner.input_batch.req_ids[:batch_size])
         limit = min(int(num_speculative_tokens), self.max_draft)
         plan = self._plan(batch_size)
+        if plan.speculate and self._after_switch and self._prev_plan is not None and not self._prev_plan.speculate:
+            plan = self._prev_plan            # a plain probe's second step (the one that is timed)
         prefill = max_query_len > 1 + self.max_draft
         mode = SPECULATE if plan.speculate and limit > 0 else \
             WARM if limit > 0 and (prefill or self._keep_warm(batch_size, plan)) else PLAIN
@@ -250,6 +271,8 @@ class HeteroSpecProposer(EagleProposer):
             mode = int(self.tp_group.broadcast(flag, src=0)[0].item())
         if mode == SPECULATE and not plan.speculate:     # another TP rank's plan: this rank follows rank 0
             plan = self._chain_plan("follow", 1)
+        # this step: the first plain one after a speculative step (untimed; the next is plain too)
+        self._after_switch = mode != SPECULATE and self._prev_plan is not None and self._prev_plan.speculate
         if mode != SPECULATE:
             t0 = time.perf_counter()
             if mode == WARM:   # the draft's KV cache gets this step's tokens; the step stays plain
@@ -258,11 +281,14 @@ class HeteroSpecProposer(EagleProposer):
                                 mm_embed_inputs=mm_embed_inputs, num_rejected_tokens_gpu=num_rejected_tokens_gpu,
                                 slot_mappings=slot_mappings)
                 self.num_speculative_tokens = self.max_draft
-            # (a warm forward is not charged to the plain step: the guard compares speculation
-            # with what plain decoding costs)
             self._prev, self._prev_plan, self._prev_draft_ms, self._prev_conf = {}, plan, 0.0, {}
             self._step_end = time.perf_counter()
             self._prev_warm_ms = 1e3 * (self._step_end - t0)
+            # the warm forward over a prompt is a one-off of the request, not of plain steps
+            self._prev_warm_charged = self._prev_warm_ms if mode == WARM and not prefill else 0.0
+            if self._prev_warm_charged and self.learn and not self._after_switch:
+                # (after a speculative step the warm forward runs over its accepted tokens too)
+                self.costs.add_warm(batch_size, self._prev_warm_charged)
             self._prev_ours_ms = 1e3 * (t0 - now)
             return [[] for _ in range(batch_size)]
         self._decision = (plan, limit, None)
@@ -291,7 +317,8 @@ class HeteroSpecProposer(EagleProposer):
         self._prev_conf = {} if path is None else dict(zip(req_ids, path.confidences))
         self._prev_plan, self._prev_draft_ms = plan, draft_ms
         self._step_end = time.perf_counter()
-        self._prev_warm_ms, self._prev_ours_ms = 0.0, 1e3 * (self._step_end - now) - draft_ms
+        self._prev_warm_ms, self._prev_warm_charged = 0.0, 0.0
+        self._prev_ours_ms = 1e3 * (self._step_end - now) - draft_ms
         return out
 
     def _keep_warm(self, batch_size: int, plan: Plan) -> bool:
@@ -301,9 +328,10 @@ class HeteroSpecProposer(EagleProposer):
         skips the drafter leaves a hole at that step's positions in every request, and the
         draft attends over the holes for the rest of the request (its acceptance fell the
         longer plain stretches lasted). Plain steps inside speculation (the policy's probes,
-        the guard's fallback, exploration) therefore run the first forward, a small share of a
-        step at the batch sizes where speculation pays; a bucket whose fitted plan is plain
-        decodes as vLLM's autoregressive steps do, drafter off. Steps with a prefill always
+        the guard's fallback, exploration) therefore run the first forward. Its cost is part of
+        the plain step the plan weighs speculation against (:class:`StepCosts`), so a bucket's
+        fitted plan is plain only where speculation loses even to a warm plain step; such a
+        bucket decodes as vLLM's autoregressive steps do, drafter off. Steps with a prefill always
         run it (``propose``): a prompt the draft never saw is a hole of its own."""
         if plan.name.startswith("explore"):
             return True
