@@ -228,7 +228,6 @@ def test_step_costs_save_load_and_frozen_borrowing(tmp_path):
         costs.add_target(2, 2 * (1 + x), 50.0 + (4.0 + 5.0 * x if x else 0.0))
     for steps in (0, 3):
         costs.add_draft(2, steps, 1.0 + steps)
-    costs.save(str(tmp_path / "c.json"))
     costs.add_warm(2, 3.0)
     costs.save(str(tmp_path / "c.json"))
     back = StepCosts.load(str(tmp_path / "c.json"))

@@ -132,7 +132,7 @@ class StepCosts:
         b = self.bucket(batch_size)
         if self.frozen and not (b in table and table[b].known):
             near = self.nearest_ready(batch_size)
-            if near is not None:
+            if near is not None and near in table:     # (the optional warm line may lack it)
                 return table[near]
         return table.setdefault(b, _Line())
 
@@ -218,12 +218,7 @@ class StepCosts:
 
     def warm_ms(self, batch_size: int) -> float:
         """The warm draft forward of a plain step; 0 until measured."""
-        b = self.bucket(batch_size)
-        line = self.warm.get(b)
-        if (line is None or not line.known) and self.frozen:
-            near = self.nearest_ready(batch_size)
-            line = self.warm.get(near) if near is not None else None
-        return (line.at(0.0) or 0.0) if line is not None and line.known else 0.0
+        return self._line(self.warm, batch_size).at(0.0) or 0.0
 
     def plain_ms(self, batch_size: int, context: int = 0) -> float:
         """The plain step speculation is weighed against: a warm one (see the module)."""
