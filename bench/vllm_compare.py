@@ -13,7 +13,10 @@ One engine after another is what a new user sees, but the machine's speed drifts
 engines (the same vLLM configuration measured 15.8 and 20.6 tok/s in two runs minutes apart on
 the AVX-512 box). ``--interleave`` keeps every vLLM engine up at once (``generate --serve``, each
 with ``--memory-gib`` of memory) and lets them take turns on each group of prompts, the order
-rotating from group to group, ``--repeats`` times: ratios from one interleaved run. Each
+rotating from group to group, ``--repeats`` times: ratios from one interleaved run.
+``--in-process`` runs each vLLM engine's core in its engine's process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``, as offline ``LLM(...)`` can; ``vllm serve`` always splits):
+on a CPU with few cores the split engine's two processes contend for them (docs/vllm.md). Each
 HeteroSpec engine then learns its step costs from nothing into a file of its own in ``--out``
 (a fresh process, as a new user's first run). ``--baseline DIR ...`` adds a HeteroSpec
 engine per DIR running the plugin of that checkout of heterospec (e.g. a ``git worktree`` of the
@@ -51,11 +54,16 @@ def _sampling_args(args) -> list:
     return out + (["--seed", str(args.seed)] if args.seed is not None else [])
 
 
+def _core_env(args) -> dict:
+    """The environment that puts each vLLM engine's core in its own process or not (--in-process)."""
+    return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if args.in_process else {}
+
+
 def _vllm_run(method: str, k: int, prompts_file: str, args) -> dict:
     cmd = [sys.executable, "-m", "heterospec.vllm_plugin", "generate", "--method", method, "--k", str(k),
            "--prompts", prompts_file, "--batch", *map(str, args.batch), "--max-new-tokens", str(args.max_new_tokens),
            "--warmup", "16", *_sampling_args(args)]
-    env = dict(os.environ, VLLM_LOGGING_LEVEL="WARNING")
+    env = dict(os.environ, VLLM_LOGGING_LEVEL="WARNING", **_core_env(args))
     if args.preload:
         env["LD_PRELOAD"] = args.preload
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -85,7 +93,7 @@ def _vllm_interleaved(runs, prompts_file: str, n: int, args) -> dict:
                 if os.path.exists(costs):
                     os.remove(costs)           # a fresh process: step costs learned from nothing
                 cmd += ["--options", json.dumps({"costs": costs, **opts})]
-            env = dict(os.environ, VLLM_LOGGING_LEVEL="WARNING", **env_extra)
+            env = dict(os.environ, VLLM_LOGGING_LEVEL="WARNING", **_core_env(args), **env_extra)
             if args.preload:
                 env["LD_PRELOAD"] = args.preload
             proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
@@ -193,6 +201,9 @@ def main() -> int:
                         "advice; `pip install intel-openmp`, Debian libtcmalloc-minimal4)")
     p.add_argument("--interleave", action="store_true",
                    help="all vLLM engines up at once, taking turns on each group of prompts (see above)")
+    p.add_argument("--in-process", action="store_true",
+                   help="run each vLLM engine's core in the engine's process (VLLM_ENABLE_V1_MULTIPROCESSING=0), "
+                        "as offline LLM(...) can; default: vLLM's split engine, as `vllm serve` runs")
     p.add_argument("--repeats", type=int, default=1, help="with --interleave: passes over the prompts")
     p.add_argument("--memory-gib", type=float, default=1.5, help="with --interleave: memory of each vLLM engine")
     p.add_argument("--path-stop-ab", action="store_true",
@@ -264,6 +275,7 @@ def main() -> int:
              + ("greedy" if args.temperature == 0 else f"temperature {args.temperature}"
                 + (f", seeds {args.seed}.." if args.seed is not None else ", no seeds (texts not compared)"))
              + ", float32"
+             + ("; vLLM engine cores in-process" if args.in_process else "; vLLM engine cores split (own process)")
              + (f"; vLLM engines interleaved, {args.repeats} pass(es)" if args.interleave else ""), "",
              "| system | " + " | ".join(f"batch {b} tok/s | vs vLLM AR" for b in args.batch) + " | same text |",
              "|---|" + "---|---|" * len(args.batch) + "---|"]

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from heterospec.vllm_plugin.pathstop import ConfidenceCalibration, PathStop
+from heterospec.vllm_plugin.pathstop import ConfidenceCalibration, LookaheadCalibration, PathStop
 
 
 def test_calibration_starts_at_the_draft_confidence_and_learns_the_targets_verdicts():
@@ -82,3 +82,34 @@ def test_non_finite_confidences_are_not_trusted():
     assert float(cal(torch.tensor([float("nan")]))) == 0.0
     cal.observe([[float("inf"), float("nan")]], [0])          # counted in the lowest bucket, no crash
     assert cal.drafted[0] == 1
+
+
+def test_lookahead_judges_each_accepted_token_by_the_token_after_it():
+    la = LookaheadCalibration(ConfidenceCalibration())
+    c = torch.tensor([0.05, 0.5, 0.95])
+    assert torch.allclose(la(c), c.double())             # no evidence: the base calibration, a(c) = c
+    la.observe([[0.15, 0.45, 0.75]], [1])                # token 1 accepted, token 2 (after it) rejected
+    assert la.drafted[1] == 1 and la.accepted[1] == 0 and la.drafted[4] == 0
+    la.observe([[0.15, 0.45, 0.75]], [3])                # all accepted: tokens 1, 2 judged (3 has no successor)
+    assert la.accepted[1] == 1 and la.drafted[4] == 1 and la.accepted[4] == 1 and la.drafted[7] == 0
+    la.observe([[0.65]], [1])                            # a chain of one token: nothing after it to judge
+    assert la.drafted[6] == 0
+
+
+def test_a_chain_goes_on_only_if_the_token_after_a_confident_one_tends_to_be_accepted():
+    """The draft's token 1 is accepted whenever it is confident, but the token after it only a
+    quarter of the time: with a(c) as the forecast the chain would go on; with the lookahead
+    learned from the target's verdicts it stops after one forward."""
+    cal = ConfidenceCalibration()
+    la = LookaheadCalibration(cal)
+    for i in range(400):
+        chain, acc = [[0.95, 0.5]], [2 if i % 4 == 0 else 1]
+        cal.observe(chain, acc)
+        la.observe(chain, acc)
+    assert float(cal(torch.tensor([0.95]))) > 0.95
+    assert float(la(torch.tensor([0.95]))) == pytest.approx(0.25, abs=0.05)
+    # another forward pays iff S_1 * n(c_1) >= rate * (draft_ms + verify_ms) = 0.02 * 15 = 0.3
+    naive = PathStop(cal, rate=0.02, verify_ms=5.0, draft_ms=10.0, batch_size=1, limit=4)
+    assert _run(naive, [4], [[0.95]] * 4)[1] > 1
+    ahead = PathStop(cal, rate=0.02, verify_ms=5.0, draft_ms=10.0, batch_size=1, limit=4, lookahead=la)
+    assert _run(ahead, [4], [[0.95]] * 4) == ([1], 1)

@@ -131,6 +131,42 @@ def test_step_cost_slopes_for_the_path_stop():
     assert costs.slopes(1) == pytest.approx((2.0, 1.0))
 
 
+def test_step_costs_compare_kinds_of_step_at_one_moment_of_a_drifting_machine():
+    """The machine alternates between normal speed and 25 % slower every 20 steps; most steps
+    verify one draft token, plain steps come only in slow stretches and 2-token steps only in
+    fast ones. Raw means would make plain steps look dearer than 1-token steps and the slope
+    negative; normalized by the speed the lines keep the true ratios (plain 50, one token 52,
+    two 60 ms at normal speed), and a time normalized now is comparable with them."""
+    import random
+    rng = random.Random(1)
+    true = {0: 50.0, 1: 52.0, 2: 60.0}
+    costs = StepCosts()
+    for block in range(40):
+        slow = block % 2 == 1
+        for i in range(20):
+            x = 0 if slow and i in (10, 15) else 2 if not slow and i in (10, 15) else 1
+            speed = 1.25 if slow else 1.0
+            costs.add_target(1, 1 + x, true[x] * speed * (1.0 + rng.gauss(0.0, 0.02)))
+            costs.add_draft(1, 0, 4.0 * speed)
+    plain, one, two = costs.verify_ms(1, 1.0), costs.verify_ms(1, 2.0), costs.verify_ms(1, 3.0)
+    assert one / plain == pytest.approx(52.0 / 50.0, abs=0.02)
+    assert two / plain == pytest.approx(60.0 / 50.0, abs=0.03)
+    assert costs.draft_ms(1, 0) / plain == pytest.approx(4.0 / 50.0, rel=0.05)
+    # the last block was slow: a raw time measured now maps onto the lines' units
+    assert costs.normalize(52.0 * 1.25) == pytest.approx(one, rel=0.04)
+    assert costs.predict_target(1, 2) == pytest.approx(52.0 * 1.25, rel=0.04)
+    # raw means (no speed) get it wrong: the point of the normalization
+    raw = StepCosts()
+    raw.SPEED_KEEP = 1.0
+    rng = random.Random(1)
+    for block in range(40):
+        slow = block % 2 == 1
+        for i in range(20):
+            x = 0 if slow and i in (10, 15) else 2 if not slow and i in (10, 15) else 1
+            raw.add_target(1, 1 + x, true[x] * (1.25 if slow else 1.0) * (1.0 + rng.gauss(0.0, 0.02)))
+    assert raw.verify_ms(1, 2.0) / raw.verify_ms(1, 1.0) < 1.0
+
+
 def test_step_cost_level_is_robust_to_a_one_off_first_step():
     line = _Line()
     for y in (400.0, 60.0, 61.0):
@@ -229,14 +265,20 @@ def test_step_costs_save_load_and_frozen_borrowing(tmp_path):
     for steps in (0, 3):
         costs.add_draft(2, steps, 1.0 + steps)
     costs.add_warm(2, 3.0)
+    costs.speed = 1.3                       # the machine's speed when saved travels with the means
     costs.save(str(tmp_path / "c.json"))
     back = StepCosts.load(str(tmp_path / "c.json"))
+    assert back.speed == pytest.approx(1.3) and back.normalize(13.0) == pytest.approx(10.0)
     assert back.verify_ms(2, 3.0) == pytest.approx(64.0)
     assert back.plain_ms(2) == pytest.approx(53.0) and back.warm_ms(2) == pytest.approx(3.0)
     saved = json.loads((tmp_path / "c.json").read_text())
-    del saved["warm"]                       # a file saved before warm forwards were timed
+    del saved["warm"], saved["speed"]       # a file saved before warm forwards and the speed were kept
     (tmp_path / "nowarm.json").write_text(json.dumps(saved))
     assert StepCosts.load(str(tmp_path / "nowarm.json")).plain_ms(2) == pytest.approx(50.0)
+    assert StepCosts.load(str(tmp_path / "nowarm.json")).speed == 1.0
+    (tmp_path / "badspeed.json").write_text(json.dumps({**saved, "speed": -1.0}))
+    with pytest.raises(ValueError, match="speed"):
+        StepCosts.load(str(tmp_path / "badspeed.json"))
     back.frozen = True
     assert back.nearest_ready(16) == 2
     assert back.plain_ms(16) == pytest.approx(53.0)          # an unmeasured bucket borrows the nearest

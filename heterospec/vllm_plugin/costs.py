@@ -22,10 +22,23 @@ forward anyway, so a speculative step is worth taking as soon as it beats that. 
 loses to the warm step turns the drafter off (``plain_ms`` is then too high by ``w_B``, which
 errs towards speculating: going cold is the costly mistake, as every request then keeps a hole
 in the draft's KV cache and accepts less for the rest of its life). Each line is fitted to
-forgotten means of the steps per x (:class:`_Line`) and exposed with the interface
+forgotten means of the steps per x (:class:`_Line`), in *normalized* milliseconds (below), and exposed with the interface
 :func:`heterospec.policy.fit_plan` expects of a cost model (``plain_ms``, ``verify_ms``,
 ``draft_ms``), so the fitted policy is the same one our own engine uses. vLLM packs the requests
 of a step without padding, so verification is ragged.
+
+**A machine whose speed drifts.** On a shared CPU the same step's time moves by 10-30 % within
+minutes, and the kinds of step are measured at different times: the one the plan takes in
+nearly every step, plain steps and long chains only now and then. Compared in raw milliseconds,
+the differences between the lines were mostly the drift between the moments each was measured
+(bench/RESULTS.md, twenty-fifth session: at batch 1 the 1-token mean swung from 9 ms below the
+plain level to 7 ms above it within one run, and the speculative slope from 3 to 17 ms). So
+every time is kept divided by the machine's current *speed*: the target steps' observed /
+expected time, each read against the mean of its own kind once that mean is established,
+exponentially averaged (``SPEED_KEEP``). All costs are predicted in those normalized
+milliseconds, and whatever the caller compares them with (the policy's guard and corrections,
+the path stop's tokens per ms) is normalized by the same speed (:meth:`StepCosts.normalize`),
+so a comparison is between kinds of step at one moment's speed.
 """
 
 from __future__ import annotations
@@ -41,7 +54,7 @@ class _Line:
 
     x is rounded to ``RESOLUTION``; each value keeps the mean of its points (the median of its
     first ``FIRST`` points, so that a first step that paid a one-off cost does not set it; then
-    an exponential mean that follows drift within ~10 points). The line is the least-squares fit
+    an exponential mean that follows a change of the cost within ~10 points). The line is the least-squares fit
     through those means, each weighted by its points up to ``WEIGHT_CAP``: a value of x seen
     rarely (the long chains of an easy bin) counts as much as one seen in most steps once it was
     measured a few times. An online update of level and slope from each point cannot tell them
@@ -59,9 +72,18 @@ class _Line:
         self.n = 0
         self.means: Dict[float, list] = {}      # x -> [mean y, points, first points]
 
-    def add(self, x: float, y: float) -> None:
+    def key(self, x: float) -> float:
+        return round(float(x) / self.RESOLUTION) * self.RESOLUTION
+
+    def settled(self, x: float) -> Optional[float]:
+        """The mean at ``x`` once it has its ``FIRST`` points, else None."""
+        m = self.means.get(self.key(x))
+        return m[0] if m is not None and len(m[2]) >= self.FIRST and m[0] > 0 else None
+
+    def add(self, x: float, y: float, keep: Optional[float] = None) -> None:
+        """A point; ``keep``: the exponential mean's memory after the first points (default ``KEEP``)."""
         self.n += 1
-        key = round(float(x) / self.RESOLUTION) * self.RESOLUTION
+        key = self.key(x)
         m = self.means.setdefault(key, [float(y), 0, []])
         m[1] += 1
         if len(m[2]) < self.FIRST:
@@ -69,7 +91,8 @@ class _Line:
             ys = sorted(m[2])
             m[0] = 0.5 * (ys[(len(ys) - 1) // 2] + ys[len(ys) // 2])
         else:
-            m[0] = self.KEEP * m[0] + (1.0 - self.KEEP) * float(y)
+            k = self.KEEP if keep is None else keep
+            m[0] = k * m[0] + (1.0 - k) * float(y)
         self._fit()
 
     def _fit(self) -> None:
@@ -116,8 +139,22 @@ class StepCosts:
     """Per batch bucket: plain steps, speculative steps vs. their tokens, the draft vs. its forwards."""
 
     FORMAT = 2     # format 1: one line through plain and speculative steps, updated per point
+    # Memory of the speed estimate, per target step: ~3 steps. A line's means, in normalized ms,
+    # remember ~200 *steps* (MEAN_KEEP per target step since the mean's last point, each point
+    # weighing at most MEAN_WEIGHT): every kind of step then has the same memory in time however
+    # rarely it runs, and a drift is taken up by the speed rather than by the mean of the kind
+    # that happened to run while it came (with means as quick as the speed, the 1-token mean
+    # took a third of every drift and swung with the machine).
+    SPEED_KEEP = 0.7
+    MEAN_KEEP = 0.995
+    MEAN_WEIGHT = 0.1
+    SPEED_STEP = 1.25      # one step moves the speed by at most this factor ** (1 - SPEED_KEEP): an
+                           # outlier (a collection, a hiccup of the host) moves it 5 %
 
     def __init__(self) -> None:
+        self.speed = 1.0                        # raw ms / normalized ms (see the module)
+        self.steps = 0                          # target steps added (the means' clock)
+        self._last: Dict[tuple, int] = {}       # (line, x) -> the step of its mean's last point
         self.plain: Dict[int, _Line] = {}       # x = 0 always: the level
         self.target: Dict[int, _Line] = {}      # x = draft tokens per request (> 0)
         self.draft: Dict[int, _Line] = {}
@@ -137,25 +174,46 @@ class StepCosts:
         return table.setdefault(b, _Line())
 
     # -- learning ----------------------------------------------------------------------------
+    def normalize(self, ms: float) -> float:
+        """Raw milliseconds measured now -> normalized ones (the units of every prediction)."""
+        return float(ms) / self.speed
+
     def add_target(self, batch_size: int, tokens: int, ms: float) -> None:
-        """A step whose target forward ran ``tokens`` tokens (``batch_size`` of them: no drafts)."""
-        x = float(tokens - batch_size) / batch_size
-        if x <= 0:
-            self._line(self.plain, batch_size).add(0.0, ms)
-        else:
-            self._line(self.target, batch_size).add(x, ms)
+        """A step whose target forward ran ``tokens`` tokens (``batch_size`` of them: no drafts),
+        in ``ms`` raw milliseconds: first the speed, from this step against its kind's settled
+        mean, then the normalized time joins the line."""
+        x = max(0.0, float(tokens - batch_size) / batch_size)
+        line = self._line(self.plain if x <= 0 else self.target, batch_size)
+        mean = line.settled(x)
+        if mean is not None:
+            r = min(max(float(ms) / (self.speed * mean), 1.0 / self.SPEED_STEP), self.SPEED_STEP)
+            self.speed *= r ** (1.0 - self.SPEED_KEEP)
+        self.steps += 1
+        self._add(line, x, ms)
+
+    def _add(self, line: _Line, x: float, ms: float) -> None:
+        """``ms`` raw -> normalized, into ``line``'s mean at ``x`` with the weight of the steps
+        since that mean's last point (see ``MEAN_KEEP``)."""
+        key = (id(line), line.key(x))
+        since = self.steps - self._last.get(key, self.steps - 10 ** 6)
+        self._last[key] = self.steps
+        line.add(x, self.normalize(ms), max(1.0 - self.MEAN_WEIGHT, self.MEAN_KEEP ** max(since, 1)))
 
     def add_draft(self, batch_size: int, steps: int, ms: float) -> None:
-        self._line(self.draft, batch_size).add(float(steps), ms)
+        """The draft's forwards of one step (``steps`` after the first), ``ms`` raw."""
+        self._add(self._line(self.draft, batch_size), float(steps), ms)
 
     def add_warm(self, batch_size: int, ms: float) -> None:
-        """A plain step's warm draft forward (the draft's first forward, no logits, no drafts)."""
-        self._line(self.warm, batch_size).add(0.0, ms)
+        """A plain step's warm draft forward (the draft's first forward, no logits, no drafts), raw ms."""
+        self._add(self._line(self.warm, batch_size), 0.0, ms)
 
     def predict_target(self, batch_size: int, tokens: int) -> Optional[float]:
+        """What a step of ``tokens`` tokens should take now, in raw milliseconds (None before any
+        step of its kind)."""
         x = float(tokens - batch_size) / batch_size
         line = (self.plain if x <= 0 else self.target).get(self.bucket(batch_size))
-        return None if line is None else line.at(max(0.0, x))
+        ms = None if line is None else line.at(max(0.0, x))
+        return None if ms is None else ms * self.speed
 
     def state(self, batch_size: int) -> Tuple[int, int, int, bool, bool]:
         """(plain steps, speculative steps, draft calls observed, speculative slope known, draft
@@ -166,7 +224,7 @@ class StepCosts:
 
     # -- saved between processes -------------------------------------------------------------
     def to_dict(self) -> dict:
-        return {"format": self.FORMAT,
+        return {"format": self.FORMAT, "speed": self.speed,
                 **{name: {str(b): v.to_list() for b, v in getattr(self, name).items()}
                    for name in ("plain", "target", "draft", "warm")}}
 
@@ -180,6 +238,10 @@ class StepCosts:
                 if name == "warm" and name not in d:
                     continue             # saved before warm steps were timed: learned again
                 setattr(c, name, {int(b): _Line.from_list(v) for b, v in d[name].items()})
+            # (files saved before the speed was kept: their means are raw, speed 1)
+            c.speed = float(d.get("speed", 1.0))
+            if not 0.0 < c.speed < float("inf"):
+                raise ValueError(f"speed {c.speed!r}")
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ValueError(f"not a saved vLLM step-cost model: {e}") from None
         return c

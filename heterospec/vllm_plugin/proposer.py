@@ -52,7 +52,7 @@ from ..config import SpecConfig
 from ..policy import FittedPolicy, Plan
 from .costs import StepCosts
 from .options import HeteroSpecSetupError, default_costs_path, load_chain_tables
-from .pathstop import ConfidenceCalibration, PathStop
+from .pathstop import ConfidenceCalibration, LookaheadCalibration, PathStop
 
 logger = init_logger("vllm.heterospec")
 
@@ -120,6 +120,7 @@ class HeteroSpecProposer(EagleProposer):
         # batch bucket, the tokens per ms of speculative steps; this call's chain
         self.path_stop = bool(options.get("path_stop", True)) and self.tp_group is None
         self.calibration = ConfidenceCalibration()
+        self.lookahead = LookaheadCalibration(self.calibration)
         self.rate: Dict[int, float] = {}
         self._path: Optional[PathStop] = None
         self._chain: List[torch.Tensor] = []
@@ -193,7 +194,9 @@ class HeteroSpecProposer(EagleProposer):
             self._trace_step(batch_size, num_tokens, max_query_len, rejected, now)
         if outcome and self._prev_conf:    # the path stop's confidence calibration (in frozen mode
             # too: it depends on the texts only, not on timing)
-            self.calibration.observe([self._prev_conf[o[0]] for o in outcome], [o[3] for o in outcome])
+            confs, acc = [self._prev_conf[o[0]] for o in outcome], [o[3] for o in outcome]
+            self.calibration.observe(confs, acc)
+            self.lookahead.observe(confs, acc)
         if not self.learn:                 # frozen: plans depend on the batch, the entropies and the texts
             return
         step_s = None                      # the whole previous step (draft + target), if clean
@@ -210,8 +213,9 @@ class HeteroSpecProposer(EagleProposer):
                 b = self.costs.bucket(batch_size)
                 self.timed_since_fit[b] = self.timed_since_fit.get(b, 0) + 1
                 # (a plain step is charged its warm forward: what it cost, and what a plain
-                # step costs wherever the plan may speculate, see StepCosts)
-                step_s = 1e-3 * (ms + self._prev_draft_ms + self._prev_warm_charged)
+                # step costs wherever the plan may speculate, see StepCosts). In normalized
+                # milliseconds, as every cost the policy compares it with (StepCosts.normalize).
+                step_s = 1e-3 * self.costs.normalize(ms + self._prev_draft_ms + self._prev_warm_charged)
         plan = self._prev_plan
         if plan is not None and not plan.speculate:     # a plain step: timed for the policy's guard
             if step_s is not None:
@@ -237,7 +241,7 @@ class HeteroSpecProposer(EagleProposer):
                "target_ms": None if self._step_end is None else round(1e3 * (now - self._step_end), 3),
                "warm_ms": round(self._prev_warm_ms, 3), "ours_ms": round(self._prev_ours_ms, 3),
                "rejected": rejected,
-               "path_stop": bool(self._prev_conf)}
+               "path_stop": bool(self._prev_conf), "speed": round(self.costs.speed, 4)}
         b = self.costs.bucket(batch_size)
         if b in self.planned:       # the policy's view: the model's verdict, the guard's, its corrections
             realized = self.policy.realized(b)
@@ -378,7 +382,7 @@ class HeteroSpecProposer(EagleProposer):
         # tokens per ms: measured speculative steps (learning), else what plain steps make
         rate = self.rate.get(self.costs.bucket(batch_size)) if self.learn else None
         rate = rate or batch_size / self.costs.plain_ms(batch_size)
-        return PathStop(self.calibration, rate, verify_ms, draft_ms, batch_size, limit)
+        return PathStop(self.calibration, rate, verify_ms, draft_ms, batch_size, limit, self.lookahead)
 
     def _decide(self, hidden_states: torch.Tensor, logits: Optional[torch.Tensor] = None) -> None:
         """After the first draft forward: each request's bin and draft length; the loop of
