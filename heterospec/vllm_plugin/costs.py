@@ -27,12 +27,12 @@ forgotten means of the steps per x (:class:`_Line`), in *normalized* millisecond
 ``draft_ms``), so the fitted policy is the same one our own engine uses. vLLM packs the requests
 of a step without padding, so verification is ragged.
 
-**A machine whose speed drifts.** On a shared CPU the same step's time moves by 10-30 % within
-minutes, and the kinds of step are measured at different times: the one the plan takes in
-nearly every step, plain steps and long chains only now and then. Compared in raw milliseconds,
-the differences between the lines were mostly the drift between the moments each was measured
-(bench/RESULTS.md, twenty-fifth session: at batch 1 the 1-token mean swung from 9 ms below the
-plain level to 7 ms above it within one run, and the speculative slope from 3 to 17 ms). So
+**A machine whose speed drifts.** On a shared CPU the same step's time moves within minutes,
+and the kinds of step are measured at different times: the one the plan takes in nearly every
+step, plain steps and long chains only now and then. Compared in raw milliseconds, the
+differences between the lines were mostly the drift between the moments each was measured
+(within one run the 1-token mean crossed the plain level both ways, and the speculative slope
+moved several-fold: bench/RESULTS.md, twenty-fifth session). So
 every time is kept divided by the machine's current *speed*: the target steps' observed /
 expected time, each read against the mean of its own kind once that mean is established,
 exponentially averaged (``SPEED_KEEP``). All costs are predicted in those normalized
@@ -149,7 +149,7 @@ class StepCosts:
     MEAN_KEEP = 0.995
     MEAN_WEIGHT = 0.1
     SPEED_STEP = 1.25      # one step moves the speed by at most this factor ** (1 - SPEED_KEEP): an
-                           # outlier (a collection, a hiccup of the host) moves it 5 %
+                           # outlier (a collection, a hiccup of the host) moves it 7 %
 
     def __init__(self) -> None:
         self.speed = 1.0                        # raw ms / normalized ms (see the module)

@@ -25,9 +25,8 @@ draft token per request, the step-cost model's speculative slope); one more draf
   forward: ``n(c)`` is the probability that the token *after* one of confidence ``c`` is
   accepted (that one accepted), learned online as ``a`` is (:class:`LookaheadCalibration`,
   starting at ``a(c)``). Taking ``a(c_j)`` itself for it was optimistic: a chain goes on exactly
-  when its last token was confident, and the token after it is accepted far less often (vLLM on
-  the 2-core box, batch 1: tokens 2 of chains that went on were accepted 25 % of the time after
-  an accepted token 1, bench/RESULTS.md, twenty-fifth session);
+  when its last token was confident, and the token after it is accepted far less often
+  (bench/RESULTS.md, twenty-fifth session);
 * the loop runs another forward iff ``sum_alive S_j * n(c_j) >= rate * (g + s * n_alive / B)``:
   the expected tokens of one more forward, per ms, beat what a step makes per ms on average.
 
