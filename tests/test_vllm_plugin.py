@@ -138,16 +138,20 @@ def test_step_costs_compare_kinds_of_step_at_one_moment_of_a_drifting_machine():
     negative; normalized by the speed the lines keep the true ratios (plain 50, one token 52,
     two 60 ms at normal speed), and a time normalized now is comparable with them."""
     import random
-    rng = random.Random(1)
-    true = {0: 50.0, 1: 52.0, 2: 60.0}
-    costs = StepCosts()
-    for block in range(40):
-        slow = block % 2 == 1
-        for i in range(20):
-            x = 0 if slow and i in (10, 15) else 2 if not slow and i in (10, 15) else 1
-            speed = 1.25 if slow else 1.0
-            costs.add_target(1, 1 + x, true[x] * speed * (1.0 + rng.gauss(0.0, 0.02)))
-            costs.add_draft(1, 0, 4.0 * speed)
+
+    def drifting(costs):
+        rng = random.Random(1)
+        true = {0: 50.0, 1: 52.0, 2: 60.0}
+        for block in range(40):
+            slow = block % 2 == 1
+            for i in range(20):
+                x = 0 if slow and i in (10, 15) else 2 if not slow and i in (10, 15) else 1
+                speed = 1.25 if slow else 1.0
+                costs.add_target(1, 1 + x, true[x] * speed * (1.0 + rng.gauss(0.0, 0.02)))
+                costs.add_draft(1, 0, 4.0 * speed)
+        return costs
+
+    costs = drifting(StepCosts())
     plain, one, two = costs.verify_ms(1, 1.0), costs.verify_ms(1, 2.0), costs.verify_ms(1, 3.0)
     assert one / plain == pytest.approx(52.0 / 50.0, abs=0.02)
     assert two / plain == pytest.approx(60.0 / 50.0, abs=0.03)
@@ -158,12 +162,7 @@ def test_step_costs_compare_kinds_of_step_at_one_moment_of_a_drifting_machine():
     # raw means (no speed) get it wrong: the point of the normalization
     raw = StepCosts()
     raw.SPEED_KEEP = 1.0
-    rng = random.Random(1)
-    for block in range(40):
-        slow = block % 2 == 1
-        for i in range(20):
-            x = 0 if slow and i in (10, 15) else 2 if not slow and i in (10, 15) else 1
-            raw.add_target(1, 1 + x, true[x] * (1.25 if slow else 1.0) * (1.0 + rng.gauss(0.0, 0.02)))
+    drifting(raw)
     assert raw.verify_ms(1, 2.0) / raw.verify_ms(1, 1.0) < 1.0
 
 

@@ -71,6 +71,7 @@ class _Line:
         self.slope: Optional[float] = None
         self.n = 0
         self.means: Dict[float, list] = {}      # x -> [mean y, points, first points]
+        self.last: Dict[float, int] = {}        # x -> its last point's step (an owner's clock; not saved)
 
     def key(self, x: float) -> float:
         return round(float(x) / self.RESOLUTION) * self.RESOLUTION
@@ -153,8 +154,7 @@ class StepCosts:
 
     def __init__(self) -> None:
         self.speed = 1.0                        # raw ms / normalized ms (see the module)
-        self.steps = 0                          # target steps added (the means' clock)
-        self._last: Dict[tuple, int] = {}       # (line, x) -> the step of its mean's last point
+        self.steps = 0                          # target steps added (the means' clock, _Line.last)
         self.plain: Dict[int, _Line] = {}       # x = 0 always: the level
         self.target: Dict[int, _Line] = {}      # x = draft tokens per request (> 0)
         self.draft: Dict[int, _Line] = {}
@@ -194,9 +194,9 @@ class StepCosts:
     def _add(self, line: _Line, x: float, ms: float) -> None:
         """``ms`` raw -> normalized, into ``line``'s mean at ``x`` with the weight of the steps
         since that mean's last point (see ``MEAN_KEEP``)."""
-        key = (id(line), line.key(x))
-        since = self.steps - self._last.get(key, self.steps - 10 ** 6)
-        self._last[key] = self.steps
+        key = line.key(x)
+        since = self.steps - line.last.get(key, self.steps - 10 ** 6)
+        line.last[key] = self.steps
         line.add(x, self.normalize(ms), max(1.0 - self.MEAN_WEIGHT, self.MEAN_KEEP ** max(since, 1)))
 
     def add_draft(self, batch_size: int, steps: int, ms: float) -> None:

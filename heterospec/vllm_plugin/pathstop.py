@@ -65,24 +65,31 @@ class ConfidenceCalibration:
         c = float(conf)
         return min(self.BUCKETS - 1, max(0, int(c * self.BUCKETS))) if math.isfinite(c) else 0
 
+    def _prior(self, c: torch.Tensor) -> torch.Tensor:
+        """What an empty bucket predicts: the draft's own confidence."""
+        return c
+
     def __call__(self, conf: torch.Tensor) -> torch.Tensor:
         """``a(c)`` for a tensor of confidences (float64, same shape)."""
         c = conf.double().nan_to_num(0.0).clamp(0.0, 1.0)     # (a non-finite confidence: no trust)
         b = self._bucket(c)
-        return ((self.accepted[b] + self.PRIOR * c) / (self.drafted[b] + self.PRIOR)).clamp_(0.0, 1.0)
+        return ((self.accepted[b] + self.PRIOR * self._prior(c)) / (self.drafted[b] + self.PRIOR)).clamp_(0.0, 1.0)
+
+    def _count(self, conf: float, hit: bool) -> None:
+        """One verdict in the bucket of ``conf``, the bucket's older counts forgotten by ``KEEP``."""
+        b = self._bucket_of(conf)
+        self.accepted[b] *= self.KEEP
+        self.drafted[b] *= self.KEEP
+        self.drafted[b] += 1.0
+        self.accepted[b] += 1.0 if hit else 0.0
 
     def observe(self, confidences: Sequence[Sequence[float]], accepted: Sequence[int]) -> None:
         """Request ``r`` drafted tokens of confidences ``confidences[r]`` and the target accepted
         the first ``accepted[r]``: those count as accepted, the next one (if any) as rejected, the
         rest were never judged."""
         for conf, acc in zip(confidences, accepted):
-            judged = min(len(conf), int(acc) + 1)
-            for j in range(judged):
-                b = self._bucket_of(conf[j])
-                self.accepted[b] *= self.KEEP
-                self.drafted[b] *= self.KEEP
-                self.drafted[b] += 1.0
-                self.accepted[b] += 1.0 if j < acc else 0.0
+            for j in range(min(len(conf), int(acc) + 1)):
+                self._count(conf[j], j < acc)
 
 
 class LookaheadCalibration(ConfidenceCalibration):
@@ -94,10 +101,8 @@ class LookaheadCalibration(ConfidenceCalibration):
         super().__init__()
         self.base = base
 
-    def __call__(self, conf: torch.Tensor) -> torch.Tensor:
-        c = conf.double().nan_to_num(0.0).clamp(0.0, 1.0)
-        b = self._bucket(c)
-        return ((self.accepted[b] + self.PRIOR * self.base(c)) / (self.drafted[b] + self.PRIOR)).clamp_(0.0, 1.0)
+    def _prior(self, c: torch.Tensor) -> torch.Tensor:
+        return self.base(c)
 
     def observe(self, confidences: Sequence[Sequence[float]], accepted: Sequence[int]) -> None:
         """As :meth:`ConfidenceCalibration.observe`, each token judged by what became of the
@@ -105,11 +110,7 @@ class LookaheadCalibration(ConfidenceCalibration):
         as accepted when that successor was."""
         for conf, acc in zip(confidences, accepted):
             for j in range(min(len(conf) - 1, int(acc))):
-                b = self._bucket_of(conf[j])
-                self.accepted[b] *= self.KEEP
-                self.drafted[b] *= self.KEEP
-                self.drafted[b] += 1.0
-                self.accepted[b] += 1.0 if j + 1 < acc else 0.0
+                self._count(conf[j], j + 1 < acc)
 
 
 class PathStop:
