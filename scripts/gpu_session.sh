@@ -300,8 +300,12 @@ stage_train_draft() {
   local left=$((DEADLINE - $(date +%s) - 60)) cap="${GPU_TRAIN_S:-240}"
   local budget=$((left < cap ? left : cap))
   ((budget >= 30)) || { echo "no time left to train (${left}s)"; exit 75; }
+  # the draft's own lm_head trains too (GPU_TRAIN_HEAD=0: frozen at the target's rows), as EAGLE-3's
+  # does; on a GPU its extra quarter of compute is cheap (bench/RESULTS.md, run v7)
+  local head=(--train-lm-head)
+  [[ "${GPU_TRAIN_HEAD:-1}" == 0 ]] && head=()
   "$PY" -m heterospec.cli train-draft train --device cuda --target "$target" --data "$data" --run "$run" \
-    --init heterospec/assets/smollm2-135m-instruct-eagle3 --ttt-steps 7 --lr 3e-4 --warmup 20 \
+    --init heterospec/assets/smollm2-135m-instruct-eagle3 --ttt-steps 7 --lr 3e-4 --warmup 20 "${head[@]}" \
     --batch-tokens "${GPU_TRAIN_BATCH_TOKENS:-16384}" --steps 100000 --time-budget "$budget" --ckpt-every 100 \
     --eval-every 100000 --val-seqs 16 2>&1 | tr '\r' '\n' | grep -v '^train-draft: *[0-9]*%' | tail -n 40
   "$PY" -m heterospec.cli train-draft export --run "$run" --target "$target" --dest "$STATE/draft-out"

@@ -304,6 +304,37 @@ def test_warm_start_from_exported_draft_and_checkpoint(tmp_path, target):
         _trainer(tmp_path / "c", target, data, init_from=str(tmp_path / "nope"))
 
 
+def test_a_trained_lm_head_trains_travels_with_warm_start_and_guards_resume(tmp_path, target):
+    data = make_data(tmp_path, target, n_shards=2, per_shard=6, max_new=16)
+    a = _trainer(tmp_path / "a", target, data, freeze_lm_head=False)
+    before = a.draft.lm_head.weight.detach().clone()
+    for _ in range(3):
+        a.train_step(a.stream.next_batch())
+    assert not torch.allclose(a.draft.lm_head.weight, before, rtol=2e-3, atol=2e-3)
+    ck = a.save_checkpoint()
+    exported = T.export_draft(ck, tmp_path / "export", target=target,
+                              vocab_file=tmp_path / "a" / "run" / "vocab.json")
+    # same vocabulary: the trained head comes along (fp16 in the export), frozen run or not
+    for src, tol in ((ck, {}), (exported, {"rtol": 1e-3, "atol": 1e-3})):
+        for frozen in (True, False):
+            b = _trainer(tmp_path / f"b-{frozen}-{tol != {}}", target, data, init_from=str(src),
+                         freeze_lm_head=frozen)
+            torch.testing.assert_close(b.draft.lm_head.weight, a.draft.lm_head.weight, **tol)
+            assert b.draft.lm_head.weight.requires_grad is not frozen
+    # a frozen head never moves, and warm starts from it keep the target's exact rows
+    f = _trainer(tmp_path / "f", target, data)
+    head = f.draft.lm_head.weight.detach().clone()
+    f.train_step(f.stream.next_batch())
+    assert torch.equal(f.draft.lm_head.weight, head)
+    g = _trainer(tmp_path / "g", target, data, init_from=str(f.save_checkpoint()), freeze_lm_head=False)
+    assert torch.equal(g.draft.lm_head.weight, head)
+    # resuming with the other head setting is refused by name, not by AdamW's group mismatch
+    with pytest.raises(ValueError, match="lm_head trained.*with --train-lm-head"):
+        _trainer(tmp_path / "a", target, data)
+    with pytest.raises(ValueError, match="lm_head frozen.*without --train-lm-head"):
+        _trainer(tmp_path / "f", target, data, freeze_lm_head=False)
+
+
 def test_training_prompts_disjoint_from_benchmarks():
     from heterospec import datasets as DS
     from heterospec.train import prompts as TP

@@ -143,6 +143,9 @@ def build_parser(prog: str = "heterospec train-draft") -> argparse.ArgumentParse
                         "autocast on a CPU with native bf16 (about 2x faster there), else float32")
     p.add_argument("--taps-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                    help="precision of the target forward that recomputes token-only shards' taps")
+    p.add_argument("--train-lm-head", action="store_true",
+                   help="train the draft's lm_head (its draft-vocabulary rows start as the target's "
+                        "output rows) instead of keeping it frozen; about a quarter more compute a step")
     p.add_argument("--init", default=None, metavar="DRAFT",
                    help="warm start a new run from an earlier draft (an exported draft dir, e.g. "
                         "the shipped one, or a ckpt_*.pt); the draft vocabulary may differ. "

@@ -385,8 +385,10 @@ def new_draft(target, kept: torch.Tensor, seed: int = 0, init_from_target: bool 
 def warm_start(draft, src, target) -> None:
     """Copy every vocabulary-independent weight of an earlier draft ``src`` (an exported draft
     directory or a training checkpoint) into ``draft``, in place. The draft vocabulary may
-    differ: ``lm_head`` stays the target's rows of ``draft``'s own vocabulary (a frozen-head run),
-    which is exactly what a frozen-head draft's head is, so nothing learnt is lost."""
+    differ: ``lm_head`` stays the target's rows of ``draft``'s own vocabulary, which is exactly
+    what a frozen-head draft's head is, so nothing learnt is lost. A head that was trained
+    (``--train-lm-head``: it differs from the target's rows by more than fp16 rounding) is copied
+    too when the two vocabularies are the same."""
     src = os.fspath(src)
     if os.path.isdir(src):
         from ..models.draft import Eagle3Draft
@@ -405,6 +407,11 @@ def warm_start(draft, src, target) -> None:
         for k, v in sd.items():
             if k not in skip:
                 own[k].copy_(v.float())
+        head = sd.get("lm_head.weight")
+        if (head is not None and "d2t" in sd and head.shape == own["lm_head.weight"].shape
+                and torch.equal(sd["d2t"].to(own["d2t"]), own["d2t"])
+                and not torch.allclose(head.float(), own["lm_head.weight"], rtol=2e-3, atol=2e-3)):
+            own["lm_head.weight"].copy_(head.float())
 
 
 # ----------------------------------------------------------------------------- loss
@@ -502,7 +509,9 @@ class TrainConfig:
     threads: int = 1
     group_shards: int = 4
     target_dir: str | None = None
-    freeze_lm_head: bool = True      # keep lm_head = the target's output rows (saves ~1/4 compute)
+    # keep lm_head = the target's output rows (saves ~1/4 compute); --train-lm-head trains it,
+    # as EAGLE-3 does with its own draft-vocabulary head
+    freeze_lm_head: bool = True
     init_from: str | None = None     # warm start (new runs only): an exported draft dir or a ckpt
     # precision of the target forward that recomputes the taps of token-only shards: auto =
     # bfloat16 where the CPU has native bf16 (or on CUDA), else float32 (distill's rule)
@@ -609,6 +618,11 @@ class Trainer:
 
     def load_checkpoint(self, path) -> None:
         st = torch.load(path, map_location="cpu", weights_only=False)
+        frozen = (st.get("config") or {}).get("freeze_lm_head", True)
+        if frozen != self.cfg.freeze_lm_head:
+            # the optimizer's parameter groups differ; resuming would fail deep inside AdamW
+            raise ValueError(f"{path} was trained with its lm_head {'frozen' if frozen else 'trained'}; "
+                             f"resume it {'without' if frozen else 'with'} --train-lm-head, or start a new run")
         self.draft.load_state_dict(st["draft"])
         self.opt.load_state_dict(st["opt"])
         old_ttt = (st.get("config") or {}).get("ttt_steps")
@@ -986,6 +1000,8 @@ def revocab(draft, target, kept_new: torch.Tensor):
     the target's rows for ``kept_new``, every other weight is copied."""
     head = _target_head(target)
     old_ids = draft.to_target_ids(torch.arange(draft.config.draft_vocab_size))
+    if torch.equal(old_ids.cpu(), kept_new.to(old_ids.dtype).cpu()):
+        return draft    # the same vocabulary: nothing to do, whatever the head
     if not torch.allclose(draft.lm_head.weight.float(), head[old_ids], atol=1e-6):
         raise ValueError("revocab needs a draft whose lm_head equals the target's rows "
                          "(trained with freeze_lm_head=True)")
@@ -1092,7 +1108,7 @@ def cli_dispatch(args, default_data, default_run) -> int:
                           ckpt_every=args.ckpt_every, time_budget_s=args.time_budget,
                           seed=args.seed, threads=args.threads, target_dir=args.target,
                           init_from=args.init, amp=args.amp, taps_dtype=args.taps_dtype,
-                          device=args.device)
+                          device=args.device, freeze_lm_head=not args.train_lm_head)
         tr = Trainer(cfg)
         print(json.dumps(tr.fit(), indent=1), flush=True)
         return 0
