@@ -408,8 +408,8 @@ def warm_start(draft, src, target) -> None:
             if k not in skip:
                 own[k].copy_(v.float())
         head = sd.get("lm_head.weight")
-        if (head is not None and "d2t" in sd and head.shape == own["lm_head.weight"].shape
-                and torch.equal(sd["d2t"].to(own["d2t"]), own["d2t"])
+        same_vocab = "d2t" in sd and torch.equal(sd["d2t"].to(own["d2t"]), own["d2t"])   # (shapes too)
+        if (head is not None and same_vocab
                 and not torch.allclose(head.float(), own["lm_head.weight"], rtol=2e-3, atol=2e-3)):
             own["lm_head.weight"].copy_(head.float())
 
