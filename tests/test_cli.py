@@ -451,6 +451,7 @@ def test_bench_api_validates_arguments():
     (["vocab", "--size", "x"], "argument --size: expected an integer"),
     (["selfchat", "--num-samples", "0"], "argument --num-samples: must be an integer >= 1"),
     (["selfchat", "--top-p", "1.5"], r"argument --top-p: must be in \[0, 1\]"),
+    (["train", "--min-lr-ratio", "2"], r"argument --min-lr-ratio: must be in \[0, 1\]"),
     (["distill", "--mix", "selfchat=-1"], "expected SOURCE=WEIGHT"),
 ])
 def test_train_draft_numbers_are_checked_when_parsed(argv, msg, capsys):

@@ -335,6 +335,47 @@ def test_a_trained_lm_head_trains_travels_with_warm_start_and_guards_resume(tmp_
         _trainer(tmp_path / "f", target, data, freeze_lm_head=False)
 
 
+def test_lr_schedule_warms_up_then_decays_to_min_lr_ratio():
+    cfg = T.TrainConfig(data_dir="d", run_dir="r", steps=110, lr=1e-3, warmup=10)
+    assert T.lr_at(cfg, 0) == pytest.approx(1e-4) and T.lr_at(cfg, 9) == pytest.approx(1e-3)
+    assert T.lr_at(cfg, 10) == pytest.approx(1e-3) and T.lr_at(cfg, 110) == pytest.approx(1e-4)
+    assert T.lr_at(cfg, 60) == pytest.approx(0.55e-3)          # halfway down the cosine
+    const = T.TrainConfig(data_dir="d", run_dir="r", steps=110, lr=1e-3, warmup=10, min_lr_ratio=1.0)
+    assert {round(T.lr_at(const, s), 12) for s in range(9, 200)} == {1e-3}
+    from heterospec.train.cli import build_parser
+
+    args = build_parser().parse_args(["train", "--min-lr-ratio", "1"])
+    assert args.min_lr_ratio == 1.0
+
+
+def test_init_layer_copies_a_target_layer_into_a_new_draft_only(tmp_path, target):
+    data = make_data(tmp_path, target, n_shards=2, per_shard=6, max_new=16)
+    plain = _trainer(tmp_path / "plain", target, data)
+    a = _trainer(tmp_path / "a", target, data, init_layer=-3)
+    L, H = target.config.num_hidden_layers, target.config.hidden_size
+    src, dst = target.model.layers[L - 3], a.draft.midlayer
+    for n in ("gate_proj", "up_proj", "down_proj"):
+        assert torch.equal(getattr(dst.mlp, n).weight, getattr(src.mlp, n).weight), n
+    assert torch.equal(dst.self_attn.o_proj.weight, src.self_attn.o_proj.weight)
+    for n in ("q_proj", "k_proj", "v_proj"):   # g half = the target's; embedding half 0.1 x random
+        w, w0 = getattr(dst.self_attn, n).weight, getattr(plain.draft.midlayer.self_attn, n).weight
+        assert torch.equal(w[:, H:], getattr(src.self_attn, n).weight), n
+        torch.testing.assert_close(w[:, :H], 0.1 * w0[:, :H])
+    assert torch.equal(dst.hidden_norm.weight, src.input_layernorm.weight)
+    assert torch.equal(dst.post_attention_layernorm.weight, src.post_attention_layernorm.weight)
+    for k in ("fc.weight", "norm.weight", "lm_head.weight"):    # the rest of new_draft's init
+        assert torch.equal(a.draft.state_dict()[k], plain.draft.state_dict()[k]), k
+    a.train_step(a.stream.next_batch())
+    a.save_checkpoint()
+    b = _trainer(tmp_path / "a", target, data, init_layer=0)   # a resumed run keeps its weights
+    for k, v in a.draft.state_dict().items():
+        assert torch.equal(v, b.draft.state_dict()[k]), k
+    with pytest.raises(ValueError, match="outside the target's"):
+        _trainer(tmp_path / "c", target, data, init_layer=L)
+    with pytest.raises(ValueError, match="give one of them"):
+        _trainer(tmp_path / "d", target, data, init_layer=-1, init_from=str(tmp_path / "a" / "run" / "ckpt_latest.pt"))
+
+
 def test_training_prompts_disjoint_from_benchmarks():
     from heterospec import datasets as DS
     from heterospec.train import prompts as TP

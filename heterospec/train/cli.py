@@ -132,6 +132,9 @@ def build_parser(prog: str = "heterospec train-draft") -> argparse.ArgumentParse
                         "layer of the deepest draft tree the engine builds); may change on resume")
     p.add_argument("--lr", type=positive_float, default=2e-3)
     p.add_argument("--warmup", type=nonneg_int, default=30)
+    p.add_argument("--min-lr-ratio", type=fraction, default=0.1,
+                   help="the cosine decay ends at this fraction of --lr (1: a constant rate after "
+                        "warmup)")
     p.add_argument("--val-seqs", type=positive_int, default=32)
     p.add_argument("--eval-every", type=positive_int, default=150)
     p.add_argument("--ckpt-every", type=positive_int, default=25)
@@ -150,6 +153,10 @@ def build_parser(prog: str = "heterospec train-draft") -> argparse.ArgumentParse
                    help="warm start a new run from an earlier draft (an exported draft dir, e.g. "
                         "the shipped one, or a ckpt_*.pt); the draft vocabulary may differ. "
                         "Ignored when the run resumes")
+    p.add_argument("--init-layer", type=int, default=None, metavar="N",
+                   help="initialise a new draft's decoder layer from target layer N (negative "
+                        "counts from the end; -3 is the layer whose input is the draft's high tap) "
+                        "instead of at random; not with --init. Ignored when the run resumes")
 
     p = sub.add_parser("simulate", help="offline chain/tree acceptance estimate on held-out data")
     common(p)

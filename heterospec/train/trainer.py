@@ -382,6 +382,51 @@ def new_draft(target, kept: torch.Tensor, seed: int = 0, init_from_target: bool 
     return draft
 
 
+def init_layer_from_target(draft, target, layer: int) -> int:
+    """Initialise the draft's decoder layer from target decoder layer ``layer`` (negative counts
+    from the end, e.g. -3: the layer whose input is the draft's high tap); returns its index.
+
+    The draft layer reads ``cat(input_layernorm(embed), hidden_norm(g))`` [.., 2H] where a target
+    layer reads its residual stream [.., H]. The target's Q/K/V columns go to the ``g`` half and
+    the embedding half keeps 0.1 x its random init, so at step 0 the draft layer acts on ``g``
+    much as the target layer acts on the stream (``g`` starts as the high tap, see
+    ``new_draft``); ``hidden_norm`` and ``post_attention_layernorm`` take the target layer's
+    norms; o_proj and the MLP are copied."""
+    inner = getattr(target, "model", None)
+    layers = getattr(inner, "layers", None)
+    if layers is None:
+        raise TypeError(f"init_layer needs a transformers Llama target with model.layers, "
+                        f"got {type(target).__name__}")
+    L = len(layers)
+    if not -L <= layer < L:
+        raise ValueError(f"init_layer {layer} is outside the target's {L} layers "
+                         f"(use 0..{L - 1} or -{L}..-1)")
+    idx = layer % L
+    src, dst = layers[idx], draft.midlayer
+    H = draft.config.hidden_size
+    # (target module, draft module, True where the draft reads [embed; g] and the target reads H)
+    pairs = [(getattr(src.self_attn, n), getattr(dst.self_attn, n), n != "o_proj")
+             for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
+    pairs += [(getattr(src.mlp, n), getattr(dst.mlp, n), False) for n in ("gate_proj", "up_proj", "down_proj")]
+    for a, b, split in pairs:
+        want = (b.weight.shape[0], H) if split else tuple(b.weight.shape)
+        if tuple(a.weight.shape) != want:
+            raise ValueError(f"init_layer: target layer {idx}'s weight {tuple(a.weight.shape)} does not "
+                             f"fit the draft's {want} (a draft of another width or head layout)")
+    with torch.no_grad():
+        for a, b, split in pairs:
+            if split:
+                b.weight[:, :H].mul_(0.1)
+                b.weight[:, H:].copy_(a.weight)
+            else:
+                b.weight.copy_(a.weight)
+            if a.bias is not None and b.bias is not None:
+                b.bias.copy_(a.bias)
+        dst.hidden_norm.weight.copy_(src.input_layernorm.weight)
+        dst.post_attention_layernorm.weight.copy_(src.post_attention_layernorm.weight)
+    return idx
+
+
 def warm_start(draft, src, target) -> None:
     """Copy every vocabulary-independent weight of an earlier draft ``src`` (an exported draft
     directory or a training checkpoint) into ``draft``, in place. The draft vocabulary may
@@ -513,6 +558,7 @@ class TrainConfig:
     # as EAGLE-3 does with its own draft-vocabulary head
     freeze_lm_head: bool = True
     init_from: str | None = None     # warm start (new runs only): an exported draft dir or a ckpt
+    init_layer: int | None = None    # new runs only: the target layer the draft's layer starts as
     # precision of the target forward that recomputes the taps of token-only shards: auto =
     # bfloat16 where the CPU has native bf16 (or on CUDA), else float32 (distill's rule)
     taps_dtype: str = "auto"
@@ -567,9 +613,15 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         self.draft = new_draft(self.target, kept, seed=cfg.seed)
         ck = self.run / "ckpt_latest.pt"
+        if cfg.init_from and cfg.init_layer is not None:
+            raise ValueError("--init-layer initialises a new draft and --init warm-starts one from "
+                             "an earlier draft: give one of them")
         if cfg.init_from and not ck.exists():
             warm_start(self.draft, cfg.init_from, self.target)
             log(f"warm start from {cfg.init_from}")
+        elif cfg.init_layer is not None and not ck.exists():
+            idx = init_layer_from_target(self.draft, self.target, cfg.init_layer)
+            log(f"draft layer initialised from target layer {idx}")
         self.draft.to(self.device)
         self.draft.train()
         if cfg.freeze_lm_head:
@@ -1104,10 +1156,11 @@ def cli_dispatch(args, default_data, default_run) -> int:
         cfg = TrainConfig(data_dir=data, run_dir=run, vocab_size=args.vocab_size, steps=args.steps,
                           batch_tokens=args.batch_tokens, max_len=args.max_len,
                           ttt_steps=args.ttt_steps, lr=args.lr, warmup=args.warmup,
-                          val_seqs=args.val_seqs, eval_every=args.eval_every,
+                          min_lr_ratio=args.min_lr_ratio, val_seqs=args.val_seqs,
+                          eval_every=args.eval_every,
                           ckpt_every=args.ckpt_every, time_budget_s=args.time_budget,
                           seed=args.seed, threads=args.threads, target_dir=args.target,
-                          init_from=args.init, amp=args.amp, taps_dtype=args.taps_dtype,
+                          init_from=args.init, init_layer=args.init_layer, amp=args.amp, taps_dtype=args.taps_dtype,
                           device=args.device, freeze_lm_head=not args.train_lm_head)
         tr = Trainer(cfg)
         print(json.dumps(tr.fit(), indent=1), flush=True)
