@@ -373,7 +373,8 @@ def test_init_layer_copies_a_target_layer_into_a_new_draft_only(tmp_path, target
     with pytest.raises(ValueError, match="outside the target's"):
         _trainer(tmp_path / "c", target, data, init_layer=L)
     with pytest.raises(ValueError, match="give one of them"):
-        _trainer(tmp_path / "d", target, data, init_layer=-1, init_from=str(tmp_path / "a" / "run" / "ckpt_latest.pt"))
+        _trainer(tmp_path / "d", target, data, init_layer=-1,
+                 init_from=str(tmp_path / "a" / "run" / "ckpt_latest.pt"))
 
 
 def test_training_prompts_disjoint_from_benchmarks():

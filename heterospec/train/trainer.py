@@ -407,12 +407,13 @@ def init_layer_from_target(draft, target, layer: int) -> int:
     # (target module, draft module, True where the draft reads [embed; g] and the target reads H)
     pairs = [(getattr(src.self_attn, n), getattr(dst.self_attn, n), n != "o_proj")
              for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
-    pairs += [(getattr(src.mlp, n), getattr(dst.mlp, n), False) for n in ("gate_proj", "up_proj", "down_proj")]
+    pairs += [(getattr(src.mlp, n), getattr(dst.mlp, n), False)
+              for n in ("gate_proj", "up_proj", "down_proj")]
     for a, b, split in pairs:
         want = (b.weight.shape[0], H) if split else tuple(b.weight.shape)
         if tuple(a.weight.shape) != want:
-            raise ValueError(f"init_layer: target layer {idx}'s weight {tuple(a.weight.shape)} does not "
-                             f"fit the draft's {want} (a draft of another width or head layout)")
+            raise ValueError(f"init_layer: target layer {idx}'s weight {tuple(a.weight.shape)} does "
+                             f"not fit the draft's {want} (a draft of another width or head layout)")
     with torch.no_grad():
         for a, b, split in pairs:
             if split:
@@ -1160,8 +1161,9 @@ def cli_dispatch(args, default_data, default_run) -> int:
                           eval_every=args.eval_every,
                           ckpt_every=args.ckpt_every, time_budget_s=args.time_budget,
                           seed=args.seed, threads=args.threads, target_dir=args.target,
-                          init_from=args.init, init_layer=args.init_layer, amp=args.amp, taps_dtype=args.taps_dtype,
-                          device=args.device, freeze_lm_head=not args.train_lm_head)
+                          init_from=args.init, init_layer=args.init_layer, amp=args.amp,
+                          taps_dtype=args.taps_dtype, device=args.device,
+                          freeze_lm_head=not args.train_lm_head)
         tr = Trainer(cfg)
         print(json.dumps(tr.fit(), indent=1), flush=True)
         return 0
