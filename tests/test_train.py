@@ -262,6 +262,28 @@ def test_simulate_and_export(tmp_path, target):
     torch.testing.assert_close(d48.fc.weight, tr.draft.fc.weight.half().float())
 
 
+def test_training_data_info_describes_a_directory_of_linked_shards_per_set(tmp_path, target):
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    a = make_data(tmp_path / "a", target, n_shards=3, per_shard=4, seed=1)
+    b = make_data(tmp_path / "b", target, n_shards=2, per_shard=4, seed=2)
+    mix = tmp_path / "mix"
+    mix.mkdir()
+    for i, p in enumerate([D.list_shards(a)[0], D.list_shards(a)[2]] + D.list_shards(b)):
+        (mix / f"shard_{i:05d}.safetensors").symlink_to(p)
+    info = T.training_data_info(mix)
+    one_a, one_b = T.training_data_info(a), T.training_data_info(b)
+    assert [m["dir_name"] for m in info["mix"]] == ["distill", "distill"]
+    assert [m["shards_used"] for m in info["mix"]] == [["shard_00000.safetensors", "shard_00002.safetensors"],
+                                                       ["shard_00000.safetensors", "shard_00001.safetensors"]]
+    assert [m["shards_in_set"] for m in info["mix"]] == [3, 2] and info["shards"] == 4
+    assert info["mix"][1]["response_tokens"] == one_b["response_tokens"]
+    assert 0 < info["mix"][0]["response_tokens"] < one_a["response_tokens"]
+    assert info["response_tokens"] == sum(m["response_tokens"] for m in info["mix"])
+    # a shard whose set has no manifest: nothing is claimed about the data
+    (a / "manifest.json").unlink()
+    assert T.training_data_info(mix) is None and T.training_data_info(tmp_path / "gone") is None
+
+
 def test_a_stopped_and_continued_step_does_not_spend_the_time_budget(tmp_path, target, monkeypatch):
     data = make_data(tmp_path, target, n_shards=2, per_shard=6)
     tr = _trainer(tmp_path, target, data)

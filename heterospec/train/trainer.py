@@ -1114,16 +1114,33 @@ def export_draft(checkpoint, dest, target=None, vocab_file=None) -> Path:
 def training_data_info(data_dir) -> dict | None:
     """What ``training_info.json`` says about the data: prompt sources with their licences,
     prompts per source, the disjointness report, generation dtype, response tokens (from the
-    distillation manifest and shards). None when ``data_dir`` is unknown or gone."""
-    if not data_dir:
+    distillation manifest and shards). A directory of shards linked from several data sets (how
+    a run mixes them: docs/gpu.md, ``scripts/gpu_session.sh``) is described per set, each with
+    the shards it gave, under ``"mix"``. None when ``data_dir`` is unknown or gone, or a shard's
+    set has no manifest."""
+    if not data_dir or not Path(data_dir).is_dir():
         return None
     d = Path(data_dir)
-    mpath = d / "manifest.json"
-    if not mpath.exists():
-        return None
-    man = json.loads(mpath.read_text())
-    prompts = man.get("prompts") or {}
     shards = list_shards(d)
+    if (d / "manifest.json").exists():
+        return _data_set_info(d, shards)
+    by_set: dict[Path, list[Path]] = {}
+    for p in shards:
+        by_set.setdefault(p.resolve().parent, []).append(p)
+    if not by_set or any(not (s / "manifest.json").exists() for s in by_set):
+        return None
+    parts = [_data_set_info(s, by_set[s]) for s in sorted(by_set)]
+    for part, s in zip(parts, sorted(by_set)):
+        part["shards_used"] = sorted(p.resolve().name for p in by_set[s])
+        part["shards_in_set"] = len(list_shards(s))
+    return {"dir_name": d.name, "mix": parts,
+            **{k: sum(part[k] for part in parts) for k in ("shards", "sequences", "response_tokens", "tokens")}}
+
+
+def _data_set_info(d: Path, shards: list[Path]) -> dict:
+    """:func:`training_data_info` of one distilled set ``d`` (its manifest), counting ``shards``."""
+    man = json.loads((d / "manifest.json").read_text())
+    prompts = man.get("prompts") or {}
     resp = total = seqs = 0
     for p in shards:
         sh = DistillShard(p)
