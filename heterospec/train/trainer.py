@@ -1124,15 +1124,13 @@ def training_data_info(data_dir) -> dict | None:
     shards = list_shards(d)
     if (d / "manifest.json").exists():
         return _data_set_info(d, shards)
-    by_set: dict[Path, list[Path]] = {}
-    for p in shards:
-        by_set.setdefault(p.resolve().parent, []).append(p)
+    by_set: dict[Path, list[Path]] = {}       # set directory -> its shards, links resolved
+    for p in map(Path.resolve, shards):
+        by_set.setdefault(p.parent, []).append(p)
     if not by_set or any(not (s / "manifest.json").exists() for s in by_set):
         return None
-    parts = [_data_set_info(s, by_set[s]) for s in sorted(by_set)]
-    for part, s in zip(parts, sorted(by_set)):
-        part["shards_used"] = sorted(p.resolve().name for p in by_set[s])
-        part["shards_in_set"] = len(list_shards(s))
+    parts = [{**_data_set_info(s, used), "shards_used": sorted(p.name for p in used),
+              "shards_in_set": len(list_shards(s))} for s, used in sorted(by_set.items())]
     return {"dir_name": d.name, "mix": parts,
             **{k: sum(part[k] for part in parts) for k in ("shards", "sequences", "response_tokens", "tokens")}}
 
