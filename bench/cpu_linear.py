@@ -1,9 +1,12 @@
 """CPU linear layers: stock F.linear vs the tuned paths (models/linear.py), side by side.
 
     python bench/cpu_linear.py [--sizes 1 2 4 8 16 32] [--batch-sizes 1 2 4 8 16] [--rounds 3]
+                               [--modes stock tuned-onednn tuned]
 
-One engine (the built-in pair, float32); the two modes alternate ``--rounds`` times and the
-faster of each is kept: (1) the target's verify forward over a T-token tree after 256 tokens
+One engine (the built-in pair, float32); the modes (``stock``: F.linear everywhere;
+``tuned-onednn``: the tuned choice between F.linear and oneDNN only, as before stream_linear;
+``tuned``: the product's choice among all three paths) alternate ``--rounds`` times, in rotated
+order, and the faster of each is kept: (1) the target's verify forward over a T-token tree after 256 tokens
 (the premise of speculation: T tokens for about the price of one), (2) autoregressive
 ``generate_batch`` tokens/s at each batch size (32 new tokens). Writes
 ``bench/out/cpu_linear.json`` and ``.png``.
@@ -17,12 +20,29 @@ import time
 
 import torch
 
+MODES = ("stock", "tuned-onednn", "tuned")
+
+
+def apply_mode(models, mode: str) -> None:
+    """Set every linear of ``models`` to ``mode``'s paths."""
+    from heterospec.models.linear import TUNE_ROWS, TunedLinear, tune_linears, untune_linears
+    if mode == "stock":
+        untune_linears(models)
+        return
+    tune_linears(models)
+    if mode == "tuned-onednn":
+        for model in models:
+            for mod in model.modules():
+                if isinstance(mod, TunedLinear):
+                    mod.set_stream([False] * len(TUNE_ROWS))
+
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     p.add_argument("--out", default="bench/out")
     args = p.parse_args(argv)
 
@@ -30,19 +50,20 @@ def main(argv=None) -> int:
 
     from heterospec import Engine
     from heterospec.bench import load_prompt_sets, machine_description, verify_latency_curve
-    from heterospec.models.linear import tune_linears, untune_linears
+    from heterospec.models.linear import tune_linears
 
     engine = Engine.from_pretrained()
     models = [engine.target, engine.draft]
     sets = load_prompt_sets(["mtbench", "alpaca"], max(args.batch_sizes), 0)
     prompts = [q.text for qs in sets.values() for q in qs]
-    verify = {m: {} for m in ("stock", "tuned")}
-    ar = {m: {} for m in ("stock", "tuned")}
+    modes = list(dict.fromkeys(args.modes))
+    verify = {m: {} for m in modes}
+    ar = {m: {} for m in modes}
     outputs = {}        # batch size -> the distinct greedy outputs seen (one if modes and rounds agree)
-    bar = tqdm(total=2 * args.rounds, desc="stock vs tuned", unit="pass")
+    bar = tqdm(total=len(modes) * args.rounds, desc=" vs ".join(modes), unit="pass")
     for r in range(args.rounds):
-        for mode in (("stock", "tuned") if r % 2 == 0 else ("tuned", "stock")):
-            (untune_linears if mode == "stock" else tune_linears)(models)
+        for mode in modes[r % len(modes):] + modes[:r % len(modes)]:
+            apply_mode(models, mode)
             curve = verify_latency_curve(engine, sizes=args.sizes, repeats=5, out_dir=None)
             for T, ms in curve["latency_ms"].items():
                 verify[mode][T] = min(verify[mode].get(T, float("inf")), ms)
@@ -63,18 +84,22 @@ def main(argv=None) -> int:
     result = {"machine": machine_description(engine.device), "threads": torch.get_num_threads(),
               "rounds": args.rounds, "same_greedy_tokens": same, **rows}
     print(f"machine: {result['machine']}, {result['threads']} threads")
-    print("| tree tokens T | stock ms | tuned ms | stock / tuned | T vs 1 token (stock) | T vs 1 token (tuned) |")
-    print("|---|---|---|---|---|---|")
+    base = modes[0]
+    print("| tree tokens T | " + " | ".join(f"{m} ms" for m in modes) + " | "
+          + " | ".join(f"{base} / {m}" for m in modes[1:]) + " | " + " | ".join(f"T vs 1 token ({m})" for m in modes)
+          + " |")
+    print("|---" * (3 * len(modes)) + "|")
     for T in args.sizes:
-        s, t = verify["stock"][T], verify["tuned"][T]
-        print(f"| {T} | {s:.1f} | {t:.1f} | {s / t:.2f}x | {rows['verify_vs_one_token']['stock'][T]:.2f}x "
-              f"| {rows['verify_vs_one_token']['tuned'][T]:.2f}x |")
-    print("| batch | AR stock tok/s | AR tuned tok/s | tuned / stock |")
-    print("|---|---|---|---|")
+        print(f"| {T} | " + " | ".join(f"{verify[m][T]:.1f}" for m in modes) + " | "
+              + " | ".join(f"{verify[base][T] / verify[m][T]:.2f}x" for m in modes[1:]) + " | "
+              + " | ".join(f"{rows['verify_vs_one_token'][m][T]:.2f}x" for m in modes) + " |")
+    print("| batch | " + " | ".join(f"AR {m} tok/s" for m in modes) + " | "
+          + " | ".join(f"{m} / {base}" for m in modes[1:]) + " |")
+    print("|---" * (2 * len(modes)) + "|")
     for B in args.batch_sizes:
-        s, t = ar["stock"][B], ar["tuned"][B]
-        print(f"| {B} | {s:.1f} | {t:.1f} | {t / s:.2f}x |")
-    print(f"greedy tokens identical in both modes: {same}")
+        print(f"| {B} | " + " | ".join(f"{ar[m][B]:.1f}" for m in modes) + " | "
+              + " | ".join(f"{ar[m][B] / ar[base][B]:.2f}x" for m in modes[1:]) + " |")
+    print(f"greedy tokens identical in every mode: {same}")
     if args.out:
         import matplotlib
         matplotlib.use("Agg")
@@ -84,7 +109,7 @@ def main(argv=None) -> int:
         with open(os.path.join(args.out, "cpu_linear.json"), "w") as f:
             json.dump(result, f, indent=1)
         fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-        for m in ("stock", "tuned"):
+        for m in modes:
             axes[0].plot(args.sizes, [verify[m][T] for T in args.sizes], marker="o", label=m)
             axes[1].plot(args.batch_sizes, [ar[m][B] for B in args.batch_sizes], marker="o", label=m)
         axes[0].set(xscale="log", xlabel="tree tokens verified in one forward", ylabel="ms",

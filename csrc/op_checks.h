@@ -248,4 +248,37 @@ inline KvDims check_compact_kv_inputs(Backend be, const char* op, const at::Tens
   return d;
 }
 
+// ---- stream_linear_pack, stream_linear (CPU only) -------------------------------------------------
+// weight [N, K] float32 on the CPU.
+inline void check_stream_linear_weight(const char* op, const at::Tensor& weight) {
+  check_dtype(op, "weight", weight, at::kFloat);
+  check_dim(op, "weight", weight, 2, "[N, K] (out_features x in_features)");
+  check_cpu(op, "weight", weight);
+}
+
+// x [..., K] float32, packed_weight [P, K, block] float32 from stream_linear_pack, bias [N]
+// float32 or none, block * (P - 1) < out_features = N <= block * P; all on the CPU.
+inline void check_stream_linear_inputs(const char* op, const at::Tensor& x, const at::Tensor& packed_weight,
+                                       const std::optional<at::Tensor>& bias, int64_t out_features,
+                                       int64_t block) {
+  check_dtype(op, "x", x, at::kFloat);
+  HS_CHECK(x.dim() >= 1, op, ": expected x to have at least 1 dimension [..., K], got a 0-dimensional tensor");
+  check_cpu(op, "x", x);
+  check_dtype(op, "packed_weight", packed_weight, at::kFloat);
+  check_dim(op, "packed_weight", packed_weight, 3, "[P, K, block] from stream_linear_pack");
+  check_cpu(op, "packed_weight", packed_weight);
+  check_size(op, "packed_weight", packed_weight, 2, block, "the block width of stream_linear_pack");
+  check_size(op, "x", x, x.dim() - 1, packed_weight.size(1), "K = packed_weight.size(1), the in_features");
+  const int64_t P = packed_weight.size(0);
+  HS_CHECK(out_features > block * (P - 1) && out_features <= block * P, op, ": expected ", block * (P - 1),
+           " < out_features <= ", block * P, " (packed_weight holds ", P, " blocks of ", block,
+           " outputs), got out_features = ", out_features);
+  if (bias.has_value() && bias->defined()) {
+    check_dtype(op, "bias", *bias, at::kFloat);
+    check_dim(op, "bias", *bias, 1, "[N]");
+    check_cpu(op, "bias", *bias);
+    check_size(op, "bias", *bias, 0, out_features, "N = out_features");
+  }
+}
+
 }  // namespace heterospec

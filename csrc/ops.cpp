@@ -46,4 +46,8 @@ TORCH_LIBRARY(heterospec, m) {
   // Move the accepted path's K/V rows to the end of each request's committed prefix, in place.
   m.def("compact_kv_(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor accept_path, Tensor accept_len, "
         "Tensor prefix_lens) -> ()");
+  // CPU linear for the few rows of a tree verify: the weight packed once into blocks that one
+  // call streams once for all rows (CPU kernels only).
+  m.def("stream_linear_pack(Tensor weight) -> Tensor");
+  m.def("stream_linear(Tensor x, Tensor packed_weight, Tensor? bias, int out_features) -> Tensor");
 }

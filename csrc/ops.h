@@ -36,6 +36,9 @@ std::tuple<Tensor, Tensor, Tensor> verify_sampling_cpu(const Tensor& tree_tokens
                                                        const Tensor& final_coins);
 void compact_kv_cpu(Tensor& k_cache, Tensor& v_cache, const Tensor& accept_path, const Tensor& accept_len,
                     const Tensor& prefix_lens);
+Tensor stream_linear_pack_cpu(const Tensor& weight);
+Tensor stream_linear_cpu(const Tensor& x, const Tensor& packed_weight, const std::optional<Tensor>& bias,
+                         int64_t out_features);
 
 // ---- CUDA (compiled only when torch has CUDA) ----
 std::tuple<Tensor, Tensor, Tensor> topk_entropy_cuda(const Tensor& logits, int64_t k,

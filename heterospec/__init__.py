@@ -25,6 +25,8 @@ from .ops import (  # noqa: E402
     dense_tree_attention_mask,
     entropy_bin_policy,
     select_tree_nodes,
+    stream_linear,
+    stream_linear_pack,
     topk_entropy,
     tree_attention_mask,
     verify_greedy,

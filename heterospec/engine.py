@@ -256,9 +256,9 @@ def default_draft_dtype(device, target_dtype: torch.dtype) -> torch.dtype:
 
     The draft only proposes; what is accepted is decided by the target alone, so the draft's
     precision can never change the output (greedy or sampled), only tau. On a CPU with native
-    bf16 a float32 target gets a bfloat16 draft: measured on the 2-core dev box (SmolLM2 pair,
-    tree (4, 3, 8)) the draft's time per round halves (26.9 -> 14.3 ms) at the same tau (2.31 vs
-    2.30), about 6 % more tokens/s. Elsewhere the draft follows the target."""
+    bf16 a float32 target gets a bfloat16 draft: there the draft's time per round about halves
+    at the same tau (bench/RESULTS.md, "Device-aware budgets (CPU)": "bfloat16 draft on CPU").
+    Elsewhere the draft follows the target."""
     kind = getattr(device, "type", str(device)).split(":")[0]
     if kind == "cpu" and target_dtype == torch.float32 and cpu_has_native_bf16():
         return torch.bfloat16

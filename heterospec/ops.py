@@ -35,7 +35,12 @@ OP_NAMES = (
     "verify_greedy",
     "verify_sampling",
     "compact_kv_",
+    "stream_linear_pack",
+    "stream_linear",
 )
+
+#: Ops with CPU kernels only (no CUDA kernel: on a GPU the stock linear is already flat).
+CPU_ONLY_OPS = ("stream_linear_pack", "stream_linear")
 
 #: Sync-free error flags of the CUDA ops and the host-side checks that raise the CPU ops' errors.
 ERROR_HELPERS = (
@@ -45,12 +50,16 @@ ERROR_HELPERS = (
     "raise_verify_sampling_errors",
 )
 
-__all__ = [*OP_NAMES, *ERROR_HELPERS, "OP_NAMES", "ERROR_HELPERS", "MAX_TOPK"]
+__all__ = [*OP_NAMES, *ERROR_HELPERS, "OP_NAMES", "ERROR_HELPERS", "CPU_ONLY_OPS", "MAX_TOPK",
+           "STREAM_BLOCK"]
 
 _ops = torch.ops.heterospec
 
 #: Largest ``k`` accepted by :func:`topk_entropy`.
 MAX_TOPK = 64
+
+#: Outputs per block of :func:`stream_linear_pack`'s layout.
+STREAM_BLOCK = 32
 
 _i64 = torch.int64
 
@@ -635,6 +644,84 @@ def compact_kv_(
 def _(k_cache, v_cache, accept_path, accept_len, prefix_lens):
     torch._check(k_cache.dim() == 5, lambda: "compact_kv_: k_cache must be [num_layers, B, S, H_kv, D]")
     return None
+
+
+# ---------------------------------------------------------------------------------------------
+# 10. stream_linear_pack / stream_linear (CPU)
+# ---------------------------------------------------------------------------------------------
+def _cpu_only(op: str, name: str, x: Tensor) -> None:
+    if x.device.type != "cpu":
+        raise ValueError(f"{op}: expected {name} on the CPU, got {x.device} (a CPU kernel: on a GPU use "
+                         "torch.nn.functional.linear)")
+
+
+def stream_linear_pack(weight: Tensor) -> Tensor:
+    """Pack a linear layer's weight once for :func:`stream_linear` (CPU, float32).
+
+    Parameters
+    ----------
+    weight : Tensor
+        ``[N, K]`` float32 on the CPU (``nn.Linear.weight``: out_features x in_features).
+
+    Returns
+    -------
+    Tensor
+        ``[P, K, 32]`` float32, ``P = ceil(N / 32)``: block ``p`` holds outputs ``32p .. 32p + 31``
+        with, for each input index ``k``, their 32 weights contiguous (outputs past ``N`` are 0).
+    """
+    op = "stream_linear_pack"
+    check_tensor(op, "weight", weight, dtype=torch.float32, ndim=2, layout="[N, K]")
+    _cpu_only(op, "weight", weight)
+    return _ops.stream_linear_pack.default(weight)
+
+
+@_fake("stream_linear_pack")
+def _(weight):
+    torch._check(weight.dim() == 2, lambda: "stream_linear_pack: weight must be [N, K]")
+    N, K = weight.shape
+    return weight.new_empty(((N + STREAM_BLOCK - 1) // STREAM_BLOCK, K, STREAM_BLOCK))
+
+
+def stream_linear(x: Tensor, packed_weight: Tensor, bias: Optional[Tensor], out_features: int) -> Tensor:
+    """``x @ weight.T + bias`` for the few rows of a tree verify, streaming each weight once (CPU).
+
+    Every output is one chain of fused multiply-adds over ``k`` in order, so a row's result does
+    not depend on the other rows of the call (a tree verify gives each token the values a one-token
+    step would).
+
+    Parameters
+    ----------
+    x : Tensor
+        ``[..., K]`` float32 on the CPU.
+    packed_weight : Tensor
+        ``[P, K, 32]`` float32 from :func:`stream_linear_pack`.
+    bias : Tensor, optional
+        ``[N]`` float32, or None.
+    out_features : int
+        ``N``, with ``32 (P - 1) < N <= 32 P``.
+
+    Returns
+    -------
+    Tensor
+        ``[..., N]`` float32.
+    """
+    op = "stream_linear"
+    check_tensor(op, "x", x, dtype=torch.float32)
+    if x.dim() < 1:
+        raise ValueError(f"{op}: expected x to have at least 1 dimension [..., K], got a 0-dimensional tensor")
+    _cpu_only(op, "x", x)
+    check_tensor(op, "packed_weight", packed_weight, dtype=torch.float32, ndim=3,
+                 layout="[P, K, 32] from stream_linear_pack", device=x.device, device_of="x")
+    if bias is not None:
+        check_tensor(op, "bias", bias, dtype=torch.float32, ndim=1, layout="[N]", device=x.device, device_of="x")
+    check_int(op, "out_features", out_features, minimum=0)
+    return _ops.stream_linear.default(x, packed_weight, bias, out_features)
+
+
+@_fake("stream_linear")
+def _(x, packed_weight, bias, out_features):
+    torch._check(packed_weight.dim() == 3, lambda: "stream_linear: packed_weight must be [P, K, 32]")
+    return x.new_empty((*x.shape[:-1], out_features))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -163,3 +163,77 @@ def test_an_emulated_isa_is_timed_as_another_machine(monkeypatch):
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     monkeypatch.setenv("MKL_ENABLE_INSTRUCTIONS", "AVX2")
     assert L._cache_file() != native and L._machine_key()["isa_env"]["ONEDNN_MAX_CPU_ISA"] == "AVX2"
+
+
+def test_stream_path_matches_f_linear_and_falls_back_when_stale(monkeypatch):
+    lin, ref = _tuned(use=False)
+    lin.set_stream([True] * len(L.TUNE_ROWS))
+    calls = []
+    real = L._stream_forward
+    monkeypatch.setattr(L, "_stream_forward", lambda *a: calls.append(1) or real(*a))
+    for shape in [(1, 64), (3, 64), (2, 5, 64), (0, 64)]:
+        x = torch.randn(*shape)
+        with torch.inference_mode():
+            torch.testing.assert_close(lin(x), ref(x), rtol=1e-5, atol=1e-5)
+    assert len(calls) == 4
+    with torch.no_grad():                       # modified in place: the packed copy is stale
+        lin.weight.add_(1.0)
+        ref.weight.add_(1.0)
+    x = torch.randn(4, 64)
+    with torch.inference_mode():
+        torch.testing.assert_close(lin(x), ref(x))
+    assert len(calls) == 4
+    lin.set_stream([True] * len(L.TUNE_ROWS))   # packed again: used again
+    with torch.inference_mode():
+        torch.testing.assert_close(lin(x), ref(x), rtol=1e-5, atol=1e-5)
+    assert len(calls) == 5
+    y = lin(x.requires_grad_())                  # autograd: stock path
+    y.sum().backward()
+    assert len(calls) == 5 and lin.weight.grad is not None
+
+
+def test_stream_path_wins_over_the_reordered_one_per_bucket(monkeypatch):
+    lin, ref = _tuned(use=True)
+    use = [r <= 8 for r in L.TUNE_ROWS]
+    lin.set_stream(use)
+    seen = []
+    real_s, real_p = L._stream_forward, L._packed_forward
+    monkeypatch.setattr(L, "_stream_forward", lambda *a: seen.append("stream") or real_s(*a))
+    monkeypatch.setattr(L, "_packed_forward", lambda *a: seen.append("packed") or real_p(*a))
+    with torch.inference_mode():
+        for m in (1, 8, 9, 200):
+            x = torch.randn(m, 64)
+            torch.testing.assert_close(lin(x), ref(x), rtol=1e-5, atol=1e-5)
+    assert seen == ["stream", "stream", "packed", "packed"]
+
+
+def test_stream_packing_serves_float32_only():
+    lin = nn.Linear(64, 96).to(torch.bfloat16)
+    lin.__class__ = L.TunedLinear
+    with pytest.raises(ValueError, match="float32"):
+        lin.set_stream([True] * len(L.TUNE_ROWS))
+    lin.set_stream([False] * len(L.TUNE_ROWS))   # nothing to pack: fine
+    with pytest.raises(ValueError, match="one entry per row bucket"):
+        lin.set_stream([False])
+    assert not L.stream_linear_available(torch.bfloat16) and L.stream_linear_available(torch.float32)
+
+
+def test_stream_decisions_pick_stream_where_it_beats_every_other_path():
+    rows = list(L.TUNE_ROWS)
+    t = {"ok": True, "rows": rows, "stock_ms": [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0],
+         "packed_ms": [2.0, 1.0, 9.0, 3.0, 9.0, 9.0, 9.0, 9.0],
+         "stream_ms": [0.96, 1.1, 2.5, 3.5, 4.0, 9.0, 6.0, 7.9]}
+    # bucket 0: not 5 % below stock; 1: the reordered path is faster; 2: stream; 3: reordered;
+    # 4: stream; 5: slower; 6: stream; 7: not 5 % below stock
+    assert L.stream_decisions(t) == [False, False, True, False, True, False, True, False]
+    t2 = dict(t, packed_ms=[2.0, 9.0, 1.0, 9.0, 9.0, 9.0, 9.0, 9.0])   # 2 rows padded to 4 (1.0 ms)
+    assert L.stream_decisions(t2)[1] is False
+    assert L.stream_decisions({"ok": True, "rows": rows, "stock_ms": [1.0] * 8, "packed_ms": [1.0] * 8}) == [False] * 8
+    assert L.stream_decisions({"ok": False}) == [False] * 8
+
+
+def test_float32_shapes_time_the_stream_path_and_others_do_not():
+    t = L.time_shape(nn.Linear(64, 96, bias=True), rows=(1, 4), budget_s=0.01, copies=2)
+    assert t["ok"] and len(t["stream_ms"]) == 2 and all(v > 0 for v in t["stream_ms"])
+    t = L.time_shape(nn.Linear(64, 96, bias=False).to(torch.bfloat16), rows=(1,), budget_s=0.01, copies=2)
+    assert "stream_ms" not in t

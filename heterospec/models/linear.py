@@ -1,16 +1,24 @@
-"""Linear layers that use, per weight shape and row count, the faster of two CPU GEMM paths.
+"""Linear layers that use, per weight shape and row count, the fastest of three CPU GEMM paths.
 
 Speculative decoding rests on one premise: the target verifies a few tokens in about the time it
 decodes one, because a decode step is bound by reading the weights, not by arithmetic. On CPUs
 the stock ``F.linear`` (MKL ``sgemm``) breaks the premise for small row counts: one row takes a
 fast matrix-vector path, but two to sixteen rows take a general GEMM that re-reads the weights
-per block of rows and can cost 2-4x a single row (bench/RESULTS.md, "small-row GEMM"). oneDNN's
-linear with a weight reordered once ahead of time (``torch.ops.mkldnn``, the path PyTorch's
-inductor uses for CPU inference) streams the weights once for such row counts. Which path is
-faster depends on the CPU, the thread count, the shape and the row count, so nothing is assumed:
-:func:`tune_linears` times both per weight shape at row counts 1, 2, 4, ..., 128 on this machine
-and each :class:`TunedLinear` dispatches on the rows of its input. The decisions are cached per
-machine (CPU model and flags, threads, torch version) in the heterospec cache.
+per block of rows and can cost 2-4x a single row (bench/RESULTS.md, "small-row GEMM"). Two other
+paths stream the weights once for such row counts:
+
+- oneDNN's linear with a weight reordered once ahead of time (``torch.ops.mkldnn``, the path
+  PyTorch's inductor uses for CPU inference), any float dtype;
+- our own ``torch.ops.heterospec.stream_linear`` (csrc/cpu/linear.cpp), float32: the weight
+  packed once into blocks of 32 outputs, each block streamed once per call with every row's
+  partial sums in registers. Its outputs do not depend on the row count (one FMA chain per
+  output), so a verified tree gets bit for bit what one-token steps would.
+
+Which path is fastest depends on the CPU, the thread count, the shape and the row count, so
+nothing is assumed: :func:`tune_linears` times them per weight shape at row counts 1, 2, 4, ...,
+128 on this machine and each :class:`TunedLinear` dispatches on the rows of its input. The
+decisions are cached per machine (CPU model and flags, threads, torch version, an emulated ISA)
+in the heterospec cache.
 
 Timing is *cache-cold*: in a decode step every weight is read once, from memory, since a model's
 weights do not fit the last-level cache. A shape timed by calling one small weight over and over
@@ -25,9 +33,9 @@ timed row counts is measured faster, the input is padded with zero rows up to th
 extra output rows dropped (:func:`pad_decisions`).
 
 A :class:`TunedLinear` is an ``nn.Linear`` (same parameters, same state dict). It falls back to
-``F.linear`` whenever the reordered copy could be stale or unusable: the weight was replaced or
-modified in place since it was reordered, autograd needs the weight's gradient, or the input is
-not on the CPU or not in the weight's dtype.
+``F.linear`` whenever a packed or reordered copy could be stale or unusable: the weight was
+replaced or modified in place since it was packed, autograd needs the weight's gradient, or the
+input is not on the CPU or not in the weight's dtype.
 """
 
 from __future__ import annotations
@@ -50,7 +58,7 @@ from torch import nn
 TUNE_ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
 # The reordered path must be this much faster to be used (the stock path is the reference).
 MARGIN = 0.95
-FORMAT = 3      # 3: padded row counts; 2: cache-cold timing; 1: one cached weight timed
+FORMAT = 4      # 4: stream_linear timed; 3: padded row counts; 2: cache-cold timing; 1: one cached weight
 # Weight copies cycled while timing one shape add up to this many times the last-level cache.
 COLD_FACTOR = 2
 MAX_COPIES = 64
@@ -75,14 +83,53 @@ def _packed_forward(x: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
+def stream_linear_available(dtype: torch.dtype) -> bool:
+    """Whether :func:`torch.ops.heterospec.stream_linear` serves weights of ``dtype`` (float32)."""
+    return dtype == torch.float32 and hasattr(torch.ops.heterospec, "stream_linear")
+
+
+def _stream_pack(weight: torch.Tensor) -> torch.Tensor:
+    return torch.ops.heterospec.stream_linear_pack.default(weight.detach())
+
+
+def _stream_forward(x: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Tensor], n: int) -> torch.Tensor:
+    return torch.ops.heterospec.stream_linear.default(x, packed, bias, n)
+
+
 class TunedLinear(nn.Linear):
-    """``nn.Linear`` that runs oneDNN's reordered-weight linear for the row counts where
-    :func:`tune_linears` measured it faster on this machine, ``F.linear`` otherwise."""
+    """``nn.Linear`` that runs ``stream_linear`` or oneDNN's reordered-weight linear for the row
+    counts where :func:`tune_linears` measured it faster on this machine, ``F.linear`` otherwise."""
 
     _packed: Optional[torch.Tensor] = None
     _packed_of: Tuple = ()
     _use_packed: Tuple[bool, ...] = ()
     _pad_rows: Tuple[int, ...] = ()
+    _stream: Optional[torch.Tensor] = None
+    _stream_of: Tuple = ()
+    _use_stream: Tuple[bool, ...] = ()
+
+    def set_stream(self, use_stream: Sequence[bool]) -> None:
+        """Pack the weight for ``stream_linear`` now and use it for the row buckets where
+        ``use_stream`` is True (one entry per TUNE_ROWS; it wins over the reordered path); all
+        False drops the packed copy."""
+        self._use_stream = tuple(bool(u) for u in use_stream)
+        if len(self._use_stream) != len(TUNE_ROWS):
+            raise ValueError(f"set_stream: expected one entry per row bucket {list(TUNE_ROWS)}, "
+                             f"got {len(self._use_stream)}")
+        w = self.weight
+        if any(self._use_stream):
+            if not stream_linear_available(w.dtype):
+                raise ValueError(f"set_stream: stream_linear serves float32 weights, got {w.dtype}")
+            self._stream = _stream_pack(w)
+            self._stream_of = (w.data_ptr(), w._version, w.dtype)
+        else:
+            self._stream, self._stream_of = None, ()
+
+    def _usable(self, x: torch.Tensor, of: Tuple) -> bool:
+        """A copy made of the weight as ``of`` describes still serves input ``x``."""
+        w = self.weight
+        return ((w.data_ptr(), w._version, w.dtype) == of and x.dtype == w.dtype and x.device.type == "cpu"
+                and not (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad)))
 
     def set_packed(self, use_packed: Sequence[bool], pad_rows: Optional[Sequence[int]] = None) -> None:
         """Reorder the weight now and use it for the row buckets where ``use_packed`` is True
@@ -105,11 +152,10 @@ class TunedLinear(nn.Linear):
         p = self._packed
         rows = x.numel() // self.in_features if self.in_features else 0
         bucket = _row_bucket(rows)
+        if self._stream is not None and self._use_stream[bucket] and self._usable(x, self._stream_of):
+            return _stream_forward(x, self._stream, self.bias, self.out_features)
         if p is not None and self._use_packed[bucket]:
-            w = self.weight
-            if ((w.data_ptr(), w._version, w.dtype) == self._packed_of and x.dtype == w.dtype
-                    and x.device.type == "cpu"
-                    and not (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad))):
+            if self._usable(x, self._packed_of):
                 pad = self._pad_rows[bucket] if self._pad_rows else 0
                 if pad > rows > 0:
                     xp = x.new_zeros(pad, self.in_features)
@@ -181,40 +227,48 @@ def _best_ms(fns: Sequence, reps: int) -> float:
 
 def time_shape(layer: nn.Linear, rows: Sequence[int] = TUNE_ROWS, budget_s: float = 0.4,
                copies: Optional[int] = None) -> dict:
-    """Stock vs reordered milliseconds of ``layer``'s shape at each row count (the faster of a
-    few runs each, interleaved), cache-cold (``copies`` weights visited in turn, default
-    :func:`cold_copies`), and whether the reordered result matched (the weights and the inputs
-    are random: the layer's own values are not touched)."""
+    """Stock, reordered and (float32) ``stream_linear`` milliseconds of ``layer``'s shape at each
+    row count (the fastest of a few runs each, interleaved), cache-cold (``copies`` weights visited
+    in turn, default :func:`cold_copies`), and whether the other paths' results matched (the
+    weights and the inputs are random: the layer's own values are not touched). ``stream_ms`` is
+    absent where ``stream_linear`` does not serve the dtype."""
     w = torch.randn_like(layer.weight, dtype=layer.weight.dtype)
     b = None if layer.bias is None else torch.randn_like(layer.bias)
+    tol = dict(rtol=1e-2, atol=1e-2) if w.dtype != torch.float32 else dict(rtol=1e-4, atol=1e-4)
     try:
         packed = _reorder(w)
         x = torch.randn(2, layer.in_features, dtype=w.dtype)
-        ok = bool(torch.allclose(_packed_forward(x, packed, b).float(), F.linear(x, w, b).float(),
-                                 rtol=1e-2 if w.dtype != torch.float32 else 1e-4,
-                                 atol=1e-2 if w.dtype != torch.float32 else 1e-4))
+        ok = bool(torch.allclose(_packed_forward(x, packed, b).float(), F.linear(x, w, b).float(), **tol))
     except RuntimeError as exc:      # e.g. bf16 on a CPU without the instructions oneDNN needs
         return {"ok": False, "error": str(exc).splitlines()[0][:200]}
     if not ok:
         return {"ok": False, "error": "reordered result differs from F.linear"}
+    stream = stream_linear_available(w.dtype)
+    if stream:
+        stream = bool(torch.allclose(_stream_forward(x, _stream_pack(w), b, w.size(0)), F.linear(x, w, b), **tol))
     n = cold_copies(w.numel() * w.element_size()) if copies is None else max(1, int(copies))
     ws = [w] + [torch.randn_like(w) for _ in range(n - 1)]
     ps = [packed] + [_reorder(wi) for wi in ws[1:]]
+    ss = [_stream_pack(wi) for wi in ws] if stream else []
     out = {"ok": True, "rows": list(rows), "copies": n, "stock_ms": [], "packed_ms": []}
+    if stream:
+        out["stream_ms"] = []
     for m in rows:
         x = torch.randn(m, layer.in_features, dtype=w.dtype)
         t0 = time.perf_counter()
         F.linear(x, w, b)
         one = max(time.perf_counter() - t0, 1e-6)
-        reps = int(min(7, max(2, budget_s / len(rows) / 2 / (one * n))))
-        stock = [lambda wi=wi: F.linear(x, wi, b) for wi in ws]
-        reord = [lambda pi=pi: _packed_forward(x, pi, b) for pi in ps]
-        s, p = [], []
-        for _ in range(2):                       # interleaved: drift hits both
-            s.append(_best_ms(stock, reps))
-            p.append(_best_ms(reord, reps))
-        out["stock_ms"].append(min(s))
-        out["packed_ms"].append(min(p))
+        reps = int(min(7, max(2, budget_s / len(rows) / (3 if stream else 2) / (one * n))))
+        paths = {"stock_ms": [lambda wi=wi: F.linear(x, wi, b) for wi in ws],
+                 "packed_ms": [lambda pi=pi: _packed_forward(x, pi, b) for pi in ps]}
+        if stream:
+            paths["stream_ms"] = [lambda si=si: _stream_forward(x, si, b, w.size(0)) for si in ss]
+        best = {k: float("inf") for k in paths}
+        for _ in range(2):                       # interleaved: drift hits every path
+            for k, fns in paths.items():
+                best[k] = min(best[k], _best_ms(fns, reps))
+        for k, v in best.items():
+            out[k].append(v)
     return out
 
 
@@ -241,6 +295,27 @@ def pad_decisions(timing: dict, reach: int = 2) -> List[int]:
             if rj in by_rows and by_rows[rj][1] < MARGIN * best:
                 best, pad = by_rows[rj][1], rj
         out.append(pad)
+    return out
+
+
+def stream_decisions(timing: dict, reach: int = 2) -> List[bool]:
+    """Per TUNE_ROWS bucket: use ``stream_linear``, where it was measured ``MARGIN`` faster than
+    the stock path and no slower than what :func:`decisions` and :func:`pad_decisions` would run
+    instead."""
+    if not timing.get("ok") or "stream_ms" not in timing:
+        return [False] * len(TUNE_ROWS)
+    by_rows = dict(zip(timing["rows"], zip(timing["stock_ms"], timing["packed_ms"], timing["stream_ms"])))
+    use, pad = decisions(timing), pad_decisions(timing, reach)
+    out = []
+    for i, r in enumerate(TUNE_ROWS):
+        if r not in by_rows:
+            out.append(False)
+            continue
+        stock, packed, stream = by_rows[r]
+        other = packed if use[i] else stock
+        if pad[i]:
+            other = min(other, by_rows[pad[i]][1])
+        out.append(stream < MARGIN * stock and stream <= other)
     return out
 
 
@@ -286,21 +361,25 @@ def tune_linears(models: Iterable[Optional[nn.Module]], progress: bool = False) 
     report = {}
     for _, mod in layers:
         k = _shape_key(mod)
-        pad = pad_decisions(saved[k])
-        use = [u or bool(p) for u, p in zip(decisions(saved[k]), pad)]
+        stream = stream_decisions(saved[k])
+        pad = [0 if s else p for s, p in zip(stream, pad_decisions(saved[k]))]
+        use = [not s and (u or bool(p)) for s, u, p in zip(stream, decisions(saved[k]), pad)]
         if not isinstance(mod, TunedLinear):
             mod.__class__ = TunedLinear        # same parameters, same state dict
         mod.set_packed(use, pad)
+        mod.set_stream(stream)
         report[k] = {"timing": saved[k], "packed_rows": [r for r, u in zip(TUNE_ROWS, use) if u],
-                     "padded_rows": {r: p for r, p in zip(TUNE_ROWS, pad) if p}}
+                     "padded_rows": {r: p for r, p in zip(TUNE_ROWS, pad) if p},
+                     "stream_rows": [r for r, u in zip(TUNE_ROWS, stream) if u]}
     return report
 
 
 def untune_linears(models: Iterable[Optional[nn.Module]]) -> None:
-    """Back to ``F.linear`` everywhere (drops the reordered copies)."""
+    """Back to ``F.linear`` everywhere (drops the reordered and packed copies)."""
     for model in models:
         if model is None:
             continue
         for mod in model.modules():
             if isinstance(mod, TunedLinear):
                 mod.set_packed([False] * len(TUNE_ROWS))
+                mod.set_stream([False] * len(TUNE_ROWS))

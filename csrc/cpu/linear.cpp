@@ -1,0 +1,288 @@
+// CPU kernels: stream_linear_pack, stream_linear. Contract: docs/design.md, op 10.
+//
+// Why this exists. Speculative decoding pays only if the target verifies a tree of T tokens in
+// about the time it decodes one: a decode step is bound by reading the weights, and T rows should
+// reuse each weight as it streams by. CPU BLAS breaks that for small T: sgemm re-reads or
+// re-packs the weights per call, so a float32 linear at 8 rows costs far more than at one
+// (bench/RESULTS.md, "stream_linear"). This kernel reads each weight exactly once per call for up
+// to MR_MAX rows at a time, whatever the row count, with the row block's partial sums in registers.
+//
+// Layout (stream_linear_pack). weight [N, K] float32 (nn.Linear: out x in) ->
+// packed [P, K, kBlock] float32, P = ceil(N / kBlock): block p holds outputs kBlock*p .. +kBlock-1,
+// and for each input index k their kBlock weights are contiguous, so one block is one sequential
+// stream of memory. Outputs past N are zero.
+//
+// Phases (stream_linear). x [M, K] -> y [M, N]:
+//   1. split the P blocks evenly over the threads (each task streams its own blocks);
+//   2. per block, the M rows in balanced chunks of <= MR_MAX: the micro-kernel keeps
+//      rows x kBlock accumulators in registers and walks k once, prefetching the block ahead;
+//   3. masked store of the block's outputs (the last block may be partial); bias added after.
+//
+// Row invariance. Every output y[m, n] is one chain of fused multiply-adds over k = 0..K-1 in
+// order, starting from 0, whatever M, the chunking, the thread count or the instruction set
+// (AVX-512, AVX2 and the portable loop compute the same chain). So a row's result does not depend
+// on the rows beside it: a tree verified in one call gets, bit for bit, the outputs a one-token
+// decode step would give its tokens (given the same inputs).
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define HS_HAVE_X86_LINEAR 1
+#include <immintrin.h>
+#endif
+
+#include "cpu/parallel.h"
+#include "op_checks.h"
+#include "ops.h"
+
+namespace heterospec {
+namespace {
+
+constexpr int64_t kBlock = 32;      // outputs per packed block (two AVX-512 / four AVX2 vectors)
+constexpr int64_t kPrefetch = 16;   // k steps ahead the micro-kernel prefetches (2 KiB of a block)
+
+// ---- instruction set ---------------------------------------------------------------------------
+enum class Isa { Scalar = 0, Avx2 = 1, Avx512 = 2 };
+
+// Upper bound on the instruction set that the environment asks for. An emulated smaller CPU
+// (bench/: MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2) must run this kernel as that CPU
+// would, or the emulation measures a machine that does not exist. HETEROSPEC_CPU_SCALAR=1 forces
+// the portable loop (what non-x86 machines run), as for the other CPU kernels.
+Isa env_cap() {
+  Isa cap = Isa::Avx512;
+  const char* scalar = std::getenv("HETEROSPEC_CPU_SCALAR");
+  if (scalar != nullptr && scalar[0] == '1') return Isa::Scalar;
+  for (const char* var : {"MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA"}) {
+    const char* v = std::getenv(var);
+    if (v == nullptr || v[0] == '\0') continue;
+    std::string s(v);
+    for (auto& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    if (s.rfind("AVX512", 0) == 0 || s == "ALL" || s.rfind("AVX10", 0) == 0) continue;
+    cap = std::min(cap, s.rfind("AVX2", 0) == 0 ? Isa::Avx2 : Isa::Scalar);
+  }
+  return cap;
+}
+
+Isa machine_isa() {
+#ifdef HS_HAVE_X86_LINEAR
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) return Isa::Avx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::Avx2;
+#endif
+  return Isa::Scalar;
+}
+
+// Read once per process, like the entropy kernel's switch.
+Isa active_isa() {
+  static const Isa isa = std::min(machine_isa(), env_cap());
+  return isa;
+}
+
+// ---- micro-kernels -----------------------------------------------------------------------------
+// One call: MR rows of x (row stride ldx) times one packed block (K x kBlock) -> y's columns
+// n0 .. n0 + kBlock - 1 (stride ldy), only the first `valid` of them stored.
+using MicroFn = void (*)(const float* x, int64_t ldx, const float* blk, int64_t K, float* y, int64_t ldy,
+                         int64_t valid);
+
+template <int MR>
+void micro_scalar(const float* x, int64_t ldx, const float* blk, int64_t K, float* y, int64_t ldy, int64_t valid) {
+  float acc[MR][kBlock] = {};
+  for (int64_t k = 0; k < K; ++k) {
+    const float* w = blk + k * kBlock;
+    for (int m = 0; m < MR; ++m) {
+      const float xv = x[m * ldx + k];
+      for (int64_t j = 0; j < kBlock; ++j) acc[m][j] = std::fma(xv, w[j], acc[m][j]);
+    }
+  }
+  for (int m = 0; m < MR; ++m) std::memcpy(y + m * ldy, acc[m], sizeof(float) * valid);
+}
+
+#ifdef HS_HAVE_X86_LINEAR
+// AVX-512: MR rows x 2 vectors of 16 (2 * MR <= 16 accumulators of 32 registers).
+template <int MR>
+__attribute__((target("avx512f,fma"))) void micro_avx512(const float* x, int64_t ldx, const float* blk, int64_t K,
+                                                         float* y, int64_t ldy, int64_t valid) {
+  __m512 acc[MR][2];
+  for (int m = 0; m < MR; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    const float* w = blk + k * kBlock;
+    _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetch * kBlock), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetch * kBlock + 16), _MM_HINT_T0);
+    const __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16);
+    for (int m = 0; m < MR; ++m) {
+      const __m512 b = _mm512_set1_ps(x[m * ldx + k]);
+      acc[m][0] = _mm512_fmadd_ps(b, w0, acc[m][0]);
+      acc[m][1] = _mm512_fmadd_ps(b, w1, acc[m][1]);
+    }
+  }
+  for (int h = 0; h < 2; ++h) {
+    const int64_t left = valid - 16 * h;
+    if (left <= 0) break;
+    const __mmask16 mask = left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
+    for (int m = 0; m < MR; ++m) _mm512_mask_storeu_ps(y + m * ldy + 16 * h, mask, acc[m][h]);
+  }
+}
+
+// AVX2: 16 registers, so half a block (2 vectors of 8) at a time: MR rows x 2 (<= 12
+// accumulators). The second half re-reads the block's other cache lines from L2.
+template <int MR>
+__attribute__((target("avx2,fma"))) void micro_avx2(const float* x, int64_t ldx, const float* blk, int64_t K,
+                                                    float* y, int64_t ldy, int64_t valid) {
+  for (int h = 0; h < 2; ++h) {
+    __m256 acc[MR][2];
+    for (int m = 0; m < MR; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+    const float* wh = blk + 16 * h;
+    for (int64_t k = 0; k < K; ++k) {
+      const float* w = wh + k * kBlock;
+      if (h == 0) _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetch * kBlock), _MM_HINT_T0);
+      if (h == 0) _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetch * kBlock + 16), _MM_HINT_T0);
+      const __m256 w0 = _mm256_loadu_ps(w), w1 = _mm256_loadu_ps(w + 8);
+      for (int m = 0; m < MR; ++m) {
+        const __m256 b = _mm256_broadcast_ss(x + m * ldx + k);
+        acc[m][0] = _mm256_fmadd_ps(b, w0, acc[m][0]);
+        acc[m][1] = _mm256_fmadd_ps(b, w1, acc[m][1]);
+      }
+    }
+    const int64_t left = std::min<int64_t>(valid - 16 * h, 16);
+    if (left <= 0) break;
+    for (int m = 0; m < MR; ++m) {
+      float* out = y + m * ldy + 16 * h;
+      if (left == 16) {
+        _mm256_storeu_ps(out, acc[m][0]);
+        _mm256_storeu_ps(out + 8, acc[m][1]);
+      } else {
+        alignas(32) float tmp[16];
+        _mm256_store_ps(tmp, acc[m][0]);
+        _mm256_store_ps(tmp + 8, acc[m][1]);
+        std::memcpy(out, tmp, sizeof(float) * left);
+      }
+    }
+  }
+}
+#endif  // HS_HAVE_X86_LINEAR
+
+constexpr int kMaxRows = 8;   // MR_MAX of every instruction set (AVX2: 6, below)
+
+struct Kernels {
+  MicroFn fn[kMaxRows + 1];
+  int mr_max;
+};
+
+template <template <int> class Wrap>
+Kernels make_kernels(int mr_max) {
+  return {{nullptr, Wrap<1>::fn, Wrap<2>::fn, Wrap<3>::fn, Wrap<4>::fn, Wrap<5>::fn, Wrap<6>::fn, Wrap<7>::fn,
+           Wrap<8>::fn},
+          mr_max};
+}
+
+template <int MR>
+struct ScalarK {
+  static constexpr MicroFn fn = micro_scalar<MR>;
+};
+#ifdef HS_HAVE_X86_LINEAR
+template <int MR>
+struct Avx512K {
+  static constexpr MicroFn fn = micro_avx512<MR>;
+};
+template <int MR>
+struct Avx2K {
+  static constexpr MicroFn fn = micro_avx2<MR>;
+};
+#endif
+
+const Kernels& kernels_for(Isa isa) {
+  static const Kernels scalar = make_kernels<ScalarK>(4);
+#ifdef HS_HAVE_X86_LINEAR
+  static const Kernels avx512 = make_kernels<Avx512K>(8);
+  static const Kernels avx2 = make_kernels<Avx2K>(6);
+  if (isa == Isa::Avx512) return avx512;
+  if (isa == Isa::Avx2) return avx2;
+#endif
+  (void)isa;
+  return scalar;
+}
+
+}  // namespace
+
+// weight [N, K] float32 -> packed [ceil(N / 32), K, 32] float32 (layout above).
+Tensor stream_linear_pack_cpu(const Tensor& weight_in) {
+  constexpr const char* op = "stream_linear_pack";
+  check_stream_linear_weight(op, weight_in);
+  const Tensor weight = weight_in.contiguous();
+  const int64_t N = weight.size(0), K = weight.size(1), P = (N + kBlock - 1) / kBlock;
+  Tensor packed = at::zeros({P, K, kBlock}, weight.options());
+  const float* src = weight.const_data_ptr<float>();
+  float* dst = packed.mutable_data_ptr<float>();
+  at::parallel_for(0, P, grain_for(K * kBlock), [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p)
+      for (int64_t j = 0; j < kBlock && p * kBlock + j < N; ++j) {
+        const float* row = src + (p * kBlock + j) * K;
+        float* col = dst + p * K * kBlock + j;
+        for (int64_t k = 0; k < K; ++k) col[k * kBlock] = row[k];
+      }
+  });
+  return packed;
+}
+
+// x [..., K] float32, packed [P, K, 32] from stream_linear_pack, bias [N] or none,
+// 32 (P - 1) < out_features = N <= 32 P -> [..., N] float32 = x @ weight.T + bias.
+Tensor stream_linear_cpu(const Tensor& x_in, const Tensor& packed_in, const std::optional<Tensor>& bias,
+                         int64_t out_features) {
+  constexpr const char* op = "stream_linear";
+  check_stream_linear_inputs(op, x_in, packed_in, bias, out_features, kBlock);
+  const Tensor x = x_in.contiguous(), packed = packed_in.contiguous();
+  const int64_t P = packed.size(0), K = packed.size(1), N = out_features;
+  int64_t M = 1;                                      // rows: the product of x's leading sizes
+  for (int64_t d = 0; d + 1 < x.dim(); ++d) M *= x.size(d);
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = N;
+  Tensor y = at::empty(shape, x.options());
+  if (M == 0 || N == 0) return y;
+  if (K == 0) {
+    y.zero_();
+  } else {
+    const float* xp = x.const_data_ptr<float>();
+    const float* pp = packed.const_data_ptr<float>();
+    float* yp = y.mutable_data_ptr<float>();
+    const Kernels& ks = kernels_for(active_isa());
+    // Threads split the blocks evenly (each streams its share once). A task below ~64K weights
+    // (256 KiB) costs less than waking a second thread, so small shapes stay on one.
+    const int64_t min_blocks = grain_for(K * kBlock, kGrainWork / 16);
+    const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), P / min_blocks));
+    const int64_t grain = (P + tasks - 1) / tasks;
+    at::parallel_for(0, P, grain, [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; ++p) {
+        const float* blk = pp + p * K * kBlock;
+        const int64_t valid = std::min<int64_t>(kBlock, N - p * kBlock);
+        for (int64_t m0 = 0; m0 < M;) {
+          const int64_t chunks = (M - m0 + ks.mr_max - 1) / ks.mr_max;
+          const int64_t mr = (M - m0 + chunks - 1) / chunks;    // balanced chunks of <= mr_max rows
+          ks.fn[mr](xp + m0 * K, K, blk, K, yp + m0 * N + p * kBlock, N, valid);
+          m0 += mr;
+        }
+      }
+    });
+  }
+  if (bias.has_value() && bias->defined()) y.add_(*bias);
+  return y;
+}
+
+TORCH_LIBRARY_IMPL(heterospec, CPU, m) {
+  m.impl("stream_linear_pack", &stream_linear_pack_cpu);
+  m.impl("stream_linear", &stream_linear_cpu);
+}
+
+}  // namespace heterospec

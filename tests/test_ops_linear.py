@@ -1,0 +1,139 @@
+"""stream_linear_pack / stream_linear (CPU) vs their references: layout, products, the row
+invariance the kernel promises, every instruction-set path, and clear errors."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import heterospec.ops as ops
+from reference import stream_linear_pack_ref, stream_linear_ref
+
+raw = torch.ops.heterospec
+
+
+@pytest.mark.parametrize("N,K", [(1, 1), (31, 5), (32, 64), (33, 7), (576, 576), (100, 0), (0, 8)])
+def test_pack_matches_reference_layout(N, K):
+    w = torch.randn(N, K)
+    got = ops.stream_linear_pack(w)
+    assert got.shape == (max(0, -(-N // 32)), K, 32)
+    assert torch.equal(got, stream_linear_pack_ref(w))
+    assert torch.equal(ops.stream_linear_pack(w.T.contiguous().T), got)        # any strides
+
+
+@pytest.mark.parametrize("N,K", [(1, 1), (33, 7), (96, 64), (192, 576), (576, 1536), (2000, 100)])
+@pytest.mark.parametrize("M", [1, 2, 3, 5, 8, 9, 16, 17, 40])
+@pytest.mark.parametrize("bias", [False, True])
+def test_products_match_reference(N, K, M, bias):
+    g = torch.Generator().manual_seed(N * 7 + K * 3 + M)
+    w, x = torch.randn(N, K, generator=g), torch.randn(M, K, generator=g)
+    b = torch.randn(N, generator=g) if bias else None
+    got = ops.stream_linear(x, ops.stream_linear_pack(w), b, N)
+    torch.testing.assert_close(got, stream_linear_ref(x, w, b), rtol=1e-5, atol=1e-5 * max(1, K) ** 0.5)
+
+
+@pytest.mark.parametrize("shape", [(0, 64), (2, 3, 64), (1, 1, 1, 64), (64,)])
+def test_leading_dimensions_are_kept(shape):
+    w = torch.randn(40, 64)
+    x = torch.randn(*shape)
+    got = ops.stream_linear(x, ops.stream_linear_pack(w), None, 40)
+    assert got.shape == (*shape[:-1], 40)
+    torch.testing.assert_close(got, stream_linear_ref(x.reshape(-1, 64), w).reshape(*shape[:-1], 40),
+                               rtol=1e-5, atol=1e-4)
+
+
+def test_zero_inner_dimension_gives_the_bias():
+    b = torch.randn(5)
+    got = ops.stream_linear(torch.randn(3, 0), ops.stream_linear_pack(torch.randn(5, 0)), b, 5)
+    assert torch.equal(got, b.expand(3, 5))
+
+
+@pytest.mark.parametrize("N,K", [(33, 7), (576, 576), (49, 1536)])
+def test_a_row_gets_the_same_bits_whatever_rows_share_its_call(N, K):
+    """One FMA chain per output: a tree verify gives each token what a one-token step would."""
+    g = torch.Generator().manual_seed(K)
+    w, x, b = torch.randn(N, K, generator=g), torch.randn(24, K, generator=g), torch.randn(N, generator=g)
+    p = ops.stream_linear_pack(w)
+    alone = torch.cat([ops.stream_linear(x[i:i + 1], p, b, N) for i in range(24)])
+    for M in (2, 3, 7, 8, 9, 16, 24):
+        assert torch.equal(ops.stream_linear(x[:M], p, b, N), alone[:M]), M
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        one_thread = ops.stream_linear(x, p, b, N)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one_thread, alone)
+
+
+_PATHS_SCRIPT = """
+import sys, torch, heterospec.ops as ops
+g = torch.Generator().manual_seed(0)
+out = []
+for N, K in ((33, 7), (576, 576), (100, 1536)):
+    w, x, b = torch.randn(N, K, generator=g), torch.randn(11, K, generator=g), torch.randn(N, generator=g)
+    out.append(ops.stream_linear(x, ops.stream_linear_pack(w), b, N))
+torch.save(out, sys.argv[1])
+"""
+
+
+@pytest.mark.skipif(not torch.backends.cpu.get_cpu_capability().startswith("AVX"),
+                    reason="x86 only: the portable loop is already the default here")
+def test_every_instruction_set_path_computes_the_same_bits(tmp_path):
+    """The AVX-512, AVX2 (also what an emulated AVX2 CPU runs) and portable paths (read once per
+    process) run the same FMA chains, so they agree bit for bit, and with the reference."""
+    runs = {"native": {}, "avx2": {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+            "scalar": {"HETEROSPEC_CPU_SCALAR": "1"}}
+    results = {}
+    for name, extra in runs.items():
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "HETEROSPEC_CPU_SCALAR")}
+        env.update(extra)
+        path = tmp_path / f"{name}.pt"
+        run = subprocess.run([sys.executable, "-c", _PATHS_SCRIPT, str(path)], env=env, capture_output=True,
+                             text=True, timeout=300)
+        assert run.returncode == 0, run.stderr[-2000:]
+        results[name] = torch.load(path)
+    g = torch.Generator().manual_seed(0)
+    for i, (N, K) in enumerate(((33, 7), (576, 576), (100, 1536))):
+        w, x, b = torch.randn(N, K, generator=g), torch.randn(11, K, generator=g), torch.randn(N, generator=g)
+        torch.testing.assert_close(results["native"][i], stream_linear_ref(x, w, b), rtol=1e-5, atol=1e-4)
+        assert torch.equal(results["avx2"][i], results["native"][i]), (N, K)
+        assert torch.equal(results["scalar"][i], results["native"][i]), (N, K)
+
+
+def _errors(fn):
+    with pytest.raises(ValueError) as e:
+        fn()
+    return str(e.value)
+
+
+@pytest.mark.parametrize("call", ["wrapper", "raw"])
+def test_bad_input_gets_a_clear_error(call):
+    api = ops if call == "wrapper" else None
+    pack = (lambda w: ops.stream_linear_pack(w)) if api else (lambda w: raw.stream_linear_pack(w))
+    lin = (lambda *a: ops.stream_linear(*a)) if api else (lambda *a: raw.stream_linear(*a))
+    w = torch.randn(40, 16)
+    p = ops.stream_linear_pack(w)
+    x = torch.randn(3, 16)
+    assert "weight" in _errors(lambda: pack(w.double())) and "float32" in _errors(lambda: pack(w.half()))
+    assert "[N, K]" in _errors(lambda: pack(torch.randn(2, 3, 4)))
+    assert "dtype" in _errors(lambda: lin(x.double(), p, None, 40))
+    assert "x" in _errors(lambda: lin(torch.tensor(1.0), p, None, 40))
+    assert "packed_weight" in _errors(lambda: lin(x, w, None, 40))
+    assert "K = packed_weight.size(1)" in _errors(lambda: lin(torch.randn(3, 15), p, None, 40))
+    msg = _errors(lambda: lin(x, p, None, 65))
+    assert "out_features" in msg and "32 < out_features <= 64" in msg
+    assert "out_features" in _errors(lambda: lin(x, p, None, 32))
+    assert "bias" in _errors(lambda: lin(x, p, torch.randn(39), 40))
+    assert "bias" in _errors(lambda: lin(x, p, torch.randn(40).double(), 40))
+    assert "packed_weight" in _errors(lambda: lin(x, torch.randn(2, 16, 16), None, 40))
+
+
+def test_the_wrapper_names_the_device_for_a_gpu_tensor():
+    w = torch.randn(8, 4, device="meta")
+    assert "CPU" in _errors(lambda: ops.stream_linear_pack(w))
+    assert "CPU" in _errors(lambda: ops.stream_linear(torch.randn(2, 4, device="meta"),
+                                                       torch.randn(1, 4, 32, device="meta"), None, 8))
