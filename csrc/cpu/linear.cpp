@@ -14,8 +14,9 @@
 //
 // Phases (stream_linear). x [M, K] -> y [M, N]:
 //   1. split the P blocks evenly over the threads (each task streams its own blocks);
-//   2. per block, the M rows in balanced chunks of <= MR_MAX: the micro-kernel keeps
-//      rows x kBlock accumulators in registers and walks k once, prefetching the block ahead;
+//   2. per block, the M rows in balanced chunks of <= MR_MAX (12 AVX-512, 6 AVX2, 4 portable):
+//      the micro-kernel keeps rows x kBlock accumulators in registers and walks k once,
+//      prefetching the block ahead (later chunks re-read the block from L2);
 //   3. masked store of the block's outputs (the last block may be partial); bias added after.
 //
 // Row invariance. Every output y[m, n] is one chain of fused multiply-adds over k = 0..K-1 in
@@ -111,7 +112,7 @@ void micro_scalar(const float* x, int64_t ldx, const float* blk, int64_t K, floa
 }
 
 #ifdef HS_HAVE_X86_LINEAR
-// AVX-512: MR rows x 2 vectors of 16 (2 * MR <= 16 accumulators of 32 registers).
+// AVX-512: MR rows x 2 vectors of 16 (2 * MR <= 24 accumulators of 32 registers).
 template <int MR>
 __attribute__((target("avx512f,fma"))) void micro_avx512(const float* x, int64_t ldx, const float* blk, int64_t K,
                                                          float* y, int64_t ldy, int64_t valid) {
@@ -174,7 +175,7 @@ __attribute__((target("avx2,fma"))) void micro_avx2(const float* x, int64_t ldx,
 }
 #endif  // HS_HAVE_X86_LINEAR
 
-constexpr int kMaxRows = 8;   // MR_MAX of every instruction set (AVX2: 6, below)
+constexpr int kMaxRows = 12;  // the largest MR_MAX (AVX-512: 12, AVX2: 6, portable: 4; below)
 
 struct Kernels {
   MicroFn fn[kMaxRows + 1];
@@ -184,7 +185,7 @@ struct Kernels {
 template <template <int> class Wrap>
 Kernels make_kernels(int mr_max) {
   return {{nullptr, Wrap<1>::fn, Wrap<2>::fn, Wrap<3>::fn, Wrap<4>::fn, Wrap<5>::fn, Wrap<6>::fn, Wrap<7>::fn,
-           Wrap<8>::fn},
+           Wrap<8>::fn, Wrap<9>::fn, Wrap<10>::fn, Wrap<11>::fn, Wrap<12>::fn},
           mr_max};
 }
 
@@ -206,7 +207,7 @@ struct Avx2K {
 const Kernels& kernels_for(Isa isa) {
   static const Kernels scalar = make_kernels<ScalarK>(4);
 #ifdef HS_HAVE_X86_LINEAR
-  static const Kernels avx512 = make_kernels<Avx512K>(8);
+  static const Kernels avx512 = make_kernels<Avx512K>(12);
   static const Kernels avx2 = make_kernels<Avx2K>(6);
   if (isa == Isa::Avx512) return avx512;
   if (isa == Isa::Avx2) return avx2;
