@@ -25,16 +25,11 @@ MODES = ("stock", "tuned-onednn", "tuned")
 
 def apply_mode(models, mode: str) -> None:
     """Set every linear of ``models`` to ``mode``'s paths."""
-    from heterospec.models.linear import TUNE_ROWS, TunedLinear, tune_linears, untune_linears
+    from heterospec.models.linear import tune_linears, untune_linears
     if mode == "stock":
         untune_linears(models)
-        return
-    tune_linears(models)
-    if mode == "tuned-onednn":
-        for model in models:
-            for mod in model.modules():
-                if isinstance(mod, TunedLinear):
-                    mod.set_stream([False] * len(TUNE_ROWS))
+    else:
+        tune_linears(models, stream=mode == "tuned")
 
 
 def main(argv=None) -> int:

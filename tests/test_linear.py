@@ -138,6 +138,8 @@ def test_tuning_converts_plain_linears_in_place_and_keeps_the_state_dict(tmp_pat
     monkeypatch.setattr(L, "_MEMORY", {})
     monkeypatch.setattr(L, "time_shape", lambda *a, **k: pytest.fail("timed again despite the cache"))
     assert L.tune_linears([model]).keys() == report.keys()
+    without = L.tune_linears([model], stream=False)   # the choice before stream_linear: never it
+    assert all(not r["stream_rows"] for r in without.values()) and model[0]._stream is None
     L.untune_linears([model])
     assert model[0]._packed is None
 

@@ -243,13 +243,13 @@ def time_shape(layer: nn.Linear, rows: Sequence[int] = TUNE_ROWS, budget_s: floa
         return {"ok": False, "error": str(exc).splitlines()[0][:200]}
     if not ok:
         return {"ok": False, "error": "reordered result differs from F.linear"}
-    stream = stream_linear_available(w.dtype)
-    if stream:
-        stream = bool(torch.allclose(_stream_forward(x, _stream_pack(w), b, w.size(0)), F.linear(x, w, b), **tol))
+    stream = [_stream_pack(w)] if stream_linear_available(w.dtype) else []
+    if stream and not torch.allclose(_stream_forward(x, stream[0], b, w.size(0)), F.linear(x, w, b), **tol):
+        stream = []                      # a wrong result: not timed, so never chosen
     n = cold_copies(w.numel() * w.element_size()) if copies is None else max(1, int(copies))
     ws = [w] + [torch.randn_like(w) for _ in range(n - 1)]
     ps = [packed] + [_reorder(wi) for wi in ws[1:]]
-    ss = [_stream_pack(wi) for wi in ws] if stream else []
+    ss = stream + [_stream_pack(wi) for wi in ws[1:]] if stream else []
     out = {"ok": True, "rows": list(rows), "copies": n, "stock_ms": [], "packed_ms": []}
     if stream:
         out["stream_ms"] = []
@@ -322,11 +322,12 @@ def stream_decisions(timing: dict, reach: int = 2) -> List[bool]:
 _MEMORY: Dict[str, dict] = {}      # this process's timings, per machine file and shape
 
 
-def tune_linears(models: Iterable[Optional[nn.Module]], progress: bool = False) -> dict:
+def tune_linears(models: Iterable[Optional[nn.Module]], progress: bool = False, stream: bool = True) -> dict:
     """Make every plain ``nn.Linear`` of ``models`` (CPU, float weights; subclasses are left alone) a :class:`TunedLinear` using
-    the reordered path where it was measured faster on this machine. Shapes not yet in the
-    machine's cache file are timed now (a second or two for a 135M model) and saved. Returns
-    ``{shape: {"timing": ..., "packed_rows": [...]}}`` for the shapes seen."""
+    the path measured fastest on this machine per row bucket (``stream=False``: choose between
+    ``F.linear`` and the reordered path only, as before ``stream_linear`` existed). Shapes not yet
+    in the machine's cache file are timed now (a second or two for a 135M model) and saved.
+    Returns ``{shape: {"timing": ..., "packed_rows": [...], ...}}`` for the shapes seen."""
     layers = [(name, mod) for model in models if model is not None for name, mod in model.named_modules()
               if type(mod) in (nn.Linear, TunedLinear) and mod.weight.device.type == "cpu"
               and mod.weight.dtype in (torch.float32, torch.bfloat16, torch.float16)]
@@ -361,16 +362,16 @@ def tune_linears(models: Iterable[Optional[nn.Module]], progress: bool = False) 
     report = {}
     for _, mod in layers:
         k = _shape_key(mod)
-        stream = stream_decisions(saved[k])
-        pad = [0 if s else p for s, p in zip(stream, pad_decisions(saved[k]))]
-        use = [not s and (u or bool(p)) for s, u, p in zip(stream, decisions(saved[k]), pad)]
+        use_stream = stream_decisions(saved[k]) if stream else [False] * len(TUNE_ROWS)
+        pad = [0 if s else p for s, p in zip(use_stream, pad_decisions(saved[k]))]
+        use = [not s and (u or bool(p)) for s, u, p in zip(use_stream, decisions(saved[k]), pad)]
         if not isinstance(mod, TunedLinear):
             mod.__class__ = TunedLinear        # same parameters, same state dict
         mod.set_packed(use, pad)
-        mod.set_stream(stream)
+        mod.set_stream(use_stream)
         report[k] = {"timing": saved[k], "packed_rows": [r for r, u in zip(TUNE_ROWS, use) if u],
                      "padded_rows": {r: p for r, p in zip(TUNE_ROWS, pad) if p},
-                     "stream_rows": [r for r, u in zip(TUNE_ROWS, stream) if u]}
+                     "stream_rows": [r for r, u in zip(TUNE_ROWS, use_stream) if u]}
     return report
 
 
