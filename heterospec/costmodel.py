@@ -594,3 +594,148 @@ def for_engine(engine, path: Optional[str] = None, progress: bool = True) -> Cos
     except OSError:
         pass
     return cm
+
+
+# ---------------------------------------------------------------------------------------------
+# The draft's dtype
+# ---------------------------------------------------------------------------------------------
+#: Another dtype must draft at least this much faster (time ratio) than the first candidate, the
+#: preferred one, to be chosen: a draft's precision never changes the output, but within the
+#: noise of a short timing the preferred dtype keeps its place.
+DRAFT_DTYPE_MARGIN = 0.95
+DRAFT_DTYPE_FORMAT = 1
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def draft_dtype_path(engine, candidates: Sequence[torch.dtype]) -> str:
+    """Where the choice among ``candidates`` is cached: per machine (the cost model's
+    fingerprint without the draft's dtype), candidates and tree."""
+    from .defaults import cache_root
+    fp = fingerprint(engine)
+    fp.pop("draft_dtype", None)
+    fp["candidates"] = [_dtype_name(d) for d in candidates]
+    fp["tree"] = [engine.config.top_k, engine.config.depth]
+    key = hashlib.sha1(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:16]
+    return os.path.join(str(cache_root()), COSTS_DIR, f"draft-dtype-{key}.json")
+
+
+def _draft_copy(draft, dtype: torch.dtype):
+    """``draft`` in ``dtype``, a new module (the target's embedding it shares stays shared; the
+    reordered / packed weights of tuned linears are not copied: the copy is tuned afresh)."""
+    import copy
+    memo = {id(m): m for m in getattr(draft, "_shared_embedding", [])}
+    for mod in draft.modules():
+        for name in ("_packed", "_stream"):
+            t = getattr(mod, name, None)
+            if isinstance(t, torch.Tensor):
+                memo[id(t)] = None
+    out = copy.deepcopy(draft, memo=memo).to(dtype)
+    if hasattr(out, "release_tree_pools"):
+        out.release_tree_pools()
+    return out
+
+
+def draft_round_ms(engine, drafts: Sequence, reps: int = 9, context: int = 128, progress: bool = True) -> List[float]:
+    """The fastest of ``reps`` runs of the engine's draft half of one round (an extend over two
+    committed tokens, then the tree's forwards, as :meth:`Engine._draft_tree` runs them for one
+    request at the engine's tree) with each of ``drafts`` in turn; the runs interleave, so a
+    machine whose speed drifts moves every draft alike. Leaves ``engine.draft`` as it found it."""
+    from tqdm.auto import tqdm
+
+    from .config import SamplingParams
+    from .policy import Eagle3Policy
+
+    cfg, dev, keep = engine.config, engine.device, engine.draft
+    plan = Eagle3Policy(cfg).plan(1)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    prompt = [torch.randint(0, engine.target.config.vocab_size, (context,), generator=gen).tolist()]
+    now, jobs = _timer(dev), []
+    try:
+        with torch.inference_mode():
+            for draft in drafts:
+                engine.draft = draft
+                st = engine._prefill(prompt, "eagle3", SamplingParams(), None, context + 8 * (cfg.depth + 2) * cfg.top_k,
+                                     10 ** 9, None, draft_prompt=False)
+                toks, feats = st.ext_tokens, st.ext_feats
+
+                def run(draft=draft, st=st, toks=toks, feats=feats):
+                    engine.draft = draft
+                    st.ext_tokens, st.ext_feats = toks[:, :2].clone(), feats[:, :2].clone()
+                    st.ext_num = torch.full((1,), 2, dtype=torch.int64, device=dev)
+                    st.draft_lens = st.prefix_lens - 2
+                    engine._draft_tree(st, cfg, plan)
+                jobs.append(run)
+            best = [math.inf] * len(jobs)
+            bar = tqdm(total=len(jobs) * (reps + 1), desc="timing the draft's dtypes", disable=not progress, unit="run")
+            for job in jobs:
+                job()                                   # warm-up
+                bar.update()
+            for r in range(reps):
+                for i in list(range(len(jobs)))[r % len(jobs):] + list(range(len(jobs)))[:r % len(jobs)]:
+                    t0 = now()
+                    jobs[i]()
+                    best[i] = min(best[i], 1e3 * (now() - t0))
+                    bar.update()
+            bar.close()
+    finally:
+        engine.draft = keep
+    return best
+
+
+def choose_draft_dtype(engine, candidates: Sequence[torch.dtype], reps: int = 9, progress: bool = True) -> dict:
+    """Run ``engine``'s draft in the fastest of ``candidates`` on this machine (the first, the
+    preferred, unless another drafts a round in under :data:`DRAFT_DTYPE_MARGIN` of its time).
+    The draft is expected in a dtype that holds every candidate's values exactly (float32 for a
+    half-precision checkpoint): each candidate is converted from it. The choice is cached per
+    machine (:func:`draft_dtype_path`) unless other processes kept the machine busy meanwhile.
+    Returns a report: ``{"chosen", "ms": {dtype: ms}, "cached": bool, "busy_cores"}``."""
+    from .models.linear import tune_linears
+
+    candidates = list(dict.fromkeys(candidates))
+    if not candidates:
+        raise ValueError("choose_draft_dtype: no candidate dtypes")
+    draft = engine.draft
+    if draft is None:
+        raise ValueError("choose_draft_dtype: the engine has no draft")
+    path = draft_dtype_path(engine, candidates)
+    names = [_dtype_name(d) for d in candidates]
+    report = None
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+        if saved.get("format") == DRAFT_DTYPE_FORMAT and saved.get("chosen") in names:
+            report = {**saved, "cached": True}
+    except (OSError, ValueError, AttributeError):
+        pass
+    tuned = engine.linear == "tuned" and engine.device.type == "cpu"
+    if report is None:
+        drafts = [draft if d == draft.dtype else _draft_copy(draft, d) for d in candidates]
+        if tuned:
+            tune_linears(drafts[1:] if drafts[0] is draft else drafts)
+        load = OtherLoad().start()
+        ms = draft_round_ms(engine, drafts, reps=reps, progress=progress)
+        busy = load.cores()
+        first = ms[0]
+        pick = min(range(len(ms)), key=lambda i: (ms[i], i))
+        if ms[pick] >= DRAFT_DTYPE_MARGIN * first:
+            pick = 0
+        report = {"format": DRAFT_DTYPE_FORMAT, "chosen": names[pick], "ms": dict(zip(names, ms)),
+                  "busy_cores": busy, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+        if busy is None or busy <= BUSY_CORES:
+            try:
+                from ._io import write_json_atomic
+                write_json_atomic(path, report, indent=1)
+            except OSError:
+                pass
+        report = {**report, "cached": False}
+        engine.draft = drafts[pick]
+    else:
+        chosen = candidates[names.index(report["chosen"])]
+        if chosen != draft.dtype:
+            draft.to(chosen)
+            if tuned:
+                tune_linears([draft])
+    return report

@@ -251,18 +251,29 @@ def cpu_has_native_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def default_draft_dtype(device, target_dtype: torch.dtype) -> torch.dtype:
-    """The draft's dtype for a target on ``device`` in ``target_dtype``.
+def draft_dtype_candidates(device, target_dtype: torch.dtype) -> List[torch.dtype]:
+    """The dtypes the draft may run in for a target on ``device`` in ``target_dtype``, the
+    preferred first; :meth:`Engine.from_pretrained` times the draft in each on this machine and
+    keeps the fastest (:func:`heterospec.costmodel.choose_draft_dtype`).
 
     The draft only proposes; what is accepted is decided by the target alone, so the draft's
-    precision can never change the output (greedy or sampled), only tau. On a CPU with native
-    bf16 a float32 target gets a bfloat16 draft: there the draft's time per round about halves
-    at the same tau (bench/RESULTS.md, "Device-aware budgets (CPU)": "bfloat16 draft on CPU").
-    Elsewhere the draft follows the target."""
+    precision can never change the output (greedy or sampled), only tau. Which dtype drafts
+    fastest is the CPU's business, not a rule: a bfloat16 draft was the faster one on an AMX box
+    while float32 linears ran through MKL, and the slower one once float32 linears streamed their
+    weights (bench/RESULTS.md, "The draft's dtype, measured"). So on a CPU a float32 target's
+    draft may run in float32 or, where bf16 matmuls are native, bfloat16. A half-precision
+    target's draft runs in its dtype where bf16 is native (a float32 draft drafted faster beside
+    a bfloat16 target there, yet HeteroSpec ran slower with it, same page), else it may run in
+    float32 (half precision is emulated there). On a GPU the draft follows the target."""
     kind = getattr(device, "type", str(device)).split(":")[0]
-    if kind == "cpu" and target_dtype == torch.float32 and cpu_has_native_bf16():
-        return torch.bfloat16
-    return target_dtype
+    if kind != "cpu":
+        return [target_dtype]
+    native = cpu_has_native_bf16()
+    if target_dtype == torch.float32:
+        return [torch.float32, torch.bfloat16] if native else [torch.float32]
+    if target_dtype in (torch.bfloat16, torch.float16) and not native:
+        return [target_dtype, torch.float32]
+    return [target_dtype]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -356,6 +367,7 @@ class Engine:
         # stock path can make verifying 2-16 tokens cost 2-4x one token).
         self.linear = linear
         self.linear_report = {}
+        self.draft_dtype_report = {}       # from_pretrained: how the draft's dtype was chosen
         if linear == "tuned" and self.device.type == "cpu":
             self.linear_report = tune_linears([target, draft])
         else:
@@ -448,8 +460,11 @@ class Engine:
                         **kwargs) -> "Engine":
         """Load a target directory and an EAGLE-3 draft directory; no arguments = the built-in pair.
 
-        ``draft_dtype``: the draft's weights; default :func:`default_draft_dtype` (bfloat16 on
-        CPUs with native bf16 matmul when the target runs float32, else the target's dtype)."""
+        ``draft_dtype``: the draft's weights. Default: measured - on a CPU the draft is timed in
+        each of :func:`draft_dtype_candidates` (float32 or bfloat16 for a float32 target on a CPU
+        with native bf16 matmul; the target's dtype or float32 for a half-precision one) and runs
+        in the fastest; the choice is cached per machine (``engine.draft_dtype_report`` says what
+        was measured). Elsewhere the target's dtype."""
         from .models.draft import Eagle3Draft
         from .models.target import TargetModel
 
@@ -460,12 +475,18 @@ class Engine:
             draft = default_draft_dir() if draft is None else draft
         tgt = TargetModel.from_pretrained(target, device=device, dtype=dtype,
                                           attn_backend=kwargs.pop("attn_backend", "auto"))
-        drf = None
+        drf, w = None, tgt.lm_head.weight
+        dtypes = [draft_dtype] if draft_dtype is not None else draft_dtype_candidates(w.device, w.dtype)
         if draft is not None:
-            drf = Eagle3Draft.from_pretrained(draft, target=tgt)
-            w = tgt.lm_head.weight
-            drf.to(device=w.device, dtype=draft_dtype or default_draft_dtype(w.device, w.dtype))
-        return cls(tgt, drf, config=config, draft_dir=draft, **kwargs)
+            # Several candidates: load in float32, which holds a float16 / bfloat16 file exactly,
+            # so that every candidate is converted from the file's own values.
+            drf = Eagle3Draft.from_pretrained(draft, target=tgt, dtype=torch.float32 if len(dtypes) > 1 else dtypes[0])
+            drf.to(device=w.device)
+        engine = cls(tgt, drf, config=config, draft_dir=draft, **kwargs)
+        if drf is not None and len(dtypes) > 1:
+            from .costmodel import choose_draft_dtype
+            engine.draft_dtype_report = choose_draft_dtype(engine, dtypes)
+        return engine
 
     @staticmethod
     def _check_pair(target, draft) -> Optional[tuple]:

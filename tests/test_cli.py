@@ -118,6 +118,24 @@ def test_from_pretrained_draft_dtype(pair_dirs):
     assert eng.draft.dtype == torch.float32
     ref = eng.generate("Say hi.", max_new_tokens=6, method="autoregressive").token_ids
     assert eng.generate("Say hi.", max_new_tokens=6, method="eagle3").token_ids == ref
+    assert eng.draft_dtype_report == {}          # given, not measured
+
+
+def test_from_pretrained_measures_the_draft_dtype(pair_dirs, monkeypatch, tmp_path):
+    from heterospec import costmodel, engine as eng_mod
+    monkeypatch.setenv("HETEROSPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(eng_mod, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr(costmodel, "draft_round_ms", lambda eng, drafts, **kw: [4.0, 2.0])
+    t, d = pair_dirs
+    eng = heterospec.Engine.from_pretrained(t, d)
+    assert eng.draft_dtype_report["chosen"] == "bfloat16" and eng.draft.dtype == torch.bfloat16
+    # the bf16 candidate was converted from the float16 file's exact values (loaded as float32)
+    ref = heterospec.Engine.from_pretrained(t, d, draft_dtype=torch.bfloat16)
+    assert all(torch.equal(v, ref.draft.state_dict()[k]) for k, v in eng.draft.state_dict().items())
+    monkeypatch.setattr(costmodel, "draft_round_ms", lambda eng, drafts, **kw: [2.0, 4.0])
+    monkeypatch.setenv("HETEROSPEC_CACHE", str(tmp_path / "other"))
+    eng = heterospec.Engine.from_pretrained(t, d)
+    assert eng.draft_dtype_report["chosen"] == "float32" and eng.draft.dtype == torch.float32
 
 
 def test_markdown_table_without_reference_methods():

@@ -301,14 +301,74 @@ def test_missing_bins_warn_and_fall_back():
     assert bins.is_fallback and any("fallback" in str(x.message) for x in w)
 
 
-def test_default_draft_dtype_policy(monkeypatch):
+def test_draft_dtype_candidates(monkeypatch):
     from heterospec import engine as eng
     monkeypatch.setattr(eng, "cpu_has_native_bf16", lambda: True)
-    assert eng.default_draft_dtype("cpu", torch.float32) == torch.bfloat16
-    assert eng.default_draft_dtype(torch.device("cpu"), torch.float64) == torch.float64
-    assert eng.default_draft_dtype("cuda:0", torch.float16) == torch.float16
+    assert eng.draft_dtype_candidates("cpu", torch.float32) == [torch.float32, torch.bfloat16]
+    assert eng.draft_dtype_candidates(torch.device("cpu"), torch.bfloat16) == [torch.bfloat16]
+    assert eng.draft_dtype_candidates("cpu", torch.float16) == [torch.float16]
+    assert eng.draft_dtype_candidates(torch.device("cpu"), torch.float64) == [torch.float64]
+    assert eng.draft_dtype_candidates("cuda:0", torch.float16) == [torch.float16]
+    assert eng.draft_dtype_candidates("cuda", torch.float32) == [torch.float32]
     monkeypatch.setattr(eng, "cpu_has_native_bf16", lambda: False)
-    assert eng.default_draft_dtype("cpu", torch.float32) == torch.float32
+    assert eng.draft_dtype_candidates("cpu", torch.float32) == [torch.float32]
+    assert eng.draft_dtype_candidates("cpu", torch.bfloat16) == [torch.bfloat16, torch.float32]
+    assert eng.draft_dtype_candidates("cpu", torch.float16) == [torch.float16, torch.float32]
+
+
+def _eagle3_engine(seed=0):
+    hf = tiny_hf_llama(seed=seed, kv_heads=2, dtype=torch.float32)
+    target = heterospec.TargetModel.from_hf(hf)
+    draft = heterospec.Eagle3Draft.for_target(target, seed=seed)      # float32, as the target
+    return Engine(target, draft, config=SMALL, bins=EntropyBins([0.5, 1.0, 2.0])), draft
+
+
+def test_choose_draft_dtype_keeps_the_fastest_and_caches_it(monkeypatch, tmp_path):
+    from heterospec import costmodel
+    monkeypatch.setenv("HETEROSPEC_CACHE", str(tmp_path))
+    engine, draft = _eagle3_engine()
+    before = {k: v.clone() for k, v in draft.state_dict().items()}
+    timed = []
+    monkeypatch.setattr(costmodel, "draft_round_ms",
+                        lambda eng, drafts, **kw: timed.append([d.dtype for d in drafts]) or [10.0, 5.0])
+    rep = costmodel.choose_draft_dtype(engine, [torch.float32, torch.bfloat16], progress=False)
+    assert timed == [[torch.float32, torch.bfloat16]]
+    assert rep["chosen"] == "bfloat16" and not rep["cached"] and rep["ms"] == {"float32": 10.0, "bfloat16": 5.0}
+    assert engine.draft.dtype == torch.bfloat16 and engine.draft is not draft
+    # the draft it was given is untouched (the candidate is a copy), and the copy still shares
+    # the target's embedding rather than owning one
+    assert draft.dtype == torch.float32 and all(torch.equal(v, draft.state_dict()[k]) for k, v in before.items())
+    assert engine.draft.embedding is draft.embedding
+    prompt = [5, 9, 13, 2, 40]
+    ref = engine.generate(prompt, max_new_tokens=12, method="autoregressive").token_ids
+    for method in ("eagle3", "heterospec"):
+        assert engine.generate(prompt, max_new_tokens=12, method=method).token_ids == ref
+
+    # A second engine on this machine reads the choice instead of timing again.
+    engine2, draft2 = _eagle3_engine()
+    monkeypatch.setattr(costmodel, "draft_round_ms", lambda *a, **k: pytest.fail("timed again"))
+    rep2 = costmodel.choose_draft_dtype(engine2, [torch.float32, torch.bfloat16], progress=False)
+    assert rep2["cached"] and rep2["chosen"] == "bfloat16" and engine2.draft.dtype == torch.bfloat16
+    # other candidates (another key) are timed afresh; within the margin the first one stays
+    monkeypatch.setattr(costmodel, "draft_round_ms", lambda eng, drafts, **kw: [10.0, 9.8])
+    engine3, draft3 = _eagle3_engine()
+    rep3 = costmodel.choose_draft_dtype(engine3, [torch.float32, torch.float16], progress=False)
+    assert rep3["chosen"] == "float32" and engine3.draft is draft3 and draft3.dtype == torch.float32
+
+
+def test_choose_draft_dtype_times_real_rounds(monkeypatch, tmp_path):
+    from heterospec import costmodel
+    monkeypatch.setenv("HETEROSPEC_CACHE", str(tmp_path))
+    engine, draft = _eagle3_engine(seed=1)
+    rep = costmodel.choose_draft_dtype(engine, [torch.float32, torch.bfloat16], reps=2, progress=False)
+    assert rep["chosen"] in ("float32", "bfloat16") and set(rep["ms"]) == {"float32", "bfloat16"}
+    assert all(0 < ms < 1e4 for ms in rep["ms"].values())
+    assert str(engine.draft.dtype).removeprefix("torch.") == rep["chosen"]
+    prompt = [7, 3, 21, 8]
+    ref = engine.generate(prompt, max_new_tokens=10, method="autoregressive").token_ids
+    assert engine.generate(prompt, max_new_tokens=10, method="heterospec").token_ids == ref
+    with pytest.raises(ValueError, match="no candidate"):
+        costmodel.choose_draft_dtype(engine, [], progress=False)
 
 
 @pytest.mark.parametrize("draft_dtype", [torch.bfloat16, torch.float16])
