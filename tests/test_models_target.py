@@ -363,6 +363,51 @@ def test_writing_past_the_cache():
         tm.set_attn_backend("flashinfer")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_step_attention_without_mask_is_bit_identical(dtype):
+    """A one-token step of one request attends to every key: the SDPA backend then passes no
+    mask, which must give the very bits of the all-True mask (else AR and tree rows could part)."""
+    from heterospec.models.attention import SdpaAttention
+    from heterospec.models.kv_cache import KVCache
+    from heterospec.models.layers import sdpa
+
+    g = torch.Generator().manual_seed(3)
+    for W in (1, 7, 64, 257, 1000):
+        q, k, v = (torch.randn(1, n, h, 16, generator=g).to(dtype) for n, h in ((1, 6), (W, 2), (W, 2)))
+        ones = torch.ones(1, 1, W, dtype=torch.bool)
+        assert torch.equal(sdpa(q, k, v, None, 0.25), sdpa(q, k, v, ones, 0.25))
+    cache = KVCache(1, 1, 32, 2, 16)
+    backend = SdpaAttention()
+    plan = backend.plan(torch.ones(1, 1, 1, dtype=torch.bool), _i64(9), cache, 6, 0.25)
+    assert plan.mask is None and plan.width == 10
+    # a tree, or requests of different lengths, keep their mask
+    tree = torch.tril(torch.ones(1, 3, 3, dtype=torch.bool))
+    assert backend.plan(tree, _i64(9), cache, 6, 0.25).mask is not None
+    cache2 = KVCache(1, 2, 32, 2, 16)
+    plan2 = backend.plan(torch.ones(2, 1, 1, dtype=torch.bool), _i64(4, 9), cache2, 6, 0.25)
+    assert plan2.mask is not None and plan2.width == 10
+
+
+@pytest.mark.parametrize("B", [1, 3, 6])
+def test_kv_write_slices_equal_indexed_write(B):
+    """The CPU write by slices (a few requests) and the indexed write give the same cache."""
+    from heterospec import _checks
+    from heterospec.models.kv_cache import KVCache
+
+    g = torch.Generator().manual_seed(B)
+    lens = torch.randint(0, 20, (B,), generator=g)
+    k, v = torch.randn(B, 4, 2, 8, generator=g), torch.randn(B, 4, 2, 8, generator=g)
+    fast, ref = KVCache(2, B, 24, 2, 8), KVCache(2, B, 24, 2, 8)
+    fast.write(1, k, v, lens)
+    with _checks.sync_free():            # no host reads: the indexed write
+        ref.write(1, k, v, lens)
+    assert torch.equal(fast.k, ref.k) and torch.equal(fast.v, ref.v) and fast.k[1].abs().sum() > 0
+    with pytest.raises((IndexError, RuntimeError)):
+        fast.write(0, k, v, torch.full((B,), 22))     # past max_length: an error, never clipped
+    with pytest.raises(RuntimeError):
+        fast.write(0, k.double(), v.double(), lens)   # another dtype: an error, never cast
+
+
 # ---------------------------------------------------------------------------------------------
 # SmolLM2-135M-Instruct (slow)
 

@@ -39,7 +39,7 @@ def causal_tree_mask(batch_size: int, T: int, device) -> torch.Tensor:
 
 @dataclass
 class SdpaPlan:
-    mask: torch.Tensor  # [B, T, W] bool
+    mask: torch.Tensor | None  # [B, T, W] bool; None: every query sees all W keys
     width: int
 
 
@@ -50,10 +50,17 @@ class SdpaAttention:
              scale: float) -> SdpaPlan:
         T = tree_mask.shape[1]
         S = cache.max_length
-        # On CPU attend only up to the longest request; on CUDA use S_max (no host sync).
-        width = S if prefix_lens.is_cuda or not host_reads_allowed(prefix_lens) else \
-            min(S, int(prefix_lens.max()) + T)
         self.scale = scale
+        # On CPU attend only up to the longest request; on CUDA use S_max (no host sync).
+        if prefix_lens.is_cuda or not host_reads_allowed(prefix_lens):
+            width = S
+        else:
+            lens = prefix_lens.tolist()
+            width = min(S, max(lens) + T)
+            if T == 1 and min(lens) + 1 == width and bool(tree_mask.all()):
+                # A decode step whose rows all see every key: no mask to build or apply (the
+                # kernel gives the same bits as with an all-True one, tests/test_models_target.py).
+                return SdpaPlan(None, width)
         return SdpaPlan(ops.dense_tree_attention_mask(tree_mask.contiguous(), prefix_lens, width), width)
 
     def run(self, plan: SdpaPlan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:

@@ -183,7 +183,8 @@ class MLP(nn.Module):
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
-    """q: [B, Tq, Hq, D]; k, v: [B, Tk, Hkv, D]; mask: [B, Tq, Tk] bool (True = attend).
+    """q: [B, Tq, Hq, D]; k, v: [B, Tk, Hkv, D]; mask: [B, Tq, Tk] bool (True = attend), or None:
+    every query attends to every key.
 
     Returns [B, Tq, Hq, D]. Every query row must see at least one key.
 
@@ -197,7 +198,8 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, 
         q, k, v = q.float(), k.float(), v.float()
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     gqa = q.shape[1] != k.shape[1]
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], scale=scale, enable_gqa=gqa)
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask[:, None], scale=scale,
+                                       enable_gqa=gqa)
     return o.transpose(1, 2).to(dtype)
 
 
