@@ -239,3 +239,106 @@ def test_float32_shapes_time_the_stream_path_and_others_do_not():
     assert t["ok"] and len(t["stream_ms"]) == 2 and all(v > 0 for v in t["stream_ms"])
     t = L.time_shape(nn.Linear(64, 96, bias=False).to(torch.bfloat16), rows=(1,), budget_s=0.01, copies=2)
     assert "stream_ms" not in t
+
+
+def _siblings(outs=(64, 32, 32), in_f=48, bias=False, seed=0):
+    torch.manual_seed(seed)
+    mods = [nn.Linear(in_f, o, bias=bias) for o in outs]
+    for m in mods:
+        m.__class__ = L.TunedLinear
+        m.set_stream([True] * len(L.TUNE_ROWS))
+    return mods
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_fused_siblings_give_the_members_stream_bits(bias):
+    """One stacked stream_linear call = each member's own stream call, bit for bit (each output is
+    the same FMA chain), at every row count; outputs are views of the right shapes."""
+    mods = _siblings(bias=bias)
+    fused = L.FusedStream(mods, [True] * len(L.TUNE_ROWS))
+    for shape in [(1, 48), (3, 48), (2, 7, 48), (13, 48), (0, 48)]:
+        x = torch.randn(*shape)
+        with torch.inference_mode():
+            got = fused(x)
+            want = [m(x) for m in mods]
+        assert got is not None and len(got) == 3
+        for g, w, m in zip(got, want, mods):
+            assert g.shape == (*shape[:-1], m.out_features) and torch.equal(g, w)
+            torch.testing.assert_close(g, torch.nn.functional.linear(x, m.weight, m.bias), rtol=1e-5, atol=1e-5)
+
+
+def test_fused_siblings_step_aside_where_they_cannot_serve():
+    mods = _siblings()
+    fused = L.FusedStream(mods, [r <= 4 for r in L.TUNE_ROWS])
+    with torch.inference_mode():
+        assert fused(torch.randn(4, 48)) is not None
+        assert fused(torch.randn(5, 48)) is None                   # a bucket not fused
+        assert fused(torch.randn(2, 48, dtype=torch.float64)) is None
+    with torch.no_grad():
+        mods[1].weight.add_(1.0)                                    # stale stacked copy
+    with torch.inference_mode():
+        assert fused(torch.randn(2, 48)) is None
+    fresh = L.FusedStream(mods, [True] * len(L.TUNE_ROWS))
+    assert fresh(torch.randn(2, 48, requires_grad=True)) is None    # autograd needs the weights
+    for bad, msg in (((64, 31), "multiples"), ((64,), "multiples")):
+        with pytest.raises(ValueError, match=msg):
+            L.FusedStream(_siblings(outs=bad), [True] * len(L.TUNE_ROWS))
+    with pytest.raises(ValueError, match="in_features"):
+        L.FusedStream(_siblings()[:1] + _siblings(in_f=32)[:1], [True] * len(L.TUNE_ROWS))
+    with pytest.raises(ValueError, match="row bucket"):
+        L.FusedStream(_siblings(), [True])
+    bf = _siblings()
+    for m in bf:
+        m.to(torch.bfloat16)
+    with pytest.raises(ValueError, match="float32"):
+        L.FusedStream(bf, [True] * len(L.TUNE_ROWS))
+
+
+def test_tuning_fuses_siblings_where_measured_faster(tmp_path, monkeypatch):
+    """A target whose Q, K, V have multiples of 32 outputs gets a FusedStream where the stacked
+    call was timed faster (here: made so), greedy decoding is unchanged, and fuse=False or
+    untuning drops it."""
+    from heterospec import Engine
+    from heterospec.models.layers import QKVO
+    from tests.engine_util import tiny_hf_llama
+    monkeypatch.setenv("HETEROSPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(L, "_MEMORY", {})
+    real = L.time_shape
+
+    def timed(layer, *a, **k):
+        t = real(layer, rows=L.TUNE_ROWS, budget_s=0.01, copies=1)
+        if layer.out_features == 128:                 # the stacked Q, K, V (64 + 32 + 32)
+            t["stream_ms"] = [1e-6] * len(t["rows"])
+        return t
+    monkeypatch.setattr(L, "time_shape", timed)
+    hf = tiny_hf_llama(hidden=64, heads=2, kv_heads=1, dtype=torch.float32)
+    stock = Engine(hf, linear="stock")
+    ref = stock.generate([1, 2, 3, 4], max_new_tokens=12, method="autoregressive").token_ids
+    eng = Engine(hf)
+    attn = [m for m in eng.target.modules() if isinstance(m, QKVO)]
+    assert attn and all(isinstance(a._fused, L.FusedStream) and all(a._fused.use) for a in attn)
+    assert any(k.startswith("fused:") for k in eng.linear_report)
+    assert eng.generate([1, 2, 3, 4], max_new_tokens=12, method="autoregressive").token_ids == ref
+    L.tune_linears([eng.target], fuse=False)
+    assert all(a._fused is None for a in attn)
+    L.tune_linears([eng.target])
+    assert all(a._fused is not None for a in attn)
+    L.untune_linears([eng.target])
+    assert all(a._fused is None for a in attn)
+
+
+def test_timings_taken_beside_other_work_are_not_cached(tmp_path, monkeypatch):
+    import json
+    monkeypatch.setenv("HETEROSPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(L, "_MEMORY", {})
+
+    class Busy:
+        def cores(self):
+            return 1.7
+    monkeypatch.setattr(L, "_timing_load", lambda: Busy())
+    model = nn.Sequential(nn.Linear(32, 48))
+    with pytest.warns(UserWarning, match="1.7 CPU cores busy"):
+        report = L.tune_linears([model])
+    assert "32x48-float32-bias" in report and isinstance(model[0], L.TunedLinear)
+    (saved,) = tmp_path.rglob("linear-*.json")
+    assert json.loads(saved.read_text())["shapes"] == {}          # the next process times again

@@ -141,6 +141,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class QKVO(nn.Module):
     """Q/K/V/O projections with RoPE; `in_dim` is H for the target and 2H for the EAGLE-3 draft."""
 
+    # Q, K and V read the same input: on CPU the tuned linears may run them as one call
+    # (models/linear.py, FusedStream), set here as ``_fused``.
+    FUSABLE = ("q_proj", "k_proj", "v_proj")
+    _fused = None
+
     def __init__(self, in_dim: int, hidden: int, n_heads: int, n_kv_heads: int, head_dim: int, bias: bool = False):
         super().__init__()
         if n_heads % n_kv_heads:
@@ -155,9 +160,11 @@ class QKVO(nn.Module):
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         # x: [B, T, in_dim] -> q: [B, T, Hq, D]; k, v: [B, T, Hkv, D] (q, k rotated)
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)
-        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
+        fused = self._fused(x) if self._fused is not None else None
+        q, k, v = fused if fused is not None else (self.q_proj(x), self.k_proj(x), self.v_proj(x))
+        q = q.view(B, T, self.n_heads, self.head_dim)
+        k = k.view(B, T, self.n_kv_heads, self.head_dim)
+        v = v.view(B, T, self.n_kv_heads, self.head_dim)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def out(self, o: torch.Tensor) -> torch.Tensor:
@@ -168,6 +175,9 @@ class QKVO(nn.Module):
 class MLP(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x))."""
 
+    FUSABLE = ("gate_proj", "up_proj")     # one input: may run as one call (see QKVO)
+    _fused = None
+
     def __init__(self, hidden: int, intermediate: int, bias: bool = False):
         super().__init__()
         self.gate_proj = nn.Linear(hidden, intermediate, bias=bias)
@@ -175,7 +185,9 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        fused = self._fused(x) if self._fused is not None else None
+        gate, up = fused if fused is not None else (self.gate_proj(x), self.up_proj(x))
+        return self.down_proj(F.silu(gate) * up)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -32,6 +32,10 @@ tree cost more than a four-token one. Where the reordered path at the next one o
 timed row counts is measured faster, the input is padded with zero rows up to that count and the
 extra output rows dropped (:func:`pad_decisions`).
 
+Sibling linears that read the same input (Q, K, V; gate and up) may run as one stacked
+``stream_linear`` call (:class:`FusedStream`), where that was timed faster than the members'
+own paths together.
+
 A :class:`TunedLinear` is an ``nn.Linear`` (same parameters, same state dict). It falls back to
 ``F.linear`` whenever a packed or reordered copy could be stale or unusable: the weight was
 replaced or modified in place since it was packed, autograd needs the weight's gradient, or the
@@ -58,7 +62,7 @@ from torch import nn
 TUNE_ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
 # The reordered path must be this much faster to be used (the stock path is the reference).
 MARGIN = 0.95
-FORMAT = 4      # 4: stream_linear timed; 3: padded row counts; 2: cache-cold timing; 1: one cached weight
+FORMAT = 5      # 5: fused groups timed; 4: stream_linear timed; 3: padded row counts; 2: cache-cold timing; 1: one cached weight
 # Weight copies cycled while timing one shape add up to this many times the last-level cache.
 COLD_FACTOR = 2
 MAX_COPIES = 64
@@ -163,6 +167,78 @@ class TunedLinear(nn.Linear):
                     return _packed_forward(xp, p, self.bias)[:rows].reshape(*x.shape[:-1], self.out_features)
                 return _packed_forward(x, p, self.bias)
         return F.linear(x, self.weight, self.bias)
+
+
+class FusedStream:
+    """Sibling linears that read the same input (an attention block's Q, K, V; an MLP's gate and
+    up), run as one ``stream_linear`` call over their weights stacked, for the row buckets where
+    :func:`tune_linears` measured that faster than the members' own paths. One call instead of
+    three streams the same bytes with one dispatch, one thread fork and join, and longer rows of
+    blocks per thread.
+
+    Every member has a multiple of ``STREAM_BLOCK`` outputs, so each output is the same FMA chain
+    over the same weights as in the member's own ``stream_linear`` call: the results are bit for
+    bit the members' stream results (and row-invariant like them). Outputs are views into one
+    [.., sum(out)] tensor. Returns None (the caller runs the members) where the bucket is not
+    fused, or a member's weight was replaced or changed since packing, or autograd needs it."""
+
+    def __init__(self, members: Sequence[nn.Linear], use: Sequence[bool]):
+        from ..ops import STREAM_BLOCK
+        w0 = members[0].weight
+        if len(members) < 2 or any(m.in_features != members[0].in_features or m.weight.dtype != w0.dtype
+                                   or m.weight.device != w0.device or (m.bias is None) != (members[0].bias is None)
+                                   or m.out_features % STREAM_BLOCK for m in members):
+            raise ValueError("FusedStream: members need one in_features, dtype, device and bias setting, "
+                             f"and multiples of {STREAM_BLOCK} outputs each")
+        if not stream_linear_available(w0.dtype):
+            raise ValueError(f"FusedStream: stream_linear serves float32 weights, got {w0.dtype}")
+        self.use = tuple(bool(u) for u in use)
+        if len(self.use) != len(TUNE_ROWS):
+            raise ValueError(f"FusedStream: expected one entry per row bucket {list(TUNE_ROWS)}, got {len(self.use)}")
+        self.members = list(members)
+        self.splits = [m.out_features for m in members]
+        with torch.no_grad():
+            self.packed = _stream_pack(torch.cat([m.weight.detach() for m in members]))
+            self.bias = None if members[0].bias is None else torch.cat([m.bias.detach() for m in members])
+        self._of = self._weights_now()
+
+    def _weights_now(self) -> Tuple:
+        return tuple((m.weight.data_ptr(), m.weight._version, m.weight.dtype) +
+                     (() if m.bias is None else (m.bias.data_ptr(), m.bias._version)) for m in self.members)
+
+    def __call__(self, x: torch.Tensor) -> Optional[Tuple[torch.Tensor, ...]]:
+        k = self.members[0].in_features
+        if not self.use[_row_bucket(x.numel() // k if k else 0)]:
+            return None
+        if (x.dtype != self.packed.dtype or x.device.type != "cpu" or self._weights_now() != self._of
+                or (torch.is_grad_enabled() and (x.requires_grad or any(m.weight.requires_grad for m in self.members)))):
+            return None
+        return _stream_forward(x, self.packed, self.bias, sum(self.splits)).split(self.splits, dim=-1)
+
+
+def fused_groups(model: nn.Module) -> List[Tuple[nn.Module, List[nn.Linear]]]:
+    """``(owner, [member linears])`` for every module of ``model`` that names sibling linears it
+    may run fused (a ``FUSABLE`` tuple of attribute names, read by :func:`tune_linears`)."""
+    out = []
+    for mod in model.modules():
+        names = getattr(type(mod), "FUSABLE", None)
+        if names:
+            out.append((mod, [getattr(mod, n) for n in names]))
+    return out
+
+
+def chosen_ms(timing: dict, use_stream: Sequence[bool], use_packed: Sequence[bool]) -> List[float]:
+    """Per TUNE_ROWS bucket, the milliseconds of the path a layer runs there (inf where not timed)."""
+    by_rows = {r: i for i, r in enumerate(timing.get("rows", []))}
+    out = []
+    for b, r in enumerate(TUNE_ROWS):
+        i = by_rows.get(r)
+        if i is None or not timing.get("ok"):
+            out.append(float("inf"))
+            continue
+        key = "stream_ms" if use_stream[b] else "packed_ms" if use_packed[b] else "stock_ms"
+        out.append(timing[key][i])
+    return out
 
 
 def _machine_key() -> dict:
@@ -322,13 +398,16 @@ def stream_decisions(timing: dict, reach: int = 2) -> List[bool]:
 _MEMORY: Dict[str, dict] = {}      # this process's timings, per machine file and shape
 
 
-def tune_linears(models: Iterable[Optional[nn.Module]], progress: bool = False, stream: bool = True) -> dict:
+def tune_linears(models: Iterable[Optional[nn.Module]], progress: bool = False, stream: bool = True,
+                 fuse: bool = True) -> dict:
     """Make every plain ``nn.Linear`` of ``models`` (CPU, float weights; subclasses are left alone) a :class:`TunedLinear` using
     the path measured fastest on this machine per row bucket (``stream=False``: choose between
-    ``F.linear`` and the reordered path only, as before ``stream_linear`` existed). Shapes not yet
+    ``F.linear`` and the reordered path only, as before ``stream_linear`` existed; ``fuse=False``:
+    no :class:`FusedStream` groups, as before they existed). Shapes not yet
     in the machine's cache file are timed now (a second or two for a 135M model) and saved.
     Returns ``{shape: {"timing": ..., "packed_rows": [...], ...}}`` for the shapes seen."""
-    layers = [(name, mod) for model in models if model is not None for name, mod in model.named_modules()
+    models = [m for m in models if m is not None]
+    layers = [(name, mod) for model in models for name, mod in model.named_modules()
               if type(mod) in (nn.Linear, TunedLinear) and mod.weight.device.type == "cpu"
               and mod.weight.dtype in (torch.float32, torch.bfloat16, torch.float16)]
     if not layers or not packed_linear_available():
@@ -351,14 +430,11 @@ def tune_linears(models: Iterable[Optional[nn.Module]], progress: bool = False, 
     todo = [k for k in shapes if k not in saved]
     if todo:
         from tqdm.auto import tqdm
+        load = _timing_load()
         with torch.inference_mode():
             for k in tqdm(todo, desc="timing linear layers", disable=not progress, unit="shape"):
                 saved[k] = time_shape(shapes[k])
-        try:
-            from .._io import write_json_atomic
-            write_json_atomic(path, {"format": FORMAT, "machine": _machine_key(), "shapes": saved}, indent=1)
-        except OSError:
-            pass                        # an unwritable cache only means timing again next time
+        _save_timings(path, saved, load, todo)
     report = {}
     for _, mod in layers:
         k = _shape_key(mod)
@@ -372,7 +448,83 @@ def tune_linears(models: Iterable[Optional[nn.Module]], progress: bool = False, 
         report[k] = {"timing": saved[k], "packed_rows": [r for r, u in zip(TUNE_ROWS, use) if u],
                      "padded_rows": {r: p for r, p in zip(TUNE_ROWS, pad) if p},
                      "stream_rows": [r for r, u in zip(TUNE_ROWS, use_stream) if u]}
+    for model in models:
+        for owner, _ in fused_groups(model):
+            owner._fused = None
+    if stream and fuse:
+        _tune_fused(models, saved, path, report)
     return report
+
+
+def _timing_load():
+    from ..costmodel import OtherLoad
+    return OtherLoad().start()
+
+
+def _save_timings(path: str, saved: dict, load, new: Sequence[str]) -> None:
+    """Write the machine's timings, unless other processes kept the machine busy while the
+    ``new`` shapes were timed: such times (seen: every path of a shape at 8 ms, a scheduler tick)
+    would decide every later process's paths. They serve this process only, and are retimed by
+    the next one."""
+    from ..costmodel import BUSY_CORES
+    busy = load.cores()
+    if busy is not None and busy > BUSY_CORES:
+        import warnings
+        for k in new:
+            saved[k] = {**saved[k], "busy_cores": busy}
+        warnings.warn(f"linear layers timed while other processes kept {busy:.1f} CPU cores busy: their "
+                      "paths may be wrong for this run and are not cached (timed again next time)", stacklevel=3)
+    keep = {k: v for k, v in saved.items() if "busy_cores" not in v}
+    try:
+        from .._io import write_json_atomic
+        write_json_atomic(path, {"format": FORMAT, "machine": _machine_key(), "shapes": keep}, indent=1)
+    except OSError:
+        pass                        # an unwritable cache only means timing again next time
+
+
+def _fused_key(members: Sequence[nn.Linear]) -> str:
+    return "fused:" + "+".join(_shape_key(m) for m in members)
+
+
+def _tune_fused(models, saved: dict, path: str, report: dict) -> None:
+    """Give every fusable group of tuned float32 linears its :class:`FusedStream`, used where one
+    stacked call was measured ``MARGIN`` faster than the sum of the members' own chosen paths;
+    members stop streaming themselves there (their packed copy is dropped if unused elsewhere)."""
+    from ..ops import STREAM_BLOCK
+    groups = []
+    for model in models:
+        for owner, members in fused_groups(model):
+            if (all(isinstance(m, TunedLinear) and stream_linear_available(m.weight.dtype)
+                    and m.weight.device.type == "cpu" and m.out_features % STREAM_BLOCK == 0 for m in members)
+                    and len({m.in_features for m in members}) == 1
+                    and len({m.bias is None for m in members}) == 1):
+                groups.append((owner, members))
+    todo = {}
+    for _, members in groups:
+        key = _fused_key(members)
+        if key not in saved and key not in todo:
+            todo[key] = nn.Linear(members[0].in_features, sum(m.out_features for m in members),
+                                  bias=members[0].bias is not None)
+    if todo:
+        load = _timing_load()
+        with torch.inference_mode():
+            for key, shape in todo.items():
+                saved[key] = time_shape(shape)
+        _save_timings(path, saved, load, list(todo))
+    for owner, members in groups:
+        key = _fused_key(members)
+        t = saved[key]
+        if not t.get("ok") or "stream_ms" not in t:
+            continue
+        each = [chosen_ms(saved[_shape_key(m)], m._use_stream, m._use_packed) for m in members]
+        by_rows = dict(zip(t["rows"], t["stream_ms"]))
+        use = [r in by_rows and by_rows[r] < MARGIN * sum(ms[b] for ms in each) for b, r in enumerate(TUNE_ROWS)]
+        if not any(use):
+            continue
+        owner._fused = FusedStream(members, use)
+        for m in members:       # the fused call serves these buckets; the member's own stream is
+            m.set_stream([s and not u for s, u in zip(m._use_stream, use)])    # for the others only
+        report[key] = {"timing": t, "fused_rows": [r for r, u in zip(TUNE_ROWS, use) if u]}
 
 
 def untune_linears(models: Iterable[Optional[nn.Module]]) -> None:
@@ -384,3 +536,5 @@ def untune_linears(models: Iterable[Optional[nn.Module]]) -> None:
             if isinstance(mod, TunedLinear):
                 mod.set_packed([False] * len(TUNE_ROWS))
                 mod.set_stream([False] * len(TUNE_ROWS))
+            if getattr(mod, "_fused", None) is not None:
+                mod._fused = None
