@@ -624,14 +624,15 @@ def draft_dtype_path(engine, candidates: Sequence[torch.dtype]) -> str:
 
 def _draft_copy(draft, dtype: torch.dtype):
     """``draft`` in ``dtype``, a new module (the target's embedding it shares stays shared; the
-    reordered / packed weights of tuned linears are not copied: the copy is tuned afresh)."""
+    reordered / packed weights of tuned linears and fused groups are not copied: the copy is
+    tuned afresh)."""
     import copy
     memo = {id(m): m for m in getattr(draft, "_shared_embedding", [])}
     for mod in draft.modules():
-        for name in ("_packed", "_stream"):
-            t = getattr(mod, name, None)
-            if isinstance(t, torch.Tensor):
-                memo[id(t)] = None
+        for name in ("_packed", "_stream", "_fused"):
+            held = getattr(mod, name, None)
+            if held is not None:
+                memo[id(held)] = None
     out = copy.deepcopy(draft, memo=memo).to(dtype)
     if hasattr(out, "release_tree_pools"):
         out.release_tree_pools()

@@ -260,7 +260,7 @@ def draft_dtype_candidates(device, target_dtype: torch.dtype) -> List[torch.dtyp
     precision can never change the output (greedy or sampled), only tau. Which dtype drafts
     fastest is the CPU's business, not a rule: a bfloat16 draft was the faster one on an AMX box
     while float32 linears ran through MKL, and the slower one once float32 linears streamed their
-    weights (bench/RESULTS.md, "The draft's dtype, measured"). So on a CPU a float32 target's
+    weights (bench/RESULTS.md, "The draft's dtype measured, the target's glue trimmed"). So on a CPU a float32 target's
     draft may run in float32 or, where bf16 matmuls are native, bfloat16. A half-precision
     target's draft runs in its dtype where bf16 is native (a float32 draft drafted faster beside
     a bfloat16 target there, yet HeteroSpec ran slower with it, same page), else it may run in
@@ -462,7 +462,8 @@ class Engine:
 
         ``draft_dtype``: the draft's weights. Default: measured - on a CPU the draft is timed in
         each of :func:`draft_dtype_candidates` (float32 or bfloat16 for a float32 target on a CPU
-        with native bf16 matmul; the target's dtype or float32 for a half-precision one) and runs
+        with native bf16 matmul; a half-precision target's dtype or float32 where bf16 is
+        emulated) and runs
         in the fastest; the choice is cached per machine (``engine.draft_dtype_report`` says what
         was measured). Elsewhere the target's dtype."""
         from .models.draft import Eagle3Draft
