@@ -8,6 +8,8 @@
 
 #include "checks.h"
 
+#include <cmath>
+
 namespace heterospec {
 
 // The backend a host function serves; it decides the device checks. On the CPU every tensor must
@@ -278,6 +280,48 @@ inline void check_stream_linear_inputs(const char* op, const at::Tensor& x, cons
     check_dim(op, "bias", *bias, 1, "[N]");
     check_cpu(op, "bias", *bias);
     check_size(op, "bias", *bias, 0, out_features, "N = out_features");
+  }
+}
+
+// ---- rms_norm, rope (CPU only) ----------------------------------------------------------------------
+// x [..., H] float32 / float16 / bfloat16 (at least 1 dimension), weight [H] of x's dtype, eps >= 0
+// and finite; on the CPU.
+inline void check_rms_norm_inputs(Backend be, const char* op, const at::Tensor& x, const at::Tensor& weight,
+                                  double eps) {
+  check_float_dtype(op, "x", x);
+  HS_CHECK(x.dim() >= 1, op, ": expected x to have at least 1 dimension [..., H], got a 0-dimensional tensor");
+  check_ref_device(be, op, "x", x);
+  check_dtype(op, "weight", weight, x.scalar_type());
+  check_dim(op, "weight", weight, 1, "[H]");
+  check_device(be, op, "weight", weight, "x", x);
+  check_size(op, "weight", weight, 0, x.size(-1), "H = x.size(-1)");
+  HS_CHECK(std::isfinite(eps) && eps >= 0, op, ": expected a finite eps >= 0, got ", eps);
+}
+
+// q [B, T, Hq, D], k [B, T, Hk, D], cos, sin [B, T, D]: one float dtype, D even; on the CPU.
+inline void check_rope_inputs(Backend be, const char* op, const at::Tensor& q, const at::Tensor& k,
+                              const at::Tensor& cos, const at::Tensor& sin) {
+  check_float_dtype(op, "q", q);
+  check_dim(op, "q", q, 4, "[B, T, Hq, D]");
+  check_ref_device(be, op, "q", q);
+  HS_CHECK(q.size(3) % 2 == 0, op, ": expected an even head size D = q.size(3) (rotate-half RoPE), got ",
+           q.size(3));
+  check_dtype(op, "k", k, q.scalar_type());
+  check_dim(op, "k", k, 4, "[B, T, Hk, D]");
+  check_device(be, op, "k", k, "q", q);
+  check_size(op, "k", k, 0, q.size(0), "B = q.size(0)");
+  check_size(op, "k", k, 1, q.size(1), "T = q.size(1)");
+  check_size(op, "k", k, 3, q.size(3), "D = q.size(3)");
+  const char* names[2] = {"cos", "sin"};
+  const at::Tensor* tables[2] = {&cos, &sin};
+  for (int i = 0; i < 2; ++i) {
+    const at::Tensor& t = *tables[i];
+    check_dtype(op, names[i], t, q.scalar_type());
+    check_dim(op, names[i], t, 3, "[B, T, D]");
+    check_device(be, op, names[i], t, "q", q);
+    check_size(op, names[i], t, 0, q.size(0), "B = q.size(0)");
+    check_size(op, names[i], t, 1, q.size(1), "T = q.size(1)");
+    check_size(op, names[i], t, 2, q.size(3), "D = q.size(3)");
   }
 }
 

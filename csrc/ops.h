@@ -39,6 +39,8 @@ void compact_kv_cpu(Tensor& k_cache, Tensor& v_cache, const Tensor& accept_path,
 Tensor stream_linear_pack_cpu(const Tensor& weight);
 Tensor stream_linear_cpu(const Tensor& x, const Tensor& packed_weight, const std::optional<Tensor>& bias,
                          int64_t out_features);
+Tensor rms_norm_cpu(const Tensor& x, const Tensor& weight, double eps);
+std::tuple<Tensor, Tensor> rope_cpu(const Tensor& q, const Tensor& k, const Tensor& cos, const Tensor& sin);
 
 // ---- CUDA (compiled only when torch has CUDA) ----
 std::tuple<Tensor, Tensor, Tensor> topk_entropy_cuda(const Tensor& logits, int64_t k,

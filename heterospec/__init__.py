@@ -24,6 +24,8 @@ from .ops import (  # noqa: E402
     compact_kv_,
     dense_tree_attention_mask,
     entropy_bin_policy,
+    rms_norm,
+    rope,
     select_tree_nodes,
     stream_linear,
     stream_linear_pack,

@@ -13,6 +13,7 @@ tensors ``int64`` with ``-1`` as the "none / padding" sentinel.
 from __future__ import annotations
 
 import functools
+import math
 import inspect
 from typing import Optional, Tuple
 
@@ -37,10 +38,13 @@ OP_NAMES = (
     "compact_kv_",
     "stream_linear_pack",
     "stream_linear",
+    "rms_norm",
+    "rope",
 )
 
-#: Ops with CPU kernels only (no CUDA kernel: on a GPU the stock linear is already flat).
-CPU_ONLY_OPS = ("stream_linear_pack", "stream_linear")
+#: Ops with CPU kernels only (no CUDA kernel: on a GPU the stock linear is already flat, and a
+#: replayed CUDA graph already runs the layer glue without per-op dispatch).
+CPU_ONLY_OPS = ("stream_linear_pack", "stream_linear", "rms_norm", "rope")
 
 #: Sync-free error flags of the CUDA ops and the host-side checks that raise the CPU ops' errors.
 ERROR_HELPERS = (
@@ -649,10 +653,10 @@ def _(k_cache, v_cache, accept_path, accept_len, prefix_lens):
 # ---------------------------------------------------------------------------------------------
 # 10. stream_linear_pack / stream_linear (CPU)
 # ---------------------------------------------------------------------------------------------
-def _cpu_only(op: str, name: str, x: Tensor) -> None:
+def _cpu_only(op: str, name: str, x: Tensor, on_gpu: str = "torch.nn.functional.linear") -> None:
     if x.device.type != "cpu":
         raise ValueError(f"{op}: expected {name} on the CPU, got {x.device} (a CPU kernel: on a GPU use "
-                         "torch.nn.functional.linear)")
+                         f"{on_gpu})")
 
 
 def stream_linear_pack(weight: Tensor) -> Tensor:
@@ -722,6 +726,100 @@ def stream_linear(x: Tensor, packed_weight: Tensor, bias: Optional[Tensor], out_
 def _(x, packed_weight, bias, out_features):
     torch._check(packed_weight.dim() == 3, lambda: "stream_linear: packed_weight must be [P, K, 32]")
     return x.new_empty((*x.shape[:-1], out_features))
+
+
+# ---------------------------------------------------------------------------------------------
+# 11. rms_norm / rope (CPU): a decoder layer's glue
+# ---------------------------------------------------------------------------------------------
+_GLUE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """Llama RMSNorm of each row in one call (CPU): ``weight * (x32 / sqrt(mean(x32**2) + eps))``.
+
+    ``x32`` is ``x`` in float32; the normalised row is cast back to ``x``'s dtype before the
+    weight multiplies it (HF Llama's rounding; no cast in float32). The sum of squares runs in
+    double in index order, one row at a time, so a row's result does not depend on the other rows.
+
+    Parameters
+    ----------
+    x : Tensor
+        ``[..., H]`` float32, float16 or bfloat16 on the CPU; any strides.
+    weight : Tensor
+        ``[H]``, ``x``'s dtype.
+    eps : float
+        Finite, ``>= 0``.
+
+    Returns
+    -------
+    Tensor
+        ``[..., H]``, ``x``'s dtype, contiguous.
+    """
+    op = "rms_norm"
+    check_tensor(op, "x", x, dtype=_GLUE_DTYPES)
+    if x.dim() < 1:
+        raise ValueError(f"{op}: expected x to have at least 1 dimension [..., H], got a 0-dimensional tensor")
+    _cpu_only(op, "x", x, "the model's own RMSNorm")
+    check_tensor(op, "weight", weight, dtype=x.dtype, ndim=1, layout="[H]", device=x.device, device_of="x")
+    check_size(op, "weight", weight, 0, x.shape[-1], "H = x.size(-1)")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
+        raise ValueError(f"{op}: expected a finite eps >= 0, got {eps!r}")
+    return _ops.rms_norm.default(x, weight, float(eps))
+
+
+@_fake("rms_norm")
+def _(x, weight, eps):
+    torch._check(weight.dim() == 1, lambda: "rms_norm: weight must be [H]")
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+def rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> Tuple[Tensor, Tensor]:
+    """Rotate-half RoPE of queries and keys in one call (CPU): ``x * cos + rotate_half(x) * sin``.
+
+    ``rotate_half(x) = cat(-x[..., D/2:], x[..., :D/2])``. Each product and the sum are rounded
+    to the dtype as the three PyTorch elementwise ops round them (bit for bit the formula, no
+    fused multiply-add).
+
+    Parameters
+    ----------
+    q : Tensor
+        ``[B, T, Hq, D]`` float32, float16 or bfloat16 on the CPU, ``D`` even; any strides.
+    k : Tensor
+        ``[B, T, Hk, D]``, ``q``'s dtype.
+    cos : Tensor
+        ``[B, T, D]``, ``q``'s dtype: the cosines of each token's position (scaled as the rope
+        type asks; ``heterospec.models.layers.Rotary`` computes them).
+    sin : Tensor
+        ``[B, T, D]``, the sines.
+
+    Returns
+    -------
+    q_out : Tensor
+        ``[B, T, Hq, D]`` contiguous.
+    k_out : Tensor
+        ``[B, T, Hk, D]`` contiguous.
+    """
+    op = "rope"
+    check_tensor(op, "q", q, dtype=_GLUE_DTYPES, ndim=4, layout="[B, T, Hq, D]")
+    _cpu_only(op, "q", q, "heterospec.models.layers.apply_rope")
+    if q.shape[3] % 2:
+        raise ValueError(f"{op}: expected an even head size D = q.size(3) (rotate-half RoPE), got {q.shape[3]}")
+    B, T, _, D = q.shape
+    check_tensor(op, "k", k, dtype=q.dtype, ndim=4, layout="[B, T, Hk, D]", device=q.device, device_of="q")
+    for d, n, what in ((0, B, "B = q.size(0)"), (1, T, "T = q.size(1)"), (3, D, "D = q.size(3)")):
+        check_size(op, "k", k, d, n, what)
+    for name, t in (("cos", cos), ("sin", sin)):
+        check_tensor(op, name, t, dtype=q.dtype, ndim=3, layout="[B, T, D]", device=q.device, device_of="q")
+        for d, n, what in ((0, B, "B = q.size(0)"), (1, T, "T = q.size(1)"), (2, D, "D = q.size(3)")):
+            check_size(op, name, t, d, n, what)
+    return _ops.rope.default(q, k, cos, sin)
+
+
+@_fake("rope")
+def _(q, k, cos, sin):
+    torch._check(q.dim() == 4 and k.dim() == 4, lambda: "rope: q and k must be [B, T, H, D]")
+    return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
+            torch.empty(k.shape, dtype=k.dtype, device=k.device))
 
 
 # ---------------------------------------------------------------------------------------------

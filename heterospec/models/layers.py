@@ -13,6 +13,31 @@ import torch.nn.functional as F
 from torch import nn
 
 
+# On the CPU a layer's glue - each RMSNorm, and the rotation of Q and K - runs as one op each
+# (``torch.ops.heterospec.rms_norm`` / ``rope``, csrc/cpu/norm_rope.cpp) instead of several
+# small ATen ops: at the few rows of a decode step or a tree verify their dispatch cost more than
+# their arithmetic. Same rounding as the formulas below (RoPE bit for bit; RMSNorm's sum of
+# squares in double). Set False to run the formulas (A/B benchmarks); autograd always does.
+CPU_GLUE_OPS = True
+_GLUE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_glue_loaded = None
+
+
+def _glue(*tensors: torch.Tensor) -> bool:
+    """Whether these tensors (the first sets the dtype) go through the glue ops."""
+    global _glue_loaded
+    if not CPU_GLUE_OPS:
+        return False
+    if _glue_loaded is None:
+        _glue_loaded = hasattr(torch.ops.heterospec, "rms_norm") and hasattr(torch.ops.heterospec, "rope")
+    x = tensors[0]
+    if not _glue_loaded or x.device.type != "cpu" or x.dtype not in _GLUE_DTYPES:
+        return False
+    if any(t.dtype != x.dtype for t in tensors[1:]):
+        return False
+    return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+
+
 class RMSNorm(nn.Module):
     """Llama RMSNorm: normalise in float32, cast back, then scale (same rounding as HF)."""
 
@@ -22,6 +47,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _glue(x, self.weight) and x.dim() >= 1:
+            return torch.ops.heterospec.rms_norm.default(x, self.weight, self.eps)
         dtype = x.dtype
         if dtype == torch.float32 and self.weight.dtype == torch.float32:
             # the same arithmetic in one fused kernel (no cast to round): ~2/3 of the time on CPU
@@ -134,6 +161,13 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotate_half(x) * sin
 
 
+def rope_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """:func:`apply_rope` of queries and keys: one op on the CPU (see ``CPU_GLUE_OPS``)."""
+    if q.dim() == 4 and _glue(q, k, cos, sin):
+        return torch.ops.heterospec.rope.default(q, k, cos, sin)
+    return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
+
 # ---------------------------------------------------------------------------------------------
 # Projections
 
@@ -165,7 +199,8 @@ class QKVO(nn.Module):
         q = q.view(B, T, self.n_heads, self.head_dim)
         k = k.view(B, T, self.n_kv_heads, self.head_dim)
         v = v.view(B, T, self.n_kv_heads, self.head_dim)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+        q, k = rope_qk(q, k, cos, sin)
+        return q, k, v
 
     def out(self, o: torch.Tensor) -> torch.Tensor:
         # o: [B, T, Hq, D] -> [B, T, hidden]
