@@ -251,22 +251,30 @@ inline KvDims check_compact_kv_inputs(Backend be, const char* op, const at::Tens
 }
 
 // ---- stream_linear_pack, stream_linear (CPU only) -------------------------------------------------
-// weight [N, K] float32 on the CPU.
+// float32 or bfloat16 (the two weight types the kernel streams).
+inline void check_stream_dtype(const char* op, const char* name, const at::Tensor& t) {
+  check_defined(op, name, t);
+  const auto s = t.scalar_type();
+  HS_CHECK(s == at::kFloat || s == at::kBFloat16, op, ": expected ", name,
+           " of dtype torch.float32 or torch.bfloat16, got ", dtype_name(s));
+}
+
+// weight [N, K] float32 or bfloat16 on the CPU.
 inline void check_stream_linear_weight(const char* op, const at::Tensor& weight) {
-  check_dtype(op, "weight", weight, at::kFloat);
+  check_stream_dtype(op, "weight", weight);
   check_dim(op, "weight", weight, 2, "[N, K] (out_features x in_features)");
   check_cpu(op, "weight", weight);
 }
 
-// x [..., K] float32, packed_weight [P, K, block] float32 from stream_linear_pack, bias [N]
-// float32 or none, block * (P - 1) < out_features = N <= block * P; all on the CPU.
+// x [..., K] float32 or bfloat16, packed_weight [P, K, block] of x's dtype from stream_linear_pack,
+// bias [N] of x's dtype or none, block * (P - 1) < out_features = N <= block * P; all on the CPU.
 inline void check_stream_linear_inputs(const char* op, const at::Tensor& x, const at::Tensor& packed_weight,
                                        const std::optional<at::Tensor>& bias, int64_t out_features,
                                        int64_t block) {
-  check_dtype(op, "x", x, at::kFloat);
+  check_stream_dtype(op, "x", x);
   HS_CHECK(x.dim() >= 1, op, ": expected x to have at least 1 dimension [..., K], got a 0-dimensional tensor");
   check_cpu(op, "x", x);
-  check_dtype(op, "packed_weight", packed_weight, at::kFloat);
+  check_dtype(op, "packed_weight", packed_weight, x.scalar_type());
   check_dim(op, "packed_weight", packed_weight, 3, "[P, K, block] from stream_linear_pack");
   check_cpu(op, "packed_weight", packed_weight);
   check_size(op, "packed_weight", packed_weight, 2, block, "the block width of stream_linear_pack");
@@ -276,7 +284,7 @@ inline void check_stream_linear_inputs(const char* op, const at::Tensor& x, cons
            " < out_features <= ", block * P, " (packed_weight holds ", P, " blocks of ", block,
            " outputs), got out_features = ", out_features);
   if (bias.has_value() && bias->defined()) {
-    check_dtype(op, "bias", *bias, at::kFloat);
+    check_dtype(op, "bias", *bias, x.scalar_type());
     check_dim(op, "bias", *bias, 1, "[N]");
     check_cpu(op, "bias", *bias);
     check_size(op, "bias", *bias, 0, out_features, "N = out_features");

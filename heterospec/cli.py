@@ -346,9 +346,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                    help="weight dtype (default: float32 on CPU, bfloat16 on CUDA)")
     g.add_argument("--draft-dtype", default=None, choices=["float32", "bfloat16", "float16"],
-                   help="draft weight dtype (default on CPU: the faster of the candidates, timed once per "
-                        "machine and cached - float32 or bfloat16 for a float32 target with native bf16; "
-                        "on CUDA the target's; never changes the output, only speed and tau)")
+                   help="draft weight dtype (default: the target's; a half-precision target on a CPU "
+                        "without native bf16 drafts in the faster of its dtype and float32, timed once per "
+                        "machine and cached; never changes the output, only speed and tau)")
     g.add_argument("--linear", default="tuned", choices=["tuned", "stock"],
                    help="CPU linear layers: 'tuned' uses, per shape and row count, the faster of F.linear "
                         "and oneDNN's reordered-weight linear as timed on this machine; 'stock' F.linear only")

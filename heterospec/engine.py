@@ -258,20 +258,18 @@ def draft_dtype_candidates(device, target_dtype: torch.dtype) -> List[torch.dtyp
 
     The draft only proposes; what is accepted is decided by the target alone, so the draft's
     precision can never change the output (greedy or sampled), only tau. Which dtype drafts
-    fastest is the CPU's business, not a rule: a bfloat16 draft was the faster one on an AMX box
-    while float32 linears ran through MKL, and the slower one once float32 linears streamed their
-    weights (bench/RESULTS.md, "The draft's dtype measured, the target's glue trimmed"). So on a CPU a float32 target's
-    draft may run in float32 or, where bf16 matmuls are native, bfloat16. A half-precision
-    target's draft runs in its dtype where bf16 is native (a float32 draft drafted faster beside
-    a bfloat16 target there, yet HeteroSpec ran slower with it, same page), else it may run in
-    float32 (half precision is emulated there). On a GPU the draft follows the target."""
+    fastest is the CPU's business, but the draft half's time is not the whole story: twice a
+    draft in a dtype other than the target's drafted faster and HeteroSpec still ran slower end
+    to end - a float32 draft beside a bfloat16 target (bench/RESULTS.md, "The draft's dtype
+    measured, the target's glue trimmed"), and a bfloat16 draft, once bfloat16 weights streamed,
+    beside a float32 target ("Layer glue as two ops, bfloat16 weights streamed"). So where the
+    target's dtype is native the draft runs in it; a half-precision target on a CPU that only
+    emulates bf16 may have its draft in float32 (timed: emulated half precision is the slow
+    one there). On a GPU the draft follows the target."""
     kind = getattr(device, "type", str(device)).split(":")[0]
     if kind != "cpu":
         return [target_dtype]
-    native = cpu_has_native_bf16()
-    if target_dtype == torch.float32:
-        return [torch.float32, torch.bfloat16] if native else [torch.float32]
-    if target_dtype in (torch.bfloat16, torch.float16) and not native:
+    if target_dtype in (torch.bfloat16, torch.float16) and not cpu_has_native_bf16():
         return [target_dtype, torch.float32]
     return [target_dtype]
 
@@ -460,12 +458,10 @@ class Engine:
                         **kwargs) -> "Engine":
         """Load a target directory and an EAGLE-3 draft directory; no arguments = the built-in pair.
 
-        ``draft_dtype``: the draft's weights. Default: measured - on a CPU the draft is timed in
-        each of :func:`draft_dtype_candidates` (float32 or bfloat16 for a float32 target on a CPU
-        with native bf16 matmul; a half-precision target's dtype or float32 where bf16 is
-        emulated) and runs
-        in the fastest; the choice is cached per machine (``engine.draft_dtype_report`` says what
-        was measured). Elsewhere the target's dtype."""
+        ``draft_dtype``: the draft's weights. Default: the target's dtype, except for a
+        half-precision target on a CPU that emulates bf16: there the draft is timed in that dtype
+        and in float32 (:func:`draft_dtype_candidates`) and runs in the faster; the choice is
+        cached per machine (``engine.draft_dtype_report`` says what was measured)."""
         from .models.draft import Eagle3Draft
         from .models.target import TargetModel
 

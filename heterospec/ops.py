@@ -55,7 +55,7 @@ ERROR_HELPERS = (
 )
 
 __all__ = [*OP_NAMES, *ERROR_HELPERS, "OP_NAMES", "ERROR_HELPERS", "CPU_ONLY_OPS", "MAX_TOPK",
-           "STREAM_BLOCK"]
+           "STREAM_BLOCK", "STREAM_DTYPES"]
 
 _ops = torch.ops.heterospec
 
@@ -64,6 +64,9 @@ MAX_TOPK = 64
 
 #: Outputs per block of :func:`stream_linear_pack`'s layout.
 STREAM_BLOCK = 32
+
+#: Weight dtypes :func:`stream_linear` streams.
+STREAM_DTYPES = (torch.float32, torch.bfloat16)
 
 _i64 = torch.int64
 
@@ -660,21 +663,22 @@ def _cpu_only(op: str, name: str, x: Tensor, on_gpu: str = "torch.nn.functional.
 
 
 def stream_linear_pack(weight: Tensor) -> Tensor:
-    """Pack a linear layer's weight once for :func:`stream_linear` (CPU, float32).
+    """Pack a linear layer's weight once for :func:`stream_linear` (CPU, float32 or bfloat16).
 
     Parameters
     ----------
     weight : Tensor
-        ``[N, K]`` float32 on the CPU (``nn.Linear.weight``: out_features x in_features).
+        ``[N, K]`` float32 or bfloat16 on the CPU (``nn.Linear.weight``: out_features x in_features).
 
     Returns
     -------
     Tensor
-        ``[P, K, 32]`` float32, ``P = ceil(N / 32)``: block ``p`` holds outputs ``32p .. 32p + 31``
-        with, for each input index ``k``, their 32 weights contiguous (outputs past ``N`` are 0).
+        ``[P, K, 32]`` of ``weight``'s dtype, ``P = ceil(N / 32)``: block ``p`` holds outputs
+        ``32p .. 32p + 31`` with, for each input index ``k``, their 32 weights contiguous (outputs
+        past ``N`` are 0).
     """
     op = "stream_linear_pack"
-    check_tensor(op, "weight", weight, dtype=torch.float32, ndim=2, layout="[N, K]")
+    check_tensor(op, "weight", weight, dtype=STREAM_DTYPES, ndim=2, layout="[N, K]")
     _cpu_only(op, "weight", weight)
     return _ops.stream_linear_pack.default(weight)
 
@@ -689,35 +693,36 @@ def _(weight):
 def stream_linear(x: Tensor, packed_weight: Tensor, bias: Optional[Tensor], out_features: int) -> Tensor:
     """``x @ weight.T + bias`` for the few rows of a tree verify, streaming each weight once (CPU).
 
-    Every output is one chain of fused multiply-adds over ``k`` in order, so a row's result does
-    not depend on the other rows of the call (a tree verify gives each token the values a one-token
-    step would).
+    Every output is one chain of fused multiply-adds over ``k`` in order, in float32, so a row's
+    result does not depend on the other rows of the call (a tree verify gives each token the values
+    a one-token step would). bfloat16 weights stream half the bytes: they widen exactly to float32
+    in registers; a bfloat16 result is the float32 one (bias included) rounded once.
 
     Parameters
     ----------
     x : Tensor
-        ``[..., K]`` float32 on the CPU.
+        ``[..., K]`` float32 or bfloat16 on the CPU.
     packed_weight : Tensor
-        ``[P, K, 32]`` float32 from :func:`stream_linear_pack`.
+        ``[P, K, 32]`` of ``x``'s dtype, from :func:`stream_linear_pack`.
     bias : Tensor, optional
-        ``[N]`` float32, or None.
+        ``[N]`` of ``x``'s dtype, or None.
     out_features : int
         ``N``, with ``32 (P - 1) < N <= 32 P``.
 
     Returns
     -------
     Tensor
-        ``[..., N]`` float32.
+        ``[..., N]`` of ``x``'s dtype.
     """
     op = "stream_linear"
-    check_tensor(op, "x", x, dtype=torch.float32)
+    check_tensor(op, "x", x, dtype=STREAM_DTYPES)
     if x.dim() < 1:
         raise ValueError(f"{op}: expected x to have at least 1 dimension [..., K], got a 0-dimensional tensor")
     _cpu_only(op, "x", x)
-    check_tensor(op, "packed_weight", packed_weight, dtype=torch.float32, ndim=3,
+    check_tensor(op, "packed_weight", packed_weight, dtype=x.dtype, ndim=3,
                  layout="[P, K, 32] from stream_linear_pack", device=x.device, device_of="x")
     if bias is not None:
-        check_tensor(op, "bias", bias, dtype=torch.float32, ndim=1, layout="[N]", device=x.device, device_of="x")
+        check_tensor(op, "bias", bias, dtype=x.dtype, ndim=1, layout="[N]", device=x.device, device_of="x")
     check_int(op, "out_features", out_features, minimum=0)
     return _ops.stream_linear.default(x, packed_weight, bias, out_features)
 

@@ -304,7 +304,7 @@ def test_missing_bins_warn_and_fall_back():
 def test_draft_dtype_candidates(monkeypatch):
     from heterospec import engine as eng
     monkeypatch.setattr(eng, "cpu_has_native_bf16", lambda: True)
-    assert eng.draft_dtype_candidates("cpu", torch.float32) == [torch.float32, torch.bfloat16]
+    assert eng.draft_dtype_candidates("cpu", torch.float32) == [torch.float32]
     assert eng.draft_dtype_candidates(torch.device("cpu"), torch.bfloat16) == [torch.bfloat16]
     assert eng.draft_dtype_candidates("cpu", torch.float16) == [torch.float16]
     assert eng.draft_dtype_candidates(torch.device("cpu"), torch.float64) == [torch.float64]

@@ -15,10 +15,11 @@ raw = torch.ops.heterospec
 
 
 @pytest.mark.parametrize("N,K", [(1, 1), (31, 5), (32, 64), (33, 7), (576, 576), (100, 0), (0, 8)])
-def test_pack_matches_reference_layout(N, K):
-    w = torch.randn(N, K)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pack_matches_reference_layout(N, K, dtype):
+    w = torch.randn(N, K).to(dtype)
     got = ops.stream_linear_pack(w)
-    assert got.shape == (max(0, -(-N // 32)), K, 32)
+    assert got.shape == (max(0, -(-N // 32)), K, 32) and got.dtype == dtype
     assert torch.equal(got, stream_linear_pack_ref(w))
     assert torch.equal(ops.stream_linear_pack(w.T.contiguous().T), got)        # any strides
 
@@ -32,6 +33,23 @@ def test_products_match_reference(N, K, M, bias):
     b = torch.randn(N, generator=g) if bias else None
     got = ops.stream_linear(x, ops.stream_linear_pack(w), b, N)
     torch.testing.assert_close(got, stream_linear_ref(x, w, b), rtol=1e-5, atol=1e-5 * max(1, K) ** 0.5)
+
+
+@pytest.mark.parametrize("N,K", [(1, 1), (33, 7), (192, 576), (576, 1536)])
+@pytest.mark.parametrize("M", [1, 3, 8, 13])
+@pytest.mark.parametrize("bias", [False, True])
+def test_bfloat16_products_match_reference(N, K, M, bias):
+    """bfloat16 weights and inputs: float32 sums of exact products, rounded once (so within a
+    bf16 rounding of the exact value)."""
+    g = torch.Generator().manual_seed(N * 5 + K + M)
+    w, x = torch.randn(N, K, generator=g).bfloat16(), torch.randn(M, K, generator=g).bfloat16()
+    b = torch.randn(N, generator=g).bfloat16() if bias else None
+    got = ops.stream_linear(x, ops.stream_linear_pack(w), b, N)
+    assert got.dtype == torch.bfloat16 and got.shape == (M, N)
+    exact = x.double() @ w.double().T + (b.double() if bias else 0)
+    assert ((got.double() - exact).abs() <= 2 ** -7 * exact.abs() + 1e-4 * max(1, K) ** 0.5).all()
+    f32 = ops.stream_linear(x.float(), ops.stream_linear_pack(w.float()), b.float() if bias else None, N)
+    assert torch.equal(got, f32.bfloat16())       # the float32 chain of the same values, rounded once
 
 
 @pytest.mark.parametrize("shape", [(0, 64), (2, 3, 64), (1, 1, 1, 64), (64,)])
@@ -51,10 +69,12 @@ def test_zero_inner_dimension_gives_the_bias():
 
 
 @pytest.mark.parametrize("N,K", [(33, 7), (576, 576), (49, 1536)])
-def test_a_row_gets_the_same_bits_whatever_rows_share_its_call(N, K):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_row_gets_the_same_bits_whatever_rows_share_its_call(N, K, dtype):
     """One FMA chain per output: a tree verify gives each token what a one-token step would."""
     g = torch.Generator().manual_seed(K)
-    w, x, b = torch.randn(N, K, generator=g), torch.randn(24, K, generator=g), torch.randn(N, generator=g)
+    w, x, b = (torch.randn(N, K, generator=g).to(dtype), torch.randn(24, K, generator=g).to(dtype),
+               torch.randn(N, generator=g).to(dtype))
     p = ops.stream_linear_pack(w)
     alone = torch.cat([ops.stream_linear(x[i:i + 1], p, b, N) for i in range(24)])
     for M in (2, 3, 7, 8, 9, 16, 24):
@@ -74,6 +94,8 @@ g = torch.Generator().manual_seed(0)
 out = []
 for N, K in ((33, 7), (576, 576), (100, 1536)):
     w, x, b = torch.randn(N, K, generator=g), torch.randn(11, K, generator=g), torch.randn(N, generator=g)
+    out.append(ops.stream_linear(x, ops.stream_linear_pack(w), b, N))
+    w, x, b = w.bfloat16(), x.bfloat16(), b.bfloat16()
     out.append(ops.stream_linear(x, ops.stream_linear_pack(w), b, N))
 torch.save(out, sys.argv[1])
 """
@@ -99,9 +121,10 @@ def test_every_instruction_set_path_computes_the_same_bits(tmp_path):
     g = torch.Generator().manual_seed(0)
     for i, (N, K) in enumerate(((33, 7), (576, 576), (100, 1536))):
         w, x, b = torch.randn(N, K, generator=g), torch.randn(11, K, generator=g), torch.randn(N, generator=g)
-        torch.testing.assert_close(results["native"][i], stream_linear_ref(x, w, b), rtol=1e-5, atol=1e-4)
-        assert torch.equal(results["avx2"][i], results["native"][i]), (N, K)
-        assert torch.equal(results["scalar"][i], results["native"][i]), (N, K)
+        torch.testing.assert_close(results["native"][2 * i], stream_linear_ref(x, w, b), rtol=1e-5, atol=1e-4)
+        for j in (2 * i, 2 * i + 1):            # float32, bfloat16
+            assert torch.equal(results["avx2"][j], results["native"][j]), (N, K, j)
+            assert torch.equal(results["scalar"][j], results["native"][j]), (N, K, j)
 
 
 def _errors(fn):
@@ -118,7 +141,9 @@ def test_bad_input_gets_a_clear_error(call):
     w = torch.randn(40, 16)
     p = ops.stream_linear_pack(w)
     x = torch.randn(3, 16)
-    assert "weight" in _errors(lambda: pack(w.double())) and "float32" in _errors(lambda: pack(w.half()))
+    assert "weight" in _errors(lambda: pack(w.double())) and "float32 or torch.bfloat16" in _errors(lambda: pack(w.half()))
+    assert "packed_weight of dtype torch.float32" in _errors(lambda: lin(x, p.bfloat16(), None, 40))
+    assert "bias of dtype torch.bfloat16" in _errors(lambda: lin(x.bfloat16(), p.bfloat16(), torch.randn(40), 40))
     assert "[N, K]" in _errors(lambda: pack(torch.randn(2, 3, 4)))
     assert "dtype" in _errors(lambda: lin(x.double(), p, None, 40))
     assert "x" in _errors(lambda: lin(torch.tensor(1.0), p, None, 40))

@@ -9,8 +9,8 @@ paths stream the weights once for such row counts:
 
 - oneDNN's linear with a weight reordered once ahead of time (``torch.ops.mkldnn``, the path
   PyTorch's inductor uses for CPU inference), any float dtype;
-- our own ``torch.ops.heterospec.stream_linear`` (csrc/cpu/linear.cpp), float32: the weight
-  packed once into blocks of 32 outputs, each block streamed once per call with every row's
+- our own ``torch.ops.heterospec.stream_linear`` (csrc/cpu/linear.cpp), float32 or bfloat16:
+  the weight packed once into blocks of 32 outputs, each block streamed once per call with every row's
   partial sums in registers. Its outputs do not depend on the row count (one FMA chain per
   output), so a verified tree gets bit for bit what one-token steps would.
 
@@ -62,7 +62,7 @@ from torch import nn
 TUNE_ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
 # The reordered path must be this much faster to be used (the stock path is the reference).
 MARGIN = 0.95
-FORMAT = 5      # 5: fused groups timed; 4: stream_linear timed; 3: padded row counts; 2: cache-cold timing; 1: one cached weight
+FORMAT = 6      # 6: bfloat16 streamed too; 5: fused groups timed; 4: stream_linear timed; 3: padded row counts; 2: cache-cold timing; 1: one cached weight
 # Weight copies cycled while timing one shape add up to this many times the last-level cache.
 COLD_FACTOR = 2
 MAX_COPIES = 64
@@ -88,8 +88,9 @@ def _packed_forward(x: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.
 
 
 def stream_linear_available(dtype: torch.dtype) -> bool:
-    """Whether :func:`torch.ops.heterospec.stream_linear` serves weights of ``dtype`` (float32)."""
-    return dtype == torch.float32 and hasattr(torch.ops.heterospec, "stream_linear")
+    """Whether :func:`torch.ops.heterospec.stream_linear` serves weights of ``dtype`` (float32,
+    bfloat16)."""
+    return dtype in (torch.float32, torch.bfloat16) and hasattr(torch.ops.heterospec, "stream_linear")
 
 
 def _stream_pack(weight: torch.Tensor) -> torch.Tensor:
@@ -123,7 +124,7 @@ class TunedLinear(nn.Linear):
         w = self.weight
         if any(self._use_stream):
             if not stream_linear_available(w.dtype):
-                raise ValueError(f"set_stream: stream_linear serves float32 weights, got {w.dtype}")
+                raise ValueError(f"set_stream: stream_linear serves float32 and bfloat16 weights, got {w.dtype}")
             self._stream = _stream_pack(w)
             self._stream_of = (w.data_ptr(), w._version, w.dtype)
         else:
@@ -191,7 +192,7 @@ class FusedStream:
             raise ValueError("FusedStream: members need one in_features, dtype, device and bias setting, "
                              f"and multiples of {STREAM_BLOCK} outputs each")
         if not stream_linear_available(w0.dtype):
-            raise ValueError(f"FusedStream: stream_linear serves float32 weights, got {w0.dtype}")
+            raise ValueError(f"FusedStream: stream_linear serves float32 and bfloat16 weights, got {w0.dtype}")
         self.use = tuple(bool(u) for u in use)
         if len(self.use) != len(TUNE_ROWS):
             raise ValueError(f"FusedStream: expected one entry per row bucket {list(TUNE_ROWS)}, got {len(self.use)}")
@@ -303,7 +304,7 @@ def _best_ms(fns: Sequence, reps: int) -> float:
 
 def time_shape(layer: nn.Linear, rows: Sequence[int] = TUNE_ROWS, budget_s: float = 0.4,
                copies: Optional[int] = None) -> dict:
-    """Stock, reordered and (float32) ``stream_linear`` milliseconds of ``layer``'s shape at each
+    """Stock, reordered and (float32, bfloat16) ``stream_linear`` milliseconds of ``layer``'s shape at each
     row count (the fastest of a few runs each, interleaved), cache-cold (``copies`` weights visited
     in turn, default :func:`cold_copies`), and whether the other paths' results matched (the
     weights and the inputs are random: the layer's own values are not touched). ``stream_ms`` is
@@ -487,7 +488,7 @@ def _fused_key(members: Sequence[nn.Linear]) -> str:
 
 
 def _tune_fused(models, saved: dict, path: str, report: dict) -> None:
-    """Give every fusable group of tuned float32 linears its :class:`FusedStream`, used where one
+    """Give every fusable group of tuned float32 / bfloat16 linears its :class:`FusedStream`, used where one
     stacked call was measured ``MARGIN`` faster than the sum of the members' own chosen paths;
     members stop streaming themselves there (their packed copy is dropped if unused elsewhere)."""
     from ..ops import STREAM_BLOCK

@@ -20,8 +20,8 @@ def stream_linear_pack_ref(weight: torch.Tensor) -> torch.Tensor:
 
 
 def stream_linear_ref(x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
-    """x @ weight.T + bias in float64, rounded to float32 once."""
+    """x @ weight.T + bias in float64, rounded once to x's dtype (float32 or bfloat16)."""
     y = x.double() @ weight.double().T
     if bias is not None:
         y = y + bias.double()
-    return y.float()
+    return y.to(x.dtype)
