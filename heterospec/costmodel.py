@@ -547,10 +547,15 @@ TRUSTED_SCALE = (0.75, 1.33)
 
 def contradicted_by_use(cm: CostModel, path: str) -> Optional[float]:
     """The first time correction outside ``TRUSTED_SCALE`` that the fitted policy learnt for
-    this measurement of the model at ``path`` (its online states, ``<path>.online-*.json``), or
-    None: the rounds of a real workload timed what the model predicts and found it that far off."""
+    this measurement of the model at ``path`` (its online states, ``<path>.online-*.json``) at a
+    batch size the model measured, or None: the rounds of a real workload timed what the model
+    predicts and found it that far off. Corrections at batch sizes it only extrapolates to (a
+    quick model measures one request) are what the online corrections are for: measuring the
+    model again would not move them, and was a quick model measured again in every process
+    that decoded such a batch (bench/RESULTS.md, thirty-first session)."""
     import glob
     stamp = str(cm.provenance.get("date")) if cm.provenance.get("date") else None
+    measured = {str(int(b)) for b in cm.batch_sizes}
     for f in sorted(glob.glob(online_state_path(glob.escape(path)))):
         try:
             with open(f) as fh:
@@ -558,8 +563,8 @@ def contradicted_by_use(cm: CostModel, path: str) -> Optional[float]:
             if state.get("cost_model", stamp) != stamp:
                 continue                          # learnt against an earlier measurement
             for key in ("plain_used", "time_used"):
-                for v in state.get(key, {}).values():
-                    if not TRUSTED_SCALE[0] <= float(v) <= TRUSTED_SCALE[1]:
+                for bucket, v in state.get(key, {}).items():
+                    if str(bucket) in measured and not TRUSTED_SCALE[0] <= float(v) <= TRUSTED_SCALE[1]:
                         return float(v)
         except (OSError, ValueError, TypeError, AttributeError):
             continue

@@ -378,13 +378,17 @@ def test_quick_cost_model_measured_on_a_busy_machine_is_measured_again(tmp_path,
     # Found off in use: the fitted policy's saved time correction for this very measurement.
     _quick_model(engine, 0.0).save(path)
     online = path.removesuffix(".json") + ".online-abc.json"
-    for stamp, plain_used, remeasured in (("then", 1.1, False), ("earlier", 0.6, False), ("then", 0.6, True)):
+    # A correction at a batch the quick model never measured (it extrapolates there) is not.
+    for stamp, plain_used, bucket, remeasured in (("then", 1.1, "1", False), ("earlier", 0.6, "1", False),
+                                                  ("then", 0.6, "1", True), ("then", 1.4, "12", False)):
         with open(online, "w") as f:
-            json.dump({"cost_model": stamp, "plain_used": {"1": plain_used}, "time_used": {"1": 1.0}}, f)
+            json.dump({"cost_model": stamp, "plain_used": {bucket: plain_used}, "time_used": {"1": 1.0}}, f)
         before = len(calls)
         costmodel.for_engine(engine, progress=False)
-        assert (len(calls) > before) == remeasured, (stamp, plain_used)
+        assert (len(calls) > before) == remeasured, (stamp, plain_used, bucket)
         _quick_model(engine, 0.0).save(path)
+    with open(online, "w") as f:
+        json.dump({"cost_model": "then", "plain_used": {"1": 0.6}, "time_used": {"1": 1.0}}, f)
     cm = _quick_model(engine, 0.0)
     cm.quick = False
     cm.save(path)
