@@ -6,6 +6,7 @@ import torch
 
 import heterospec.ops as ops
 from reference import rms_norm_ref, rope_ref
+from test_ops_linear import _errors
 
 raw = torch.ops.heterospec
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -109,12 +110,6 @@ def test_large_inputs_split_over_threads_agree():
     torch.testing.assert_close(ops.rms_norm(x, w, 1e-5), rms_norm_ref(x, w, 1e-5), rtol=2e-6, atol=1e-6)
     q_out, k_out = ops.rope(q, k, cos, sin)
     assert torch.equal(q_out, rope_ref(q, cos, sin)) and torch.equal(k_out, rope_ref(k, cos, sin))
-
-
-def _errors(fn):
-    with pytest.raises(ValueError) as e:
-        fn()
-    return str(e.value)
 
 
 @pytest.mark.parametrize("call", ["wrapper", "raw"])
