@@ -171,6 +171,12 @@ def test_models_run_their_glue_through_the_ops_with_the_formulas_results(dtype, 
     assert "heterospec::rms_norm" in names and "heterospec::rope" in names
     tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=0.05, atol=0.05)
     torch.testing.assert_close(with_ops, formulas, **tol)
+    # tables that broadcast over the batch take the formula (the op wants them per token)
+    from heterospec.models.layers import apply_rope, rope_qk
+    q, k = torch.randn(2, 3, 4, 8).to(dtype), torch.randn(2, 3, 2, 8).to(dtype)
+    cos, sin = torch.randn(1, 3, 8).to(dtype), torch.randn(1, 3, 8).to(dtype)
+    got = rope_qk(q, k, cos, sin)
+    assert torch.equal(got[0], apply_rope(q, cos, sin)) and torch.equal(got[1], apply_rope(k, cos, sin))
     # autograd needs the formulas: a forward with gradients never calls the ops
     x = torch.randn(2, 3, model.config.hidden_size, dtype=dtype, requires_grad=True)
     norm = model.layers[0].input_layernorm

@@ -162,8 +162,10 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 def rope_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-    """:func:`apply_rope` of queries and keys: one op on the CPU (see ``CPU_GLUE_OPS``)."""
-    if q.dim() == 4 and _glue(q, k, cos, sin):
+    """:func:`apply_rope` of queries and keys: one op on the CPU (see ``CPU_GLUE_OPS``) where the
+    tables are per token (``[B, T, D]``); tables that broadcast take the formula."""
+    if (q.dim() == 4 and k.dim() == 4 and k.shape[:2] == q.shape[:2]
+            and cos.shape == sin.shape == (q.shape[0], q.shape[1], q.shape[3]) and _glue(q, k, cos, sin)):
         return torch.ops.heterospec.rope.default(q, k, cos, sin)
     return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
