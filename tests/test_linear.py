@@ -350,6 +350,22 @@ def test_tuning_fuses_siblings_where_measured_faster(tmp_path, monkeypatch):
     assert all(a._fused is None for a in attn)
 
 
+def test_a_fused_group_is_timed_in_its_members_dtype(tmp_path, monkeypatch):
+    """The stacked shape of bfloat16 siblings is timed in bfloat16 (its decision is bf16's)."""
+    monkeypatch.setenv("HETEROSPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(L, "_MEMORY", {})
+    real, seen = L.time_shape, {}
+
+    def timed(layer, *a, **k):
+        seen[layer.out_features] = layer.weight.dtype
+        return real(layer, rows=L.TUNE_ROWS, budget_s=0.01, copies=1)
+    monkeypatch.setattr(L, "time_shape", timed)
+    from heterospec.models.layers import QKVO
+    attn = QKVO(64, 64, 2, 1, 32).to(torch.bfloat16)
+    L.tune_linears([attn])
+    assert seen[128] == torch.bfloat16                 # the stacked Q, K, V (64 + 32 + 32)
+
+
 def test_timings_taken_beside_other_work_are_not_cached(tmp_path, monkeypatch):
     import json
     monkeypatch.setenv("HETEROSPEC_CACHE", str(tmp_path))

@@ -62,7 +62,7 @@ from torch import nn
 TUNE_ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
 # The reordered path must be this much faster to be used (the stock path is the reference).
 MARGIN = 0.95
-FORMAT = 6      # 6: bfloat16 streamed too; 5: fused groups timed; 4: stream_linear timed; 3: padded row counts; 2: cache-cold timing; 1: one cached weight
+FORMAT = 7      # 7: fused groups timed in their own dtype; 6: bfloat16 streamed too; 5: fused groups timed; 4: stream_linear timed; 3: padded row counts; 2: cache-cold timing; 1: one cached weight
 # Weight copies cycled while timing one shape add up to this many times the last-level cache.
 COLD_FACTOR = 2
 MAX_COPIES = 64
@@ -505,7 +505,7 @@ def _tune_fused(models, saved: dict, path: str, report: dict) -> None:
         key = _fused_key(members)
         if key not in saved and key not in todo:
             todo[key] = nn.Linear(members[0].in_features, sum(m.out_features for m in members),
-                                  bias=members[0].bias is not None)
+                                  bias=members[0].bias is not None, dtype=members[0].weight.dtype)
     if todo:
         load = _timing_load()
         with torch.inference_mode():
