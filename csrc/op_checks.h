@@ -333,4 +333,35 @@ inline void check_rope_inputs(Backend be, const char* op, const at::Tensor& q, c
   }
 }
 
+// ---- tree_attention (CPU only) ---------------------------------------------------------------------
+// q [B, T, Hq, D] float32 / float16 / bfloat16; k_cache, v_cache [B, S, Hkv, D] of q's dtype with
+// Hq a multiple of Hkv; prefix_lens [B] int64; tree_mask [B, T, T] bool; a finite scale; on the CPU.
+inline void check_tree_attention_inputs(Backend be, const char* op, const at::Tensor& q, const at::Tensor& k_cache,
+                                        const at::Tensor& v_cache, const at::Tensor& prefix_lens,
+                                        const at::Tensor& tree_mask, double scale) {
+  check_float_dtype(op, "q", q);
+  check_dim(op, "q", q, 4, "[B, T, Hq, D]");
+  check_ref_device(be, op, "q", q);
+  const char* names[2] = {"k_cache", "v_cache"};
+  const at::Tensor* caches[2] = {&k_cache, &v_cache};
+  for (int i = 0; i < 2; ++i) {
+    const at::Tensor& c = *caches[i];
+    check_dtype(op, names[i], c, q.scalar_type());
+    check_dim(op, names[i], c, 4, "[B, S, Hkv, D]");
+    check_device(be, op, names[i], c, "q", q);
+    check_size(op, names[i], c, 0, q.size(0), "B = q.size(0)");
+    check_size(op, names[i], c, 3, q.size(3), "D = q.size(3)");
+  }
+  check_size(op, "v_cache", v_cache, 1, k_cache.size(1), "S = k_cache.size(1)");
+  check_size(op, "v_cache", v_cache, 2, k_cache.size(2), "Hkv = k_cache.size(2)");
+  HS_CHECK(k_cache.size(2) >= 1 && q.size(2) % k_cache.size(2) == 0, op,
+           ": expected the query heads Hq = q.size(2) to be a multiple of the KV heads Hkv = k_cache.size(2), got Hq = ",
+           q.size(2), ", Hkv = ", k_cache.size(2));
+  check_request_vector(be, op, "prefix_lens", prefix_lens, q.size(0), "q", q);
+  check_tree_mask(be, op, tree_mask);
+  check_size(op, "tree_mask", tree_mask, 0, q.size(0), "B = q.size(0)");
+  check_size(op, "tree_mask", tree_mask, 1, q.size(1), "T = q.size(1)");
+  HS_CHECK(std::isfinite(scale), op, ": expected a finite scale, got ", scale);
+}
+
 }  // namespace heterospec

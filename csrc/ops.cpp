@@ -54,4 +54,8 @@ TORCH_LIBRARY(heterospec, m) {
   // rotate-half RoPE of Q and K with the cos / sin tables of their positions.
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("rope(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor q_out, Tensor k_out)");
+  // Attention of a few query rows (a decode step, a tree verify) to each request's cached prefix
+  // and its own tree, the mask implicit (CPU kernel only).
+  m.def("tree_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor prefix_lens, Tensor tree_mask, "
+        "float scale) -> Tensor");
 }

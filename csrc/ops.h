@@ -41,6 +41,8 @@ Tensor stream_linear_cpu(const Tensor& x, const Tensor& packed_weight, const std
                          int64_t out_features);
 Tensor rms_norm_cpu(const Tensor& x, const Tensor& weight, double eps);
 std::tuple<Tensor, Tensor> rope_cpu(const Tensor& q, const Tensor& k, const Tensor& cos, const Tensor& sin);
+Tensor tree_attention_cpu(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& prefix_lens,
+                          const Tensor& tree_mask, double scale);
 
 // ---- CUDA (compiled only when torch has CUDA) ----
 std::tuple<Tensor, Tensor, Tensor> topk_entropy_cuda(const Tensor& logits, int64_t k,

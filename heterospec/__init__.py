@@ -30,6 +30,7 @@ from .ops import (  # noqa: E402
     stream_linear,
     stream_linear_pack,
     topk_entropy,
+    tree_attention,
     tree_attention_mask,
     verify_greedy,
     verify_sampling,

@@ -40,11 +40,13 @@ OP_NAMES = (
     "stream_linear",
     "rms_norm",
     "rope",
+    "tree_attention",
 )
 
-#: Ops with CPU kernels only (no CUDA kernel: on a GPU the stock linear is already flat, and a
-#: replayed CUDA graph already runs the layer glue without per-op dispatch).
-CPU_ONLY_OPS = ("stream_linear_pack", "stream_linear", "rms_norm", "rope")
+#: Ops with CPU kernels only (no CUDA kernel: on a GPU the stock linear is already flat, a
+#: replayed CUDA graph already runs the layer glue without per-op dispatch, and FlashInfer
+#: attends to a tree with its custom mask).
+CPU_ONLY_OPS = ("stream_linear_pack", "stream_linear", "rms_norm", "rope", "tree_attention")
 
 #: Sync-free error flags of the CUDA ops and the host-side checks that raise the CPU ops' errors.
 ERROR_HELPERS = (
@@ -825,6 +827,71 @@ def _(q, k, cos, sin):
     torch._check(q.dim() == 4 and k.dim() == 4, lambda: "rope: q and k must be [B, T, H, D]")
     return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
             torch.empty(k.shape, dtype=k.dtype, device=k.device))
+
+
+# ---------------------------------------------------------------------------------------------
+# 12. tree_attention (CPU): a few query rows against each request's prefix and tree
+# ---------------------------------------------------------------------------------------------
+def tree_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, prefix_lens: Tensor, tree_mask: Tensor,
+                   scale: float) -> Tensor:
+    """Attention of a decode step's or a tree verify's query rows over the KV cache (CPU).
+
+    Query row ``(b, t, h)`` attends to cache slots ``s < prefix_lens[b]`` (the committed prefix)
+    and to slots ``prefix_lens[b] + j`` where ``tree_mask[b, t, j]`` (its ancestors and itself,
+    whose K/V the caller has written there), with KV head ``h // (Hq // Hkv)`` (GQA): the
+    ``sdpa`` of :func:`dense_tree_attention_mask`'s mask, without the mask. Only the visible
+    slots are read. A row's result depends only on its query and the keys and values it sees,
+    in slot order (not on the other rows, the batch or the threads), so a tree node gets what a
+    one-token step gives the same token. float16 / bfloat16 run in float32, rounded once.
+
+    Parameters
+    ----------
+    q : Tensor
+        ``[B, T, Hq, D]`` float32, float16 or bfloat16 on the CPU; any strides.
+    k_cache, v_cache : Tensor
+        ``[B, S, Hkv, D]``, ``q``'s dtype, ``Hq`` a multiple of ``Hkv`` (a layer of
+        :class:`heterospec.models.kv_cache.KVCache`).
+    prefix_lens : Tensor
+        ``[B]`` int64, ``0 <= prefix_lens[b]`` and ``prefix_lens[b] + T <= S``.
+    tree_mask : Tensor
+        ``[B, T, T]`` bool (:func:`build_tree`'s ancestor mask; lower-triangular for a sequence).
+        A row must see some key: a request with ``prefix_lens[b] == 0`` needs a True in every row.
+    scale : float
+        Finite; the scores are ``scale * (q . k)`` (usually ``D ** -0.5``).
+
+    Returns
+    -------
+    Tensor
+        ``[B, T, Hq, D]``, ``q``'s dtype, contiguous.
+    """
+    op = "tree_attention"
+    check_tensor(op, "q", q, dtype=_GLUE_DTYPES, ndim=4, layout="[B, T, Hq, D]")
+    _cpu_only(op, "q", q, "heterospec.models.layers.sdpa with dense_tree_attention_mask, or FlashInfer")
+    B, T, Hq, D = q.shape
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        check_tensor(op, name, t, dtype=q.dtype, ndim=4, layout="[B, S, Hkv, D]", device=q.device, device_of="q")
+        for d, n, what in ((0, B, "B = q.size(0)"), (3, D, "D = q.size(3)")):
+            check_size(op, name, t, d, n, what)
+    check_size(op, "v_cache", v_cache, 1, k_cache.shape[1], "S = k_cache.size(1)")
+    check_size(op, "v_cache", v_cache, 2, k_cache.shape[2], "Hkv = k_cache.size(2)")
+    Hkv = k_cache.shape[2]
+    if Hkv < 1 or Hq % Hkv:
+        raise ValueError(f"{op}: expected the query heads Hq = q.size(2) to be a multiple of the KV heads "
+                         f"Hkv = k_cache.size(2), got Hq = {Hq}, Hkv = {Hkv}")
+    _vec(op, "prefix_lens", prefix_lens, B, q.device, "q")
+    check_tensor(op, "tree_mask", tree_mask, dtype=torch.bool, ndim=3, layout="[B, T, T]", device=q.device,
+                 device_of="q")
+    for d, n, what in ((0, B, "B = q.size(0)"), (1, T, "T = q.size(1)"), (2, T, "T = q.size(1)")):
+        check_size(op, "tree_mask", tree_mask, d, n, what)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise ValueError(f"{op}: expected a finite scale, got {scale!r}")
+    return _ops.tree_attention.default(q, k_cache, v_cache, prefix_lens, tree_mask, float(scale))
+
+
+@_fake("tree_attention")
+def _(q, k_cache, v_cache, prefix_lens, tree_mask, scale):
+    torch._check(q.dim() == 4, lambda: "tree_attention: q must be [B, T, Hq, D]")
+    return torch.empty(q.shape, dtype=q.dtype, device=q.device)
 
 
 # ---------------------------------------------------------------------------------------------

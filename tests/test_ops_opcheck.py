@@ -41,6 +41,9 @@ def samples(device):
         ("rms_norm", (torch.randn(2, 3, 16, generator=g), torch.randn(16, generator=g), 1e-5)),
         ("rope", (torch.randn(2, 3, 4, 8, generator=g), torch.randn(2, 3, 2, 8, generator=g),
                   torch.randn(2, 3, 8, generator=g), torch.randn(2, 3, 8, generator=g))),
+        ("tree_attention", (torch.randn(B, T, 4, 16, generator=g), torch.randn(B, 12, 2, 16, generator=g),
+                            torch.randn(B, 12, 2, 16, generator=g), torch.tensor([3, 0]),
+                            torch.ones(B, T, T, dtype=torch.bool).tril(), 0.25)),
     ]
     return [(name, tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)) for name, args in out]
 
@@ -49,7 +52,7 @@ def test_samples_cover_every_op():
     assert {name for name, _ in samples("cpu")} == set(ops.OP_NAMES)
 
 
-@pytest.mark.parametrize("idx", range(15))
+@pytest.mark.parametrize("idx", range(16))
 def test_opcheck(devices, idx):
     if devices != "cpu" and samples("cpu")[idx][0] in ops.CPU_ONLY_OPS:
         pytest.skip("a CPU-only op (no CUDA kernel)")

@@ -45,11 +45,7 @@
 #include <string>
 #include <vector>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define HS_HAVE_X86_LINEAR 1
-#include <immintrin.h>
-#endif
-
+#include "cpu/isa.h"
 #include "cpu/parallel.h"
 #include "op_checks.h"
 #include "ops.h"
@@ -59,43 +55,6 @@ namespace {
 
 constexpr int64_t kBlock = 32;      // outputs per packed block (two AVX-512 / four AVX2 vectors)
 constexpr int64_t kPrefetch = 16;   // k steps ahead the micro-kernel prefetches (2 KiB of a block)
-
-// ---- instruction set ---------------------------------------------------------------------------
-enum class Isa { Scalar = 0, Avx2 = 1, Avx512 = 2 };
-
-// Upper bound on the instruction set that the environment asks for. An emulated smaller CPU
-// (bench/: MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2) must run this kernel as that CPU
-// would, or the emulation measures a machine that does not exist. HETEROSPEC_CPU_SCALAR=1 forces
-// the portable loop (what non-x86 machines run), as for the other CPU kernels.
-Isa env_cap() {
-  Isa cap = Isa::Avx512;
-  const char* scalar = std::getenv("HETEROSPEC_CPU_SCALAR");
-  if (scalar != nullptr && scalar[0] == '1') return Isa::Scalar;
-  for (const char* var : {"MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA"}) {
-    const char* v = std::getenv(var);
-    if (v == nullptr || v[0] == '\0') continue;
-    std::string s(v);
-    for (auto& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-    if (s.rfind("AVX512", 0) == 0 || s == "ALL" || s.rfind("AVX10", 0) == 0) continue;
-    cap = std::min(cap, s.rfind("AVX2", 0) == 0 ? Isa::Avx2 : Isa::Scalar);
-  }
-  return cap;
-}
-
-Isa machine_isa() {
-#ifdef HS_HAVE_X86_LINEAR
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) return Isa::Avx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::Avx2;
-#endif
-  return Isa::Scalar;
-}
-
-// Read once per process, like the entropy kernel's switch.
-Isa active_isa() {
-  static const Isa isa = std::min(machine_isa(), env_cap());
-  return isa;
-}
 
 // ---- micro-kernels -----------------------------------------------------------------------------
 // One call: MR rows of x (row stride ldx) times one packed block (K x kBlock) of weights of type W
@@ -127,7 +86,7 @@ void micro_scalar(const float* x, int64_t ldx, const W* blk, int64_t K, float* y
   for (int m = 0; m < MR; ++m) std::memcpy(y + m * ldy, acc[m], sizeof(float) * valid);
 }
 
-#ifdef HS_HAVE_X86_LINEAR
+#ifdef HS_HAVE_X86_SIMD
 // 16 weights as one AVX-512 vector of float32.
 __attribute__((target("avx512f"), always_inline)) inline __m512 load16(const float* w) { return _mm512_loadu_ps(w); }
 __attribute__((target("avx512f"), always_inline)) inline __m512 load16(const uint16_t* w) {
@@ -204,7 +163,7 @@ __attribute__((target("avx2,fma"))) void micro_avx2(const float* x, int64_t ldx,
     }
   }
 }
-#endif  // HS_HAVE_X86_LINEAR
+#endif  // HS_HAVE_X86_SIMD
 
 constexpr int kMaxRows = 12;  // the largest MR_MAX (AVX-512: 12, AVX2: 6, portable: 4; below)
 
@@ -225,7 +184,7 @@ template <typename W, int MR>
 struct ScalarK {
   static constexpr MicroFn<W> fn = micro_scalar<W, MR>;
 };
-#ifdef HS_HAVE_X86_LINEAR
+#ifdef HS_HAVE_X86_SIMD
 template <typename W, int MR>
 struct Avx512K {
   static constexpr MicroFn<W> fn = micro_avx512<W, MR>;
@@ -239,7 +198,7 @@ struct Avx2K {
 template <typename W>
 const Kernels<W>& kernels_for(Isa isa) {
   static const Kernels<W> scalar = make_kernels<W, ScalarK>(4);
-#ifdef HS_HAVE_X86_LINEAR
+#ifdef HS_HAVE_X86_SIMD
   static const Kernels<W> avx512 = make_kernels<W, Avx512K>(12);
   static const Kernels<W> avx2 = make_kernels<W, Avx2K>(6);
   if (isa == Isa::Avx512) return avx512;

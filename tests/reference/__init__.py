@@ -4,7 +4,7 @@ The CPU and CUDA kernels are both checked against these (tests/test_ops_*.py).
 """
 
 from .entropy_ref import entropy_bin_policy_ref, topk_entropy_ref
-from .glue_ref import rms_norm_ref, rope_ref
+from .glue_ref import rms_norm_ref, rope_ref, tree_attention_ref
 from .kv_ref import compact_kv_ref
 from .linear_ref import stream_linear_pack_ref, stream_linear_ref
 from .tree_ref import build_tree_ref, dense_tree_attention_mask_ref, select_tree_nodes_ref, tree_attention_mask_ref
@@ -24,4 +24,5 @@ __all__ = [
     "stream_linear_ref",
     "rms_norm_ref",
     "rope_ref",
+    "tree_attention_ref",
 ]

@@ -15,3 +15,23 @@ def rope_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Ten
     h = x.shape[-1] // 2
     rot = torch.cat((-x[..., h:], x[..., :h]), dim=-1)
     return x * cos[:, :, None] + rot * sin[:, :, None]
+
+
+def tree_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, prefix_lens: torch.Tensor,
+                       tree_mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """Row (b, t, h) over slots s < L_b and L_b + j with tree_mask[b, t, j], KV head h // (Hq // Hkv):
+    an explicit loop in float64, rounded to q's dtype."""
+    B, T, Hq, D = q.shape
+    Hkv = k_cache.shape[2]
+    out = torch.empty(B, T, Hq, D, dtype=torch.float64)
+    for b in range(B):
+        L = int(prefix_lens[b])
+        for t in range(T):
+            slots = list(range(L)) + [L + j for j in range(T) if bool(tree_mask[b, t, j])]
+            for h in range(Hq):
+                g = h // (Hq // Hkv)
+                k = k_cache[b, slots, g].double()
+                v = v_cache[b, slots, g].double()
+                w = torch.softmax((k @ q[b, t, h].double()) * scale, dim=0)
+                out[b, t, h] = w @ v
+    return out.to(q.dtype)

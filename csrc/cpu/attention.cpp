@@ -1,0 +1,424 @@
+// CPU kernel: tree_attention. Contract: docs/design.md, op 12.
+//
+// Why this exists. A decode step or a tree verify attends a handful of query rows to a prefix of
+// a few hundred cached keys per layer. PyTorch's CPU attention (the flash kernel behind
+// scaled_dot_product_attention) is built for long query blocks: at one to eight rows its fixed
+// costs (blocking buffers, a dense [T, width] bool mask built and read per call, the transposes
+// around it) outweigh the arithmetic, and a GQA group's keys are read once per query head. Over the
+// target's layers that was a tenth of a float32 decode step on the 2-core box
+// (bench/RESULTS.md, "Tree attention as one op"). Here the mask is implicit: the caller's
+// prefix length and tree mask say which slots a row sees, and only those are read.
+//
+// Layout. q [B, T, Hq, D]; k_cache, v_cache [B, S, Hkv, D] (the target's per-layer cache: slot s
+// of request b holds position s; the tree's own K/V are already written at slots L_b + j);
+// prefix_lens [B] int64 (L_b); tree_mask [B, T, T] bool. Query row (b, t, h) attends to slots
+// s < L_b and to slots L_b + j where tree_mask[b, t, j], with KV head h / (Hq / Hkv).
+// -> o [B, T, Hq, D] contiguous, q's dtype. float16 / bfloat16 inputs are computed in float32
+// (as the models' sdpa does on the CPU) and rounded once.
+//
+// Phases, per query row:
+//   1. scores: scale * (q . k) of each visible key, in slot order (one FMA chain per key);
+//   2. softmax: the maximum, exp(score - max) (a vectorised exp), their sum in a fixed order;
+//   3. output: the probability-weighted sum of the visible values in slot order, times 1 / sum.
+//
+// Row invariance. A row's result depends only on its query and the sequence of keys and values
+// it sees (their number fixes every vector split), never on the other rows of the call, the
+// batch, the thread count or where in the cache its tree slots lie. So a verified tree node gets,
+// bit for bit, what a one-token decode step gives the same token after the same context (the
+// lossless greedy check relies on this). Results differ between instruction sets (AVX-512, AVX2,
+// portable) in the last bits; a process uses one.
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "cpu/isa.h"
+#include "cpu/parallel.h"
+#include "op_checks.h"
+#include "ops.h"
+
+namespace heterospec {
+namespace {
+
+// One query row's view of its keys: slots [0, prefix) then the listed tree slots.
+struct Visible {
+  int64_t prefix;          // L_b
+  const int64_t* tree;     // absolute slots L_b + j of the visible tree columns
+  int64_t ntree;
+  int64_t count() const { return prefix + ntree; }
+  int64_t slot(int64_t i) const { return i < prefix ? i : tree[i - prefix]; }
+};
+
+// K or V rows of one KV head: row of slot s at base + s * stride (D contiguous floats).
+struct Rows {
+  const float* base;
+  int64_t stride;
+  const float* at(int64_t s) const { return base + s * stride; }
+};
+
+// ---- portable ----------------------------------------------------------------------------------
+void row_scalar(const float* q, Rows k, Rows v, const Visible& vis, int64_t D, float scale, float* p, float* out) {
+  const int64_t n = vis.count();
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < n; ++i) {                         // 1. scores
+    const float* kr = k.at(vis.slot(i));
+    float acc = 0.f;
+    for (int64_t d = 0; d < D; ++d) acc = std::fma(q[d], kr[d], acc);
+    p[i] = acc * scale;
+    mx = std::max(mx, p[i]);
+  }
+  float sum = 0.f;                                          // 2. softmax
+  for (int64_t i = 0; i < n; ++i) {
+    p[i] = std::exp(p[i] - mx);
+    sum += p[i];
+  }
+  for (int64_t d = 0; d < D; ++d) out[d] = 0.f;             // 3. output
+  for (int64_t i = 0; i < n; ++i) {
+    const float* vr = v.at(vis.slot(i));
+    for (int64_t d = 0; d < D; ++d) out[d] = std::fma(p[i], vr[d], out[d]);
+  }
+  const float inv = 1.f / sum;
+  for (int64_t d = 0; d < D; ++d) out[d] *= inv;
+}
+
+#ifdef HS_HAVE_X86_SIMD
+// exp(x) for x <= 0 (a score minus the row's maximum): Cephes' expf polynomial on the reduced
+// argument, 2^n by the exponent bits; relative error ~1e-7. x below -87.3 gives exp(-87.3).
+constexpr float kLog2e = 1.44269504088896341f, kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+constexpr float kP0 = 1.9875691500e-4f, kP1 = 1.3981999507e-3f, kP2 = 8.3334519073e-3f, kP3 = 4.1665795894e-2f,
+                kP4 = 1.6666665459e-1f, kP5 = 5.0000001201e-1f;
+
+// (GCC 12's unmasked forms of several AVX-512 intrinsics warn about an undefined pass-through
+// operand; the maskz forms with every lane set are the same instructions.)
+constexpr __mmask16 kAll = 0xFFFF;
+
+__attribute__((target("avx512f,avx2,fma"))) inline __m512 exp_avx512(__m512 x) {
+  x = _mm512_maskz_max_ps(kAll, x, _mm512_set1_ps(-87.3f));
+  const __m512 n = _mm512_maskz_roundscale_ps(kAll, _mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
+                                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
+  __m512 y = _mm512_set1_ps(kP0);
+  for (float c : {kP1, kP2, kP3, kP4, kP5}) y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(c));
+  y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+  const __m512i e =
+      _mm512_maskz_slli_epi32(kAll, _mm512_add_epi32(_mm512_maskz_cvtps_epi32(kAll, n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+}
+
+__attribute__((target("avx2,fma"))) inline __m256 exp_avx2(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
+  __m256 y = _mm256_set1_ps(kP0);
+  for (float c : {kP1, kP2, kP3, kP4, kP5}) y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(c));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+__attribute__((target("avx2,fma"))) inline float hsum_avx2(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+
+__attribute__((target("avx2,fma"))) inline float hmax_avx2(__m256 v) {
+  const __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_max_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+
+// Horizontal sum and maximum of 16 lanes in a fixed order: 256-bit halves, 128-bit quarters, then SSE.
+__attribute__((target("avx512f,avx2,fma"))) inline float hsum_avx512(__m512 v) {
+  v = _mm512_add_ps(v, _mm512_maskz_shuffle_f32x4(kAll, v, v, _MM_SHUFFLE(1, 0, 3, 2)));
+  v = _mm512_add_ps(v, _mm512_maskz_shuffle_f32x4(kAll, v, v, _MM_SHUFFLE(2, 3, 0, 1)));
+  const __m128 s = _mm512_maskz_extractf32x4_ps(__mmask8(0xF), v, 0), t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+
+__attribute__((target("avx512f,avx2,fma"))) inline float hmax_avx512(__m512 v) {
+  v = _mm512_maskz_max_ps(kAll, v, _mm512_maskz_shuffle_f32x4(kAll, v, v, _MM_SHUFFLE(1, 0, 3, 2)));
+  v = _mm512_maskz_max_ps(kAll, v, _mm512_maskz_shuffle_f32x4(kAll, v, v, _MM_SHUFFLE(2, 3, 0, 1)));
+  const __m128 s = _mm512_maskz_extractf32x4_ps(__mmask8(0xF), v, 0), t = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_max_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+
+// Sixteen vectors -> one vector whose lane j is the sum of a[j]'s lanes, keys in order:
+// pairs of keys (32-bit interleave), then quads (64-bit), then 128-bit quarters twice.
+__attribute__((target("avx512f,avx2,fma"))) inline __m512 sum16_avx512(const __m512 a[16]) {
+  __m512 b[8], c[4];
+  for (int i = 0; i < 8; ++i)
+    b[i] = _mm512_add_ps(_mm512_maskz_unpacklo_ps(kAll, a[2 * i], a[2 * i + 1]),
+                         _mm512_maskz_unpackhi_ps(kAll, a[2 * i], a[2 * i + 1]));
+  for (int i = 0; i < 4; ++i) {
+    const __m512d x = _mm512_castps_pd(b[2 * i]), y = _mm512_castps_pd(b[2 * i + 1]);
+    c[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_maskz_unpacklo_pd(__mmask8(0xFF), x, y)),
+                         _mm512_castpd_ps(_mm512_maskz_unpackhi_pd(__mmask8(0xFF), x, y)));
+  }
+  constexpr int kEven = _MM_SHUFFLE(2, 0, 2, 0), kOdd = _MM_SHUFFLE(3, 1, 3, 1);
+  const __m512 d0 = _mm512_add_ps(_mm512_maskz_shuffle_f32x4(kAll, c[0], c[1], kEven),
+                                  _mm512_maskz_shuffle_f32x4(kAll, c[0], c[1], kOdd));
+  const __m512 d1 = _mm512_add_ps(_mm512_maskz_shuffle_f32x4(kAll, c[2], c[3], kEven),
+                                  _mm512_maskz_shuffle_f32x4(kAll, c[2], c[3], kOdd));
+  return _mm512_add_ps(_mm512_maskz_shuffle_f32x4(kAll, d0, d1, kEven),
+                       _mm512_maskz_shuffle_f32x4(kAll, d0, d1, kOdd));
+}
+
+// The largest head size the SIMD kernels keep in registers.
+constexpr int64_t kMaxD = 256;
+
+// The AVX-512 kernel works on a GQA group's rows at once (the query heads of one KV head, over the
+// call's T positions): a block of 16 prefix keys (4 KiB at D = 64) is read from L2 once and
+// stays in L1 while every row of the group uses it, in phases 1 and 3. Each row still computes
+// exactly its own sequence (blocks at indices 0, 16, 32, ... of its visible keys, its values
+// accumulated in index order), so the grouping does not change any row's bits.
+
+// Phase 1 for keys i .. min(i + 16, n) - 1 of one row: one FMA chain over D per key, then the
+// sixteen partial vectors summed in one transpose-and-add tree (missing keys are zero vectors).
+alignas(64) const float kZeroRow[kMaxD] = {};
+
+template <int C>
+__attribute__((target("avx512f,avx2,fma"))) inline void scores_block_avx512(const float* q, Rows k, const Visible& vis,
+                                                                           int64_t i, int64_t n, float scale, float* p) {
+  const int64_t m = std::min<int64_t>(16, n - i);
+  const float* kr[16];
+  for (int64_t j = 0; j < 16; ++j) kr[j] = j < m ? k.at(vis.slot(i + j)) : kZeroRow;
+  __m512 qv[C], acc[16];
+#pragma GCC unroll 4
+  for (int c = 0; c < C; ++c) qv[c] = _mm512_loadu_ps(q + 16 * c);
+#pragma GCC unroll 16
+  for (int j = 0; j < 16; ++j) {
+    acc[j] = _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) acc[j] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kr[j] + 16 * c), acc[j]);
+  }
+  const __m512 sc = _mm512_mul_ps(sum16_avx512(acc), _mm512_set1_ps(scale));
+  _mm512_mask_storeu_ps(p + i, m == 16 ? kAll : __mmask16((1u << m) - 1), sc);
+}
+
+// Phase 2 of one row: p[0, n) -> exp(p - max) in place; returns 1 / their sum.
+__attribute__((target("avx512f,avx2,fma"))) inline float softmax_avx512(float* p, int64_t n) {
+  __m512 mv = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = n - j >= 16 ? kAll : __mmask16((1u << (n - j)) - 1);
+    mv = _mm512_mask_max_ps(mv, m, mv, _mm512_maskz_loadu_ps(m, p + j));
+  }
+  const __m512 mx = _mm512_set1_ps(hmax_avx512(mv));
+  __m512 sv = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = n - j >= 16 ? kAll : __mmask16((1u << (n - j)) - 1);
+    const __m512 e = _mm512_maskz_mov_ps(m, exp_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, p + j), mx)));
+    _mm512_mask_storeu_ps(p + j, m, e);
+    sv = _mm512_add_ps(sv, e);
+  }
+  return 1.f / hsum_avx512(sv);
+}
+
+// Phase 3 for keys i .. min(i + 16, n) - 1 of one row: acc[0, D) += p[j] * v_j, in index order.
+template <int C>
+__attribute__((target("avx512f,avx2,fma"))) inline void values_block_avx512(const float* p, Rows v, const Visible& vis,
+                                                                           int64_t i, int64_t n, float* acc_mem) {
+  __m512 acc[C];
+#pragma GCC unroll 8
+  for (int c = 0; c < C; ++c) acc[c] = _mm512_loadu_ps(acc_mem + 16 * c);
+  const int64_t e = std::min<int64_t>(i + 16, n);
+  for (int64_t j = i; j < e; ++j) {
+    const float* vr = v.at(vis.slot(j));
+    const __m512 w = _mm512_set1_ps(p[j]);
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) acc[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(vr + 16 * c), acc[c]);
+  }
+#pragma GCC unroll 8
+  for (int c = 0; c < C; ++c) _mm512_storeu_ps(acc_mem + 16 * c, acc[c]);
+}
+
+// D = 16 * C. Rows r < R: query q[r], keys vis[r] (one request, so one
+// prefix), scores at p + r * ps, output out[r] (phase 3's accumulator).
+template <int C>
+__attribute__((target("avx512f,avx2,fma"))) void group_avx512(const float* const* q, int64_t R, Rows k, Rows v,
+                                                             const Visible* vis, int64_t D, float scale, float* p,
+                                                             int64_t ps, float* const* out) {
+  const int64_t shared = vis[0].prefix / 16 * 16;   // whole blocks of the common prefix
+  for (int64_t i = 0; i < shared; i += 16)                      // 1. scores
+    for (int64_t r = 0; r < R; ++r) scores_block_avx512<C>(q[r], k, vis[r], i, vis[r].count(), scale, p + r * ps);
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t i = shared; i < vis[r].count(); i += 16)
+      scores_block_avx512<C>(q[r], k, vis[r], i, vis[r].count(), scale, p + r * ps);
+  std::vector<float> inv(static_cast<size_t>(R));
+  for (int64_t r = 0; r < R; ++r) {                             // 2. softmax
+    inv[r] = softmax_avx512(p + r * ps, vis[r].count());
+    std::fill(out[r], out[r] + D, 0.f);
+  }
+  for (int64_t i = 0; i < shared; i += 16)                      // 3. output
+    for (int64_t r = 0; r < R; ++r) values_block_avx512<C>(p + r * ps, v, vis[r], i, vis[r].count(), out[r]);
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t i = shared; i < vis[r].count(); i += 16)
+      values_block_avx512<C>(p + r * ps, v, vis[r], i, vis[r].count(), out[r]);
+    const __m512 iv = _mm512_set1_ps(inv[r]);
+    for (int64_t c = 0; c < C; ++c)
+      _mm512_storeu_ps(out[r] + 16 * c, _mm512_mul_ps(_mm512_loadu_ps(out[r] + 16 * c), iv));
+  }
+}
+
+// D a multiple of 8, at most kMaxD.
+__attribute__((target("avx2,fma"))) void row_avx2(const float* q, Rows k, Rows v, const Visible& vis, int64_t D,
+                                                 float scale, float* p, float* out) {
+  const int64_t n = vis.count(), C = D / 8;
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const float *k0 = k.at(vis.slot(i)), *k1 = k.at(vis.slot(i + 1)), *k2 = k.at(vis.slot(i + 2)),
+                *k3 = k.at(vis.slot(i + 3));
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t c = 0; c < C; ++c) {
+      const __m256 qc = _mm256_loadu_ps(q + 8 * c);
+      a0 = _mm256_fmadd_ps(qc, _mm256_loadu_ps(k0 + 8 * c), a0);
+      a1 = _mm256_fmadd_ps(qc, _mm256_loadu_ps(k1 + 8 * c), a1);
+      a2 = _mm256_fmadd_ps(qc, _mm256_loadu_ps(k2 + 8 * c), a2);
+      a3 = _mm256_fmadd_ps(qc, _mm256_loadu_ps(k3 + 8 * c), a3);
+    }
+    p[i] = hsum_avx2(a0) * scale;
+    p[i + 1] = hsum_avx2(a1) * scale;
+    p[i + 2] = hsum_avx2(a2) * scale;
+    p[i + 3] = hsum_avx2(a3) * scale;
+  }
+  for (; i < n; ++i) {
+    const float* kr = k.at(vis.slot(i));
+    __m256 a = _mm256_setzero_ps();
+    for (int64_t c = 0; c < C; ++c) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * c), _mm256_loadu_ps(kr + 8 * c), a);
+    p[i] = hsum_avx2(a) * scale;
+  }
+  // 2. softmax: p is padded to a multiple of 8 with -inf, whose exp is masked to 0 below
+  const int64_t n8 = (n + 7) / 8 * 8;
+  for (int64_t j = n; j < n8; ++j) p[j] = -std::numeric_limits<float>::infinity();
+  __m256 mv = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t j = 0; j < n8; j += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(p + j));
+  const __m256 mx = _mm256_set1_ps(hmax_avx2(mv));
+  __m256 sv = _mm256_setzero_ps();
+  const __m256 ninf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t j = 0; j < n8; j += 8) {
+    const __m256 s = _mm256_loadu_ps(p + j);
+    const __m256 e = _mm256_andnot_ps(_mm256_cmp_ps(s, ninf, _CMP_EQ_OQ), exp_avx2(_mm256_sub_ps(s, mx)));
+    _mm256_storeu_ps(p + j, e);
+    sv = _mm256_add_ps(sv, e);
+  }
+  const float inv = 1.f / hsum_avx2(sv);
+  // 3. output
+  __m256 acc[kMaxD / 8];
+  for (int64_t c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
+  for (int64_t j = 0; j < n; ++j) {
+    const float* vr = v.at(vis.slot(j));
+    const __m256 w = _mm256_set1_ps(p[j]);
+    for (int64_t c = 0; c < C; ++c) acc[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 8 * c), acc[c]);
+  }
+  const __m256 iv = _mm256_set1_ps(inv);
+  for (int64_t c = 0; c < C; ++c) _mm256_storeu_ps(out + 8 * c, _mm256_mul_ps(acc[c], iv));
+}
+#endif  // HS_HAVE_X86_SIMD
+
+using RowFn = void (*)(const float*, Rows, Rows, const Visible&, int64_t, float, float*, float*);
+using GroupFn = void (*)(const float* const*, int64_t, Rows, Rows, const Visible*, int64_t, float, float*, int64_t,
+                         float* const*);
+
+// The AVX2 and portable kernels take a group's rows one at a time.
+template <RowFn row>
+void group_by_rows(const float* const* q, int64_t R, Rows k, Rows v, const Visible* vis, int64_t D, float scale,
+                   float* p, int64_t ps, float* const* out) {
+  for (int64_t r = 0; r < R; ++r) row(q[r], k, v, vis[r], D, scale, p + r * ps, out[r]);
+}
+
+GroupFn group_kernel(int64_t D) {
+#ifdef HS_HAVE_X86_SIMD
+  const Isa isa = active_isa();
+  if (isa == Isa::Avx512 && D == 64) return group_avx512<4>;
+  if (isa == Isa::Avx512 && D == 128) return group_avx512<8>;
+  if (isa >= Isa::Avx2 && D % 8 == 0 && D <= kMaxD) return group_by_rows<row_avx2>;
+#endif
+  return group_by_rows<row_scalar>;
+}
+
+// A float32 view of t with a unit last stride (a copy only when needed).
+Tensor float_rows(const Tensor& t) {
+  Tensor f = t.scalar_type() == at::kFloat ? t : t.to(at::kFloat);
+  return f.size(-1) <= 1 || f.stride(-1) == 1 ? f : f.contiguous();
+}
+
+}  // namespace
+
+// q [B, T, Hq, D], k_cache / v_cache [B, S, Hkv, D] (q's dtype), prefix_lens [B] int64,
+// tree_mask [B, T, T] bool -> o [B, T, Hq, D].
+Tensor tree_attention_cpu(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const Tensor& prefix_lens_in,
+                          const Tensor& tree_mask_in, double scale) {
+  constexpr const char* op = "tree_attention";
+  check_tree_attention_inputs(Backend::CPU, op, q_in, k_in, v_in, prefix_lens_in, tree_mask_in, scale);
+  const int64_t B = q_in.size(0), T = q_in.size(1), Hq = q_in.size(2), D = q_in.size(3);
+  const int64_t S = k_in.size(1), Hkv = k_in.size(2);
+  const Tensor prefix_lens = prefix_lens_in.contiguous(), tree_mask = tree_mask_in.contiguous();
+  const int64_t* lp = prefix_lens.const_data_ptr<int64_t>();
+  const bool* mp = tree_mask.const_data_ptr<bool>();
+  int64_t width = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    HS_CHECK(lp[b] >= 0 && lp[b] + T <= S, op, ": expected 0 <= prefix_lens[", b, "] and prefix_lens[", b,
+             "] + T <= S (the cache's slots), got prefix_lens[", b, "] = ", lp[b], ", T = ", T, ", S = ", S);
+    width = std::max(width, lp[b] + T);
+    for (int64_t t = 0; t < T && lp[b] == 0; ++t)
+      HS_CHECK(std::any_of(mp + (b * T + t) * T, mp + (b * T + t + 1) * T, [](bool x) { return x; }), op,
+               ": query row (b = ", b, ", t = ", t, ") sees no key (prefix_lens[", b,
+               "] = 0 and its tree_mask row is all False)");
+  }
+  Tensor out = at::empty({B, T, Hq, D}, q_in.options());
+  if (out.numel() == 0) return out;
+  // Only the slots some row can see are read (and converted, for float16 / bfloat16).
+  const Tensor q = float_rows(q_in), k = float_rows(k_in.narrow(1, 0, width)), v = float_rows(v_in.narrow(1, 0, width));
+  const bool f32 = q_in.scalar_type() == at::kFloat;
+  Tensor out32 = f32 ? out : at::empty({B, T, Hq, D}, q_in.options().dtype(at::kFloat));
+  const float* qp = q.const_data_ptr<float>();
+  const float* kp = k.const_data_ptr<float>();
+  const float* vp = v.const_data_ptr<float>();
+  float* op_ = out32.mutable_data_ptr<float>();
+  const int64_t group = Hq / Hkv, R = T * group;   // rows per task: one KV head's query heads at every t
+  const GroupFn kernel = group_kernel(D);
+  const float sc = static_cast<float>(scale);
+  const int64_t ps = width + 16;                 // a row's scores, room for a masked last block
+  // One item per (b, g): R rows of about (L_b + T) * D * 2 reads each.
+  at::parallel_for(0, B * Hkv, grain_for(R * (width + 1) * D * 2), [&](int64_t i0, int64_t i1) {
+    std::vector<float> p(static_cast<size_t>(R * ps));
+    std::vector<int64_t> tree(static_cast<size_t>(T * T));
+    std::vector<Visible> vis(static_cast<size_t>(R));
+    std::vector<const float*> qr(static_cast<size_t>(R));
+    std::vector<float*> outs(static_cast<size_t>(R));
+    for (int64_t it = i0; it < i1; ++it) {
+      const int64_t b = it / Hkv, g = it % Hkv;
+      for (int64_t t = 0; t < T; ++t) {
+        int64_t* slots = tree.data() + t * T;
+        int64_t nt = 0;
+        const bool* mrow = mp + (b * T + t) * T;
+        for (int64_t j = 0; j < T; ++j)
+          if (mrow[j]) slots[nt++] = lp[b] + j;
+        for (int64_t hh = 0; hh < group; ++hh) {
+          const int64_t r = t * group + hh, h = g * group + hh;
+          vis[r] = Visible{lp[b], slots, nt};
+          qr[r] = qp + b * q.stride(0) + t * q.stride(1) + h * q.stride(2);
+          outs[r] = op_ + ((b * T + t) * Hq + h) * D;
+        }
+      }
+      const Rows kr{kp + b * k.stride(0) + g * k.stride(2), k.stride(1)};
+      const Rows vr{vp + b * v.stride(0) + g * v.stride(2), v.stride(1)};
+      kernel(qr.data(), R, kr, vr, vis.data(), D, sc, p.data(), ps, outs.data());
+    }
+  });
+  if (!f32) out.copy_(out32);
+  return out;
+}
+
+TORCH_LIBRARY_IMPL(heterospec, CPU, m) { m.impl("tree_attention", &tree_attention_cpu); }
+
+}  // namespace heterospec

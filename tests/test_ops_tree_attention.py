@@ -1,0 +1,156 @@
+"""tree_attention (CPU) vs its reference: values in every float dtype and on every SIMD path, the
+row invariance it promises (a tree node gets a one-token step's bits), and clear errors."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import heterospec.ops as ops
+from reference import tree_attention_ref
+from test_ops_linear import _errors
+
+raw = torch.ops.heterospec
+
+
+def _case(B, T, Hq, Hkv, D, S, lens, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, T, Hq, D, generator=g).to(dtype)
+    k = torch.randn(B, S, Hkv, D, generator=g).to(dtype)
+    v = torch.randn(B, S, Hkv, D, generator=g).to(dtype)
+    mask = (torch.rand(B, T, T, generator=g) < 0.5).tril() | torch.eye(T, dtype=torch.bool)
+    return q, k, v, torch.tensor(lens), mask
+
+
+SHAPES = [  # B, T, Hq, Hkv, D, S, prefix_lens
+    (1, 1, 9, 3, 64, 400, [300]),       # a decode step of the built-in target
+    (1, 8, 9, 3, 64, 400, [37]),        # a tree verify
+    (3, 5, 9, 3, 64, 90, [57, 0, 16]),  # requests of different lengths, one with no prefix
+    (2, 4, 8, 8, 128, 40, [20, 33]),    # no GQA, D = 128
+    (2, 3, 4, 2, 32, 30, [5, 17]),      # D = 32 (not an AVX-512 shape)
+    (1, 2, 2, 1, 6, 12, [7]),           # D = 6 (the portable loop)
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_tree_attention_matches_reference(shape, dtype):
+    q, k, v, lens, mask = _case(*shape, dtype=dtype)
+    got = ops.tree_attention(q, k, v, lens, mask, shape[4] ** -0.5)
+    assert got.shape == q.shape and got.dtype == dtype and got.is_contiguous()
+    ref = tree_attention_ref(q, k, v, lens, mask, shape[4] ** -0.5)
+    tol = dict(rtol=2e-5, atol=2e-6) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(got, ref, **tol)
+
+
+def test_tree_attention_is_sdpa_with_the_dense_mask():
+    from heterospec.models.layers import sdpa
+
+    q, k, v, lens, mask = _case(2, 6, 9, 3, 64, 80, [40, 11])
+    W = int(lens.max()) + 6
+    want = sdpa(q, k[:, :W], v[:, :W], ops.dense_tree_attention_mask(mask, lens, W), 0.125)
+    torch.testing.assert_close(ops.tree_attention(q, k, v, lens, mask, 0.125), want, rtol=2e-5, atol=2e-6)
+
+
+def test_strided_query_and_cache_layer():
+    q, k, v, lens, mask = _case(2, 3, 6, 3, 64, 50, [10, 30])
+    qs = q.transpose(1, 2).contiguous().transpose(1, 2)          # [B, T, H, D] with head-major strides
+    cache_k = torch.stack([torch.zeros_like(k), k])              # a layer of [layers, B, S, H, D]
+    cache_v = torch.stack([torch.zeros_like(v), v])
+    assert torch.equal(ops.tree_attention(qs, cache_k[1], cache_v[1], lens, mask, 0.125),
+                       ops.tree_attention(q, k, v, lens, mask, 0.125))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_tree_node_gets_the_bits_of_a_one_token_step(threads):
+    """Node t of a tree, verified with the others, equals a one-row call over a cache holding its
+    context compacted (prefix, then its ancestors and itself in order): what a one-token decode
+    step sees after the same tokens. Also unchanged by other requests in the batch."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        Hq, Hkv, D, S, L, T = 9, 3, 64, 120, 45, 7
+        g = torch.Generator().manual_seed(3)
+        q = torch.randn(1, T, Hq, D, generator=g)
+        k, v = torch.randn(1, S, Hkv, D, generator=g), torch.randn(1, S, Hkv, D, generator=g)
+        parents = [-1, 0, 0, 1, 1, 2, 4]
+        mask = torch.zeros(1, T, T, dtype=torch.bool)
+        for t in range(T):
+            a = t
+            while a >= 0:
+                mask[0, t, a] = True
+                a = parents[a]
+        tree = ops.tree_attention(q, k, v, torch.tensor([L]), mask, 0.125)
+        other = torch.randn(1, T, Hq, D, generator=g)
+        batched = ops.tree_attention(torch.cat([other, q]), torch.cat([torch.randn_like(k), k]),
+                                     torch.cat([torch.randn_like(v), v]), torch.tensor([80, L]),
+                                     torch.cat([torch.ones_like(mask).tril(), mask]), 0.125)
+        assert torch.equal(batched[1], tree[0])
+        for t in range(T):
+            path = [j for j in range(T) if mask[0, t, j]]
+            n = L + len(path) - 1                        # the step's own token sits at slot n
+            kc, vc = torch.zeros(1, S, Hkv, D), torch.zeros(1, S, Hkv, D)
+            kc[0, :L], vc[0, :L] = k[0, :L], v[0, :L]
+            kc[0, L:n + 1], vc[0, L:n + 1] = k[0, [L + j for j in path]], v[0, [L + j for j in path]]
+            step = ops.tree_attention(q[:, t:t + 1], kc, vc, torch.tensor([n]), torch.ones(1, 1, 1, dtype=torch.bool),
+                                      0.125)
+            assert torch.equal(step[0, 0], tree[0, t]), f"node {t}"
+    finally:
+        torch.set_num_threads(old)
+
+
+_PATH_SCRIPT = """
+import sys, torch
+sys.path.insert(0, {tests!r})
+import heterospec.ops as ops
+from reference import tree_attention_ref
+from test_ops_tree_attention import _case, SHAPES
+for shape in SHAPES:
+    q, k, v, lens, mask = _case(*shape)
+    torch.testing.assert_close(ops.tree_attention(q, k, v, lens, mask, 0.3), tree_attention_ref(q, k, v, lens, mask, 0.3),
+                               rtol=2e-5, atol=2e-6)
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("env", [{"HETEROSPEC_CPU_SCALAR": "1"},
+                                 {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}],
+                         ids=["portable", "avx2"])
+def test_every_simd_path_matches_reference(env):
+    """The instruction set is read once per process: each capped path runs in its own."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = subprocess.run([sys.executable, "-c", _PATH_SCRIPT.format(tests=here)], env={**os.environ, **env},
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("call", ["wrapper", "raw"])
+def test_bad_input_gets_a_clear_error(call):
+    f = ops.tree_attention if call == "wrapper" else raw.tree_attention
+    q, k, v, lens, mask = _case(2, 3, 6, 3, 16, 20, [4, 9])
+    ok = (q, k, v, lens, mask, 0.25)
+
+    def bad(i, x):
+        args = list(ok)
+        args[i] = x
+        return _errors(lambda: f(*args))
+
+    assert "q" in bad(0, q.double()) and "float" in bad(0, q.double())
+    assert "[B, T, Hq, D]" in bad(0, q[0])
+    assert "k_cache" in bad(1, k.half())
+    assert "v_cache" in bad(2, v[:, :10])
+    kv4 = torch.randn(2, 20, 4, 16)
+    assert "multiple of the KV heads" in _errors(lambda: f(q, kv4, kv4, lens, mask, 0.25))
+    assert "prefix_lens" in bad(3, lens.int())
+    assert "prefix_lens" in bad(3, torch.tensor([4, 18]))             # 18 + T > S
+    assert "prefix_lens" in bad(3, torch.tensor([-1, 2]))
+    assert "tree_mask" in bad(4, mask.int())
+    assert "tree_mask" in bad(4, mask[:, :2, :2])
+    assert "finite scale" in bad(5, float("nan"))
+    lonely = mask.clone()
+    lonely[0, 1] = False
+    assert "sees no key" in _errors(lambda: f(q, k, v, torch.tensor([0, 9]), lonely, 0.25))
+    if call == "wrapper":
+        assert "on the CPU" in _errors(lambda: f(q.to("meta"), k, v, lens, mask, 0.25))
