@@ -154,3 +154,45 @@ def test_bad_input_gets_a_clear_error(call):
     assert "sees no key" in _errors(lambda: f(q, k, v, torch.tensor([0, 9]), lonely, 0.25))
     if call == "wrapper":
         assert "on the CPU" in _errors(lambda: f(q.to("meta"), k, v, lens, mask, 0.25))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_target_attends_with_the_op_and_keeps_sdpa_results(dtype, monkeypatch):
+    """A CPU target forward of a few tokens (decode, tree verify) calls tree_attention and gives
+    SDPA's logits up to rounding; a long prefill and autograd keep SDPA."""
+    import heterospec.models.attention as attention
+    from heterospec import TargetModel
+    from models_util import tiny_llama
+
+    model = TargetModel.from_hf(tiny_llama(seed=7, dtype=dtype))
+    V = model.config.vocab_size
+    prompt = torch.randint(0, V, (2, 9))
+    tree = torch.tensor([[[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]]], dtype=torch.bool).expand(2, 4, 4)
+    ids = torch.randint(0, V, (2, 4))
+    pos = torch.tensor([[9, 10, 10, 11]]).expand(2, 4)
+    lens = torch.full((2,), 9, dtype=torch.long)
+
+    def run():
+        cache = model.new_cache(2, 32)
+        with torch.inference_mode():
+            model(prompt, torch.arange(9).expand(2, 9), cache, torch.zeros(2, dtype=torch.long))
+            with torch.profiler.profile() as prof:
+                out = model(ids, pos, cache, lens, tree_mask=tree.contiguous())[0]
+        return out, {e.name for e in prof.events()}
+
+    monkeypatch.setattr(attention, "CPU_TREE_ATTENTION", False)
+    want, names = run()
+    assert "heterospec::tree_attention" not in names
+    monkeypatch.setattr(attention, "CPU_TREE_ATTENTION", True)
+    got, names = run()
+    assert "heterospec::tree_attention" in names
+    tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=0.05, atol=0.05)
+    torch.testing.assert_close(got, want, **tol)
+    cache = model.new_cache(2, 128)
+    backend = model.backend
+    long = torch.ones(2, attention.TREE_ATTENTION_MAX_T + 1, attention.TREE_ATTENTION_MAX_T + 1, dtype=torch.bool).tril()
+    with torch.inference_mode():
+        assert isinstance(backend.plan(long, lens, cache, 4, 0.1), attention.SdpaPlan)
+        assert isinstance(backend.plan(tree.contiguous(), lens, cache, 4, 0.1), attention.TreeOpPlan)
+    with torch.enable_grad():
+        assert isinstance(backend.plan(tree.contiguous(), lens, cache, 4, 0.1), attention.SdpaPlan)

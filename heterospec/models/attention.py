@@ -4,7 +4,10 @@ Each target forward calls `backend.plan(...)` once (mask construction, FlashInfe
 `backend.run(plan, q, k_cache, v_cache)` per layer after that layer's K/V rows are in the cache.
 
 - "sdpa": torch scaled_dot_product_attention with the dense bool mask of
-  `torch.ops.heterospec.dense_tree_attention_mask` ([B, T, width]); any device and dtype.
+  `torch.ops.heterospec.dense_tree_attention_mask` ([B, T, width]); any device and dtype. On the
+  CPU, a forward of at most TREE_ATTENTION_MAX_T tokens (a decode step, a tree verify) calls
+  `torch.ops.heterospec.tree_attention` instead: the same attention without a mask tensor
+  (``CPU_TREE_ATTENTION``).
 - "flashinfer": `BatchPrefillWithPagedKVCacheWrapper` (CUDA, fp16/bf16). Each layer's cache
   [B, S_max, H_kv, D] is viewed as B pages of page_size = S_max (one page per request, last page
   length L_b + T); the bool custom mask comes from `torch.ops.heterospec.tree_attention_mask`.
@@ -31,6 +34,13 @@ from .layers import sdpa
 
 _FLASHINFER_WORKSPACE_BYTES = 128 << 20
 
+# On the CPU, forwards of at most this many tokens per request attend with the tree_attention op
+# (csrc/cpu/attention.cpp). Every decode step and every verified tree lies below it, so their rows
+# share one kernel (the lossless check compares them); longer inputs (prefills) keep the flash
+# kernel of scaled_dot_product_attention, built for long query blocks.
+CPU_TREE_ATTENTION = True
+TREE_ATTENTION_MAX_T = 64
+
 
 def causal_tree_mask(batch_size: int, T: int, device) -> torch.Tensor:
     """The tree of a plain sequence: [B, T, T] lower-triangular."""
@@ -41,6 +51,24 @@ def causal_tree_mask(batch_size: int, T: int, device) -> torch.Tensor:
 class SdpaPlan:
     mask: torch.Tensor | None  # [B, T, W] bool; None: every query sees all W keys
     width: int
+
+
+@dataclass
+class TreeOpPlan:
+    """A CPU forward of a few tokens: each layer calls tree_attention with these."""
+    prefix_lens: torch.Tensor  # [B] int64
+    tree_mask: torch.Tensor    # [B, T, T] bool, contiguous
+    scale: float
+
+
+def _tree_op_serves(tree_mask: torch.Tensor, prefix_lens: torch.Tensor, cache: KVCache) -> bool:
+    """Whether tree_attention serves this forward: the CPU, few tokens, a dtype it computes, and
+    autograd off (the op has no backward; the engine decodes under inference mode)."""
+    return (CPU_TREE_ATTENTION and not prefix_lens.is_cuda and tree_mask.shape[1] <= TREE_ATTENTION_MAX_T
+            and cache.k.dtype in (torch.float32, torch.bfloat16, torch.float16) and not torch.is_grad_enabled())
+
+
+_TREE_ATTENTION = torch.ops.heterospec.tree_attention.default
 
 
 class SdpaAttention:
@@ -54,6 +82,8 @@ class SdpaAttention:
         # On CPU attend only up to the longest request; on CUDA use S_max (no host sync).
         if prefix_lens.is_cuda or not host_reads_allowed(prefix_lens):
             width = S
+        elif _tree_op_serves(tree_mask, prefix_lens, cache):
+            return TreeOpPlan(prefix_lens, tree_mask.contiguous(), scale)
         else:
             lens = prefix_lens.tolist()
             width = min(S, max(lens) + T)
@@ -63,8 +93,11 @@ class SdpaAttention:
                 return SdpaPlan(None, width)
         return SdpaPlan(ops.dense_tree_attention_mask(tree_mask.contiguous(), prefix_lens, width), width)
 
-    def run(self, plan: SdpaPlan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+    def run(self, plan: SdpaPlan | TreeOpPlan, q: torch.Tensor, k_cache: torch.Tensor,
+            v_cache: torch.Tensor) -> torch.Tensor:
         # q: [B, T, Hq, D]; k_cache, v_cache: [B, S_max, Hkv, D] -> [B, T, Hq, D]
+        if isinstance(plan, TreeOpPlan):   # the op checks its inputs (the wrapper's checks, once per layer, cost more)
+            return _TREE_ATTENTION(q, k_cache, v_cache, plan.prefix_lens, plan.tree_mask, plan.scale)
         W = plan.width
         return sdpa(q, k_cache[:, :W], v_cache[:, :W], plan.mask, self.scale)
 
