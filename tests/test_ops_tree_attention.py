@@ -180,6 +180,7 @@ def test_the_target_attends_with_the_op_and_keeps_sdpa_results(dtype, monkeypatc
                 out = model(ids, pos, cache, lens, tree_mask=tree.contiguous())[0]
         return out, {e.name for e in prof.events()}
 
+    monkeypatch.setattr(attention, "_TREE_OP_SIMD", True)      # (its portable loop is slow, not wrong)
     monkeypatch.setattr(attention, "CPU_TREE_ATTENTION", False)
     want, names = run()
     assert "heterospec::tree_attention" not in names
@@ -195,4 +196,7 @@ def test_the_target_attends_with_the_op_and_keeps_sdpa_results(dtype, monkeypatc
         assert isinstance(backend.plan(long, lens, cache, 4, 0.1), attention.SdpaPlan)
         assert isinstance(backend.plan(tree.contiguous(), lens, cache, 4, 0.1), attention.TreeOpPlan)
     with torch.enable_grad():
+        assert isinstance(backend.plan(tree.contiguous(), lens, cache, 4, 0.1), attention.SdpaPlan)
+    monkeypatch.setattr(attention, "_TREE_OP_SIMD", False)     # no SIMD kernel for it here: the flash kernel
+    with torch.inference_mode():
         assert isinstance(backend.plan(tree.contiguous(), lens, cache, 4, 0.1), attention.SdpaPlan)

@@ -26,7 +26,10 @@
 // batch, the thread count or where in the cache its tree slots lie. So a verified tree node gets,
 // bit for bit, what a one-token decode step gives the same token after the same context (the
 // lossless greedy check relies on this). Results differ between instruction sets (AVX-512, AVX2,
-// portable) in the last bits; a process uses one.
+// portable) in the last bits; a process uses one (csrc/cpu/isa.h).
+//
+// Kernels: AVX-512 (D = 64, 128) and AVX2 (D = 32, 64, 128) take one GQA group's rows at a time;
+// any other head size or CPU runs the portable loop row by row.
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -70,7 +73,7 @@ void row_scalar(const float* q, Rows k, Rows v, const Visible& vis, int64_t D, f
   for (int64_t i = 0; i < n; ++i) {                         // 1. scores
     const float* kr = k.at(vis.slot(i));
     float acc = 0.f;
-    for (int64_t d = 0; d < D; ++d) acc = std::fma(q[d], kr[d], acc);
+    for (int64_t d = 0; d < D; ++d) acc += q[d] * kr[d];
     p[i] = acc * scale;
     mx = std::max(mx, p[i]);
   }
@@ -82,7 +85,7 @@ void row_scalar(const float* q, Rows k, Rows v, const Visible& vis, int64_t D, f
   for (int64_t d = 0; d < D; ++d) out[d] = 0.f;             // 3. output
   for (int64_t i = 0; i < n; ++i) {
     const float* vr = v.at(vis.slot(i));
-    for (int64_t d = 0; d < D; ++d) out[d] = std::fma(p[i], vr[d], out[d]);
+    for (int64_t d = 0; d < D; ++d) out[d] += p[i] * vr[d];
   }
   const float inv = 1.f / sum;
   for (int64_t d = 0; d < D; ++d) out[d] *= inv;
@@ -269,59 +272,95 @@ __attribute__((target("avx512f,avx2,fma"))) void group_avx512(const float* const
   }
 }
 
-// D a multiple of 8, at most kMaxD.
-__attribute__((target("avx2,fma"))) void row_avx2(const float* q, Rows k, Rows v, const Visible& vis, int64_t D,
-                                                 float scale, float* p, float* out) {
-  const int64_t n = vis.count(), C = D / 8;
-  int64_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    const float *k0 = k.at(vis.slot(i)), *k1 = k.at(vis.slot(i + 1)), *k2 = k.at(vis.slot(i + 2)),
-                *k3 = k.at(vis.slot(i + 3));
+// The AVX2 kernel: the same grouping as AVX-512, keys in quads (one FMA chain over D per key, the
+// four partial vectors summed by horizontal adds: the same tree for every key).
+template <int C>
+__attribute__((target("avx2,fma"))) inline void scores_block_avx2(const float* q, Rows k, const Visible& vis, int64_t i,
+                                                                 int64_t n, float scale, float* p) {
+  const int64_t e = std::min<int64_t>(i + 16, n);
+  for (int64_t j = i; j < e; j += 4) {
+    const int64_t m = std::min<int64_t>(4, e - j);
+    const float* kr[4];
+    for (int64_t u = 0; u < 4; ++u) kr[u] = u < m ? k.at(vis.slot(j + u)) : kZeroRow;
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int64_t c = 0; c < C; ++c) {
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) {
       const __m256 qc = _mm256_loadu_ps(q + 8 * c);
-      a0 = _mm256_fmadd_ps(qc, _mm256_loadu_ps(k0 + 8 * c), a0);
-      a1 = _mm256_fmadd_ps(qc, _mm256_loadu_ps(k1 + 8 * c), a1);
-      a2 = _mm256_fmadd_ps(qc, _mm256_loadu_ps(k2 + 8 * c), a2);
-      a3 = _mm256_fmadd_ps(qc, _mm256_loadu_ps(k3 + 8 * c), a3);
+      a0 = _mm256_fmadd_ps(qc, _mm256_loadu_ps(kr[0] + 8 * c), a0);
+      a1 = _mm256_fmadd_ps(qc, _mm256_loadu_ps(kr[1] + 8 * c), a1);
+      a2 = _mm256_fmadd_ps(qc, _mm256_loadu_ps(kr[2] + 8 * c), a2);
+      a3 = _mm256_fmadd_ps(qc, _mm256_loadu_ps(kr[3] + 8 * c), a3);
     }
-    p[i] = hsum_avx2(a0) * scale;
-    p[i + 1] = hsum_avx2(a1) * scale;
-    p[i + 2] = hsum_avx2(a2) * scale;
-    p[i + 3] = hsum_avx2(a3) * scale;
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    const __m128 s = _mm_mul_ps(_mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)), _mm_set1_ps(scale));
+    alignas(16) float four[4];
+    _mm_store_ps(four, s);
+    for (int64_t u = 0; u < m; ++u) p[j + u] = four[u];
   }
-  for (; i < n; ++i) {
-    const float* kr = k.at(vis.slot(i));
-    __m256 a = _mm256_setzero_ps();
-    for (int64_t c = 0; c < C; ++c) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * c), _mm256_loadu_ps(kr + 8 * c), a);
-    p[i] = hsum_avx2(a) * scale;
-  }
-  // 2. softmax: p is padded to a multiple of 8 with -inf, whose exp is masked to 0 below
+}
+
+// Phase 2 of one row: p[0, n) -> exp(p - max) in place (p has room for n rounded up to 8);
+// returns 1 / their sum.
+__attribute__((target("avx2,fma"))) inline float softmax_avx2(float* p, int64_t n) {
   const int64_t n8 = (n + 7) / 8 * 8;
+  const __m256 ninf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
   for (int64_t j = n; j < n8; ++j) p[j] = -std::numeric_limits<float>::infinity();
-  __m256 mv = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  __m256 mv = ninf;
   for (int64_t j = 0; j < n8; j += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(p + j));
   const __m256 mx = _mm256_set1_ps(hmax_avx2(mv));
   __m256 sv = _mm256_setzero_ps();
-  const __m256 ninf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
   for (int64_t j = 0; j < n8; j += 8) {
     const __m256 s = _mm256_loadu_ps(p + j);
     const __m256 e = _mm256_andnot_ps(_mm256_cmp_ps(s, ninf, _CMP_EQ_OQ), exp_avx2(_mm256_sub_ps(s, mx)));
     _mm256_storeu_ps(p + j, e);
     sv = _mm256_add_ps(sv, e);
   }
-  const float inv = 1.f / hsum_avx2(sv);
-  // 3. output
-  __m256 acc[kMaxD / 8];
-  for (int64_t c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
-  for (int64_t j = 0; j < n; ++j) {
+  return 1.f / hsum_avx2(sv);
+}
+
+template <int C>
+__attribute__((target("avx2,fma"))) inline void values_block_avx2(const float* p, Rows v, const Visible& vis, int64_t i,
+                                                                 int64_t n, float* acc_mem) {
+  __m256 acc[C];
+#pragma GCC unroll 16
+  for (int c = 0; c < C; ++c) acc[c] = _mm256_loadu_ps(acc_mem + 8 * c);
+  const int64_t e = std::min<int64_t>(i + 16, n);
+  for (int64_t j = i; j < e; ++j) {
     const float* vr = v.at(vis.slot(j));
     const __m256 w = _mm256_set1_ps(p[j]);
-    for (int64_t c = 0; c < C; ++c) acc[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 8 * c), acc[c]);
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) acc[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 8 * c), acc[c]);
   }
-  const __m256 iv = _mm256_set1_ps(inv);
-  for (int64_t c = 0; c < C; ++c) _mm256_storeu_ps(out + 8 * c, _mm256_mul_ps(acc[c], iv));
+#pragma GCC unroll 16
+  for (int c = 0; c < C; ++c) _mm256_storeu_ps(acc_mem + 8 * c, acc[c]);
 }
+
+// D = 8 * C; the rows as in group_avx512.
+template <int C>
+__attribute__((target("avx2,fma"))) void group_avx2(const float* const* q, int64_t R, Rows k, Rows v, const Visible* vis,
+                                                   int64_t D, float scale, float* p, int64_t ps, float* const* out) {
+  const int64_t shared = vis[0].prefix / 16 * 16;
+  for (int64_t i = 0; i < shared; i += 16)                      // 1. scores
+    for (int64_t r = 0; r < R; ++r) scores_block_avx2<C>(q[r], k, vis[r], i, vis[r].count(), scale, p + r * ps);
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t i = shared; i < vis[r].count(); i += 16)
+      scores_block_avx2<C>(q[r], k, vis[r], i, vis[r].count(), scale, p + r * ps);
+  std::vector<float> inv(static_cast<size_t>(R));
+  for (int64_t r = 0; r < R; ++r) {                             // 2. softmax
+    inv[r] = softmax_avx2(p + r * ps, vis[r].count());
+    std::fill(out[r], out[r] + D, 0.f);
+  }
+  for (int64_t i = 0; i < shared; i += 16)                      // 3. output
+    for (int64_t r = 0; r < R; ++r) values_block_avx2<C>(p + r * ps, v, vis[r], i, vis[r].count(), out[r]);
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t i = shared; i < vis[r].count(); i += 16)
+      values_block_avx2<C>(p + r * ps, v, vis[r], i, vis[r].count(), out[r]);
+    const __m256 iv = _mm256_set1_ps(inv[r]);
+    for (int64_t c = 0; c < C; ++c)
+      _mm256_storeu_ps(out[r] + 8 * c, _mm256_mul_ps(_mm256_loadu_ps(out[r] + 8 * c), iv));
+  }
+}
+
 #endif  // HS_HAVE_X86_SIMD
 
 using RowFn = void (*)(const float*, Rows, Rows, const Visible&, int64_t, float, float*, float*);
@@ -340,7 +379,9 @@ GroupFn group_kernel(int64_t D) {
   const Isa isa = active_isa();
   if (isa == Isa::Avx512 && D == 64) return group_avx512<4>;
   if (isa == Isa::Avx512 && D == 128) return group_avx512<8>;
-  if (isa >= Isa::Avx2 && D % 8 == 0 && D <= kMaxD) return group_by_rows<row_avx2>;
+  if (isa >= Isa::Avx2 && D == 32) return group_avx2<4>;
+  if (isa >= Isa::Avx2 && D == 64) return group_avx2<8>;
+  if (isa >= Isa::Avx2 && D == 128) return group_avx2<16>;
 #endif
   return group_by_rows<row_scalar>;
 }

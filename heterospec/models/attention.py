@@ -23,6 +23,8 @@ Each target forward calls `backend.plan(...)` once (mask construction, FlashInfe
 from __future__ import annotations
 
 import math
+import os
+import platform
 from dataclasses import dataclass
 
 import torch
@@ -40,6 +42,16 @@ _FLASHINFER_WORKSPACE_BYTES = 128 << 20
 # kernel of scaled_dot_product_attention, built for long query blocks.
 CPU_TREE_ATTENTION = True
 TREE_ATTENTION_MAX_T = 64
+
+
+def _tree_op_has_simd() -> bool:
+    """Whether tree_attention runs a SIMD kernel here (x86 with AVX2 or AVX-512, csrc/cpu/isa.h).
+    Its portable loop (other CPUs, ``HETEROSPEC_CPU_SCALAR=1``) is slower than the flash kernel."""
+    return (platform.machine().lower() in ("x86_64", "amd64") and os.environ.get("HETEROSPEC_CPU_SCALAR") != "1"
+            and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"))
+
+
+_TREE_OP_SIMD = _tree_op_has_simd()
 
 
 def causal_tree_mask(batch_size: int, T: int, device) -> torch.Tensor:
@@ -62,10 +74,11 @@ class TreeOpPlan:
 
 
 def _tree_op_serves(tree_mask: torch.Tensor, prefix_lens: torch.Tensor, cache: KVCache) -> bool:
-    """Whether tree_attention serves this forward: the CPU, few tokens, a dtype it computes, and
-    autograd off (the op has no backward; the engine decodes under inference mode)."""
-    return (CPU_TREE_ATTENTION and not prefix_lens.is_cuda and tree_mask.shape[1] <= TREE_ATTENTION_MAX_T
-            and cache.k.dtype in (torch.float32, torch.bfloat16, torch.float16) and not torch.is_grad_enabled())
+    """Whether tree_attention serves this forward: the CPU with a SIMD kernel for it, few tokens, a
+    dtype it computes, and autograd off (the op has no backward; the engine decodes under
+    inference mode)."""
+    return (CPU_TREE_ATTENTION and _TREE_OP_SIMD and not prefix_lens.is_cuda
+            and tree_mask.shape[1] <= TREE_ATTENTION_MAX_T            and cache.k.dtype in (torch.float32, torch.bfloat16, torch.float16) and not torch.is_grad_enabled())
 
 
 _TREE_ATTENTION = torch.ops.heterospec.tree_attention.default
