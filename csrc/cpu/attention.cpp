@@ -176,14 +176,10 @@ __attribute__((target("avx512f,avx2,fma"))) inline __m512 sum16_avx512(const __m
                        _mm512_maskz_shuffle_f32x4(kAll, d0, d1, kOdd));
 }
 
-// The largest head size the SIMD kernels keep in registers.
+// The widest head a SIMD kernel takes; a zero row of it stands in for the missing keys of a block.
 constexpr int64_t kMaxD = 256;
 
-// The AVX-512 kernel works on a GQA group's rows at once (the query heads of one KV head, over the
-// call's T positions): a block of 16 prefix keys (4 KiB at D = 64) is read from L2 once and
-// stays in L1 while every row of the group uses it, in phases 1 and 3. Each row still computes
-// exactly its own sequence (blocks at indices 0, 16, 32, ... of its visible keys, its values
-// accumulated in index order), so the grouping does not change any row's bits.
+// ---- AVX-512 phases (group_rows below takes a GQA group's rows through them) --------------------
 
 // Phase 1 for keys i .. min(i + 16, n) - 1 of one row: one FMA chain over D per key, then the
 // sixteen partial vectors summed in one transpose-and-add tree (missing keys are zero vectors).
@@ -244,36 +240,8 @@ __attribute__((target("avx512f,avx2,fma"))) inline void values_block_avx512(cons
   for (int c = 0; c < C; ++c) _mm512_storeu_ps(acc_mem + 16 * c, acc[c]);
 }
 
-// D = 16 * C. Rows r < R: query q[r], keys vis[r] (one request, so one
-// prefix), scores at p + r * ps, output out[r] (phase 3's accumulator).
-template <int C>
-__attribute__((target("avx512f,avx2,fma"))) void group_avx512(const float* const* q, int64_t R, Rows k, Rows v,
-                                                             const Visible* vis, int64_t D, float scale, float* p,
-                                                             int64_t ps, float* const* out) {
-  const int64_t shared = vis[0].prefix / 16 * 16;   // whole blocks of the common prefix
-  for (int64_t i = 0; i < shared; i += 16)                      // 1. scores
-    for (int64_t r = 0; r < R; ++r) scores_block_avx512<C>(q[r], k, vis[r], i, vis[r].count(), scale, p + r * ps);
-  for (int64_t r = 0; r < R; ++r)
-    for (int64_t i = shared; i < vis[r].count(); i += 16)
-      scores_block_avx512<C>(q[r], k, vis[r], i, vis[r].count(), scale, p + r * ps);
-  std::vector<float> inv(static_cast<size_t>(R));
-  for (int64_t r = 0; r < R; ++r) {                             // 2. softmax
-    inv[r] = softmax_avx512(p + r * ps, vis[r].count());
-    std::fill(out[r], out[r] + D, 0.f);
-  }
-  for (int64_t i = 0; i < shared; i += 16)                      // 3. output
-    for (int64_t r = 0; r < R; ++r) values_block_avx512<C>(p + r * ps, v, vis[r], i, vis[r].count(), out[r]);
-  for (int64_t r = 0; r < R; ++r) {
-    for (int64_t i = shared; i < vis[r].count(); i += 16)
-      values_block_avx512<C>(p + r * ps, v, vis[r], i, vis[r].count(), out[r]);
-    const __m512 iv = _mm512_set1_ps(inv[r]);
-    for (int64_t c = 0; c < C; ++c)
-      _mm512_storeu_ps(out[r] + 16 * c, _mm512_mul_ps(_mm512_loadu_ps(out[r] + 16 * c), iv));
-  }
-}
-
-// The AVX2 kernel: the same grouping as AVX-512, keys in quads (one FMA chain over D per key, the
-// four partial vectors summed by horizontal adds: the same tree for every key).
+// ---- AVX2 phases: keys in quads (one FMA chain over D per key, the four partial vectors summed
+// by horizontal adds: the same tree for every key) ----------------------------------------------
 template <int C>
 __attribute__((target("avx2,fma"))) inline void scores_block_avx2(const float* q, Rows k, const Visible& vis, int64_t i,
                                                                  int64_t n, float scale, float* p) {
@@ -335,33 +303,52 @@ __attribute__((target("avx2,fma"))) inline void values_block_avx2(const float* p
   for (int c = 0; c < C; ++c) _mm256_storeu_ps(acc_mem + 8 * c, acc[c]);
 }
 
-// D = 8 * C; the rows as in group_avx512.
-template <int C>
-__attribute__((target("avx2,fma"))) void group_avx2(const float* const* q, int64_t R, Rows k, Rows v, const Visible* vis,
-                                                   int64_t D, float scale, float* p, int64_t ps, float* const* out) {
-  const int64_t shared = vis[0].prefix / 16 * 16;
+#endif  // HS_HAVE_X86_SIMD
+
+// A GQA group's rows (one request, so one prefix): query q[r], keys vis[r], scores at p + r * ps,
+// output out[r] (phase 3's accumulator). K: one instruction set's phases, with D = K::kD:
+//   K::scores(q, k, vis, i, n, scale, p)  phase 1 for a row's keys i .. min(i + 16, n) - 1;
+//   K::softmax(p, n) -> 1 / sum           phase 2 of a row;
+//   K::values(p, v, vis, i, n, acc)       phase 3 for the same keys, acc[0, D) += p[j] * v_j.
+// Blocks of 16 keys of the common prefix are taken for every row in turn (read from L2 once,
+// then from L1); the rest of each row's keys (the prefix's tail and its tree) row by row. Each
+// row still runs exactly its own sequence of blocks, so the grouping changes no row's bits.
+template <class K>
+void group_rows(const float* const* q, int64_t R, Rows k, Rows v, const Visible* vis, int64_t D, float scale,
+                float* p, int64_t ps, float* const* out) {
+  const int64_t shared = vis[0].prefix / 16 * 16;   // whole blocks of the common prefix
   for (int64_t i = 0; i < shared; i += 16)                      // 1. scores
-    for (int64_t r = 0; r < R; ++r) scores_block_avx2<C>(q[r], k, vis[r], i, vis[r].count(), scale, p + r * ps);
+    for (int64_t r = 0; r < R; ++r) K::scores(q[r], k, vis[r], i, vis[r].count(), scale, p + r * ps);
   for (int64_t r = 0; r < R; ++r)
-    for (int64_t i = shared; i < vis[r].count(); i += 16)
-      scores_block_avx2<C>(q[r], k, vis[r], i, vis[r].count(), scale, p + r * ps);
+    for (int64_t i = shared; i < vis[r].count(); i += 16) K::scores(q[r], k, vis[r], i, vis[r].count(), scale, p + r * ps);
   std::vector<float> inv(static_cast<size_t>(R));
   for (int64_t r = 0; r < R; ++r) {                             // 2. softmax
-    inv[r] = softmax_avx2(p + r * ps, vis[r].count());
+    inv[r] = K::softmax(p + r * ps, vis[r].count());
     std::fill(out[r], out[r] + D, 0.f);
   }
   for (int64_t i = 0; i < shared; i += 16)                      // 3. output
-    for (int64_t r = 0; r < R; ++r) values_block_avx2<C>(p + r * ps, v, vis[r], i, vis[r].count(), out[r]);
+    for (int64_t r = 0; r < R; ++r) K::values(p + r * ps, v, vis[r], i, vis[r].count(), out[r]);
   for (int64_t r = 0; r < R; ++r) {
-    for (int64_t i = shared; i < vis[r].count(); i += 16)
-      values_block_avx2<C>(p + r * ps, v, vis[r], i, vis[r].count(), out[r]);
-    const __m256 iv = _mm256_set1_ps(inv[r]);
-    for (int64_t c = 0; c < C; ++c)
-      _mm256_storeu_ps(out[r] + 8 * c, _mm256_mul_ps(_mm256_loadu_ps(out[r] + 8 * c), iv));
+    for (int64_t i = shared; i < vis[r].count(); i += 16) K::values(p + r * ps, v, vis[r], i, vis[r].count(), out[r]);
+    for (int64_t d = 0; d < D; ++d) out[r][d] *= inv[r];
   }
 }
 
-#endif  // HS_HAVE_X86_SIMD
+#ifdef HS_HAVE_X86_SIMD
+template <int C>
+struct Avx512Phases {
+  static constexpr auto scores = scores_block_avx512<C>;
+  static constexpr auto softmax = softmax_avx512;
+  static constexpr auto values = values_block_avx512<C>;
+};
+
+template <int C>
+struct Avx2Phases {
+  static constexpr auto scores = scores_block_avx2<C>;
+  static constexpr auto softmax = softmax_avx2;
+  static constexpr auto values = values_block_avx2<C>;
+};
+#endif
 
 using RowFn = void (*)(const float*, Rows, Rows, const Visible&, int64_t, float, float*, float*);
 using GroupFn = void (*)(const float* const*, int64_t, Rows, Rows, const Visible*, int64_t, float, float*, int64_t,
@@ -377,11 +364,11 @@ void group_by_rows(const float* const* q, int64_t R, Rows k, Rows v, const Visib
 GroupFn group_kernel(int64_t D) {
 #ifdef HS_HAVE_X86_SIMD
   const Isa isa = active_isa();
-  if (isa == Isa::Avx512 && D == 64) return group_avx512<4>;
-  if (isa == Isa::Avx512 && D == 128) return group_avx512<8>;
-  if (isa >= Isa::Avx2 && D == 32) return group_avx2<4>;
-  if (isa >= Isa::Avx2 && D == 64) return group_avx2<8>;
-  if (isa >= Isa::Avx2 && D == 128) return group_avx2<16>;
+  if (isa == Isa::Avx512 && D == 64) return group_rows<Avx512Phases<4>>;
+  if (isa == Isa::Avx512 && D == 128) return group_rows<Avx512Phases<8>>;
+  if (isa >= Isa::Avx2 && D == 32) return group_rows<Avx2Phases<4>>;
+  if (isa >= Isa::Avx2 && D == 64) return group_rows<Avx2Phases<8>>;
+  if (isa >= Isa::Avx2 && D == 128) return group_rows<Avx2Phases<16>>;
 #endif
   return group_by_rows<row_scalar>;
 }
