@@ -78,7 +78,8 @@ def _tree_op_serves(tree_mask: torch.Tensor, prefix_lens: torch.Tensor, cache: K
     dtype it computes, and autograd off (the op has no backward; the engine decodes under
     inference mode)."""
     return (CPU_TREE_ATTENTION and _TREE_OP_SIMD and not prefix_lens.is_cuda
-            and tree_mask.shape[1] <= TREE_ATTENTION_MAX_T            and cache.k.dtype in (torch.float32, torch.bfloat16, torch.float16) and not torch.is_grad_enabled())
+            and tree_mask.shape[1] <= TREE_ATTENTION_MAX_T
+            and cache.k.dtype in (torch.float32, torch.bfloat16, torch.float16) and not torch.is_grad_enabled())
 
 
 _TREE_ATTENTION = torch.ops.heterospec.tree_attention.default
@@ -109,7 +110,8 @@ class SdpaAttention:
     def run(self, plan: SdpaPlan | TreeOpPlan, q: torch.Tensor, k_cache: torch.Tensor,
             v_cache: torch.Tensor) -> torch.Tensor:
         # q: [B, T, Hq, D]; k_cache, v_cache: [B, S_max, Hkv, D] -> [B, T, Hq, D]
-        if isinstance(plan, TreeOpPlan):   # the op checks its inputs (the wrapper's checks, once per layer, cost more)
+        if isinstance(plan, TreeOpPlan):   # the raw op: it checks its inputs itself (the wrapper's
+            # Python checks, once per layer, would cost as much as the attention)
             return _TREE_ATTENTION(q, k_cache, v_cache, plan.prefix_lens, plan.tree_mask, plan.scale)
         W = plan.width
         return sdpa(q, k_cache[:, :W], v_cache[:, :W], plan.mask, self.scale)
