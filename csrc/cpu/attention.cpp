@@ -177,7 +177,7 @@ __attribute__((target("avx512f,avx2,fma"))) inline __m512 sum16_avx512(const __m
 }
 
 // The widest head a SIMD kernel takes; a zero row of it stands in for the missing keys of a block.
-constexpr int64_t kMaxD = 256;
+constexpr int64_t kMaxD = 128;
 
 // ---- AVX-512 phases (group_rows below takes a GQA group's rows through them) --------------------
 
@@ -350,15 +350,13 @@ struct Avx2Phases {
 };
 #endif
 
-using RowFn = void (*)(const float*, Rows, Rows, const Visible&, int64_t, float, float*, float*);
 using GroupFn = void (*)(const float* const*, int64_t, Rows, Rows, const Visible*, int64_t, float, float*, int64_t,
                          float* const*);
 
-// The AVX2 and portable kernels take a group's rows one at a time.
-template <RowFn row>
-void group_by_rows(const float* const* q, int64_t R, Rows k, Rows v, const Visible* vis, int64_t D, float scale,
-                   float* p, int64_t ps, float* const* out) {
-  for (int64_t r = 0; r < R; ++r) row(q[r], k, v, vis[r], D, scale, p + r * ps, out[r]);
+// The portable kernel takes a group's rows one at a time.
+void group_scalar(const float* const* q, int64_t R, Rows k, Rows v, const Visible* vis, int64_t D, float scale,
+                  float* p, int64_t ps, float* const* out) {
+  for (int64_t r = 0; r < R; ++r) row_scalar(q[r], k, v, vis[r], D, scale, p + r * ps, out[r]);
 }
 
 GroupFn group_kernel(int64_t D) {
@@ -370,7 +368,7 @@ GroupFn group_kernel(int64_t D) {
   if (isa >= Isa::Avx2 && D == 64) return group_rows<Avx2Phases<8>>;
   if (isa >= Isa::Avx2 && D == 128) return group_rows<Avx2Phases<16>>;
 #endif
-  return group_by_rows<row_scalar>;
+  return group_scalar;
 }
 
 // A float32 view of t with a unit last stride (a copy only when needed).
