@@ -251,7 +251,7 @@ inline KvDims check_compact_kv_inputs(Backend be, const char* op, const at::Tens
 }
 
 // ---- stream_linear_pack, stream_linear (CPU only) -------------------------------------------------
-// float32 or bfloat16 (the two weight types the kernel streams).
+// float32 or bfloat16 (the types x and the result take).
 inline void check_stream_dtype(const char* op, const char* name, const at::Tensor& t) {
   check_defined(op, name, t);
   const auto s = t.scalar_type();
@@ -259,22 +259,27 @@ inline void check_stream_dtype(const char* op, const char* name, const at::Tenso
            " of dtype torch.float32 or torch.bfloat16, got ", dtype_name(s));
 }
 
-// weight [N, K] float32 or bfloat16 on the CPU.
+// weight [N, K] float32, bfloat16 or float16 (the weight types the kernel streams) on the CPU.
 inline void check_stream_linear_weight(const char* op, const at::Tensor& weight) {
-  check_stream_dtype(op, "weight", weight);
+  check_defined(op, "weight", weight);
+  const auto s = weight.scalar_type();
+  HS_CHECK(s == at::kFloat || s == at::kBFloat16 || s == at::kHalf, op,
+           ": expected weight of dtype torch.float32, torch.bfloat16 or torch.float16, got ", dtype_name(s));
   check_dim(op, "weight", weight, 2, "[N, K] (out_features x in_features)");
   check_cpu(op, "weight", weight);
 }
 
-// x [..., K] float32 or bfloat16, packed_weight [P, K, block] of x's dtype from stream_linear_pack,
-// bias [N] of x's dtype or none, block * (P - 1) < out_features = N <= block * P; all on the CPU.
+// x [..., K] float32 or bfloat16, packed_weight [P, K, block] from stream_linear_pack of x's dtype
+// (or float16 with a float32 x), bias [N] of x's dtype or none, block * (P - 1) < out_features = N
+// <= block * P; all on the CPU.
 inline void check_stream_linear_inputs(const char* op, const at::Tensor& x, const at::Tensor& packed_weight,
                                        const std::optional<at::Tensor>& bias, int64_t out_features,
                                        int64_t block) {
   check_stream_dtype(op, "x", x);
   HS_CHECK(x.dim() >= 1, op, ": expected x to have at least 1 dimension [..., K], got a 0-dimensional tensor");
   check_cpu(op, "x", x);
-  check_dtype(op, "packed_weight", packed_weight, x.scalar_type());
+  if (!(x.scalar_type() == at::kFloat && packed_weight.defined() && packed_weight.scalar_type() == at::kHalf))
+    check_dtype(op, "packed_weight", packed_weight, x.scalar_type());   // float16 weights: float32 x only
   check_dim(op, "packed_weight", packed_weight, 3, "[P, K, block] from stream_linear_pack");
   check_cpu(op, "packed_weight", packed_weight);
   check_size(op, "packed_weight", packed_weight, 2, block, "the block width of stream_linear_pack");
@@ -285,6 +290,44 @@ inline void check_stream_linear_inputs(const char* op, const at::Tensor& x, cons
            " outputs), got out_features = ", out_features);
   if (bias.has_value() && bias->defined()) {
     check_dtype(op, "bias", *bias, x.scalar_type());
+    check_dim(op, "bias", *bias, 1, "[N]");
+    check_cpu(op, "bias", *bias);
+    check_size(op, "bias", *bias, 0, out_features, "N = out_features");
+  }
+}
+
+// x [..., K] float32, codes [P, K, 16] uint8 (Q4_1) or [P, K, 32] int8 (Q8_0), scales
+// [P, K / group, 2, block] float32, K a multiple of group, bias [N] float32 or none,
+// block * (P - 1) < out_features = N <= block * P; all on the CPU.
+inline void check_stream_linear_blocks_inputs(const char* op, const at::Tensor& x, const at::Tensor& codes,
+                                              const at::Tensor& scales, const std::optional<at::Tensor>& bias,
+                                              int64_t out_features, int64_t block, int64_t group) {
+  check_dtype(op, "x", x, at::kFloat);
+  HS_CHECK(x.dim() >= 1, op, ": expected x to have at least 1 dimension [..., K], got a 0-dimensional tensor");
+  check_cpu(op, "x", x);
+  check_defined(op, "codes", codes);
+  const auto ct = codes.scalar_type();
+  HS_CHECK(ct == at::kByte || ct == at::kChar, op, ": expected codes of dtype torch.uint8 (Q4_1) or torch.int8 (Q8_0), got ",
+           dtype_name(ct));
+  const int64_t per_k = ct == at::kByte ? block / 2 : block;
+  check_dim(op, "codes", codes, 3, ct == at::kByte ? "[P, K, 16] (Q4_1)" : "[P, K, 32] (Q8_0)");
+  check_cpu(op, "codes", codes);
+  check_size(op, "codes", codes, 2, per_k, ct == at::kByte ? "16 bytes of Q4_1 codes per input" : "32 Q8_0 codes per input");
+  check_size(op, "x", x, x.dim() - 1, codes.size(1), "K = codes.size(1), the in_features");
+  const int64_t P = codes.size(0), K = codes.size(1);
+  HS_CHECK(K % group == 0, op, ": expected in_features K to be a multiple of ", group, " (one scale group), got ", K);
+  check_dtype(op, "scales", scales, at::kFloat);
+  check_dim(op, "scales", scales, 4, "[P, K / 32, 2, 32]");
+  check_cpu(op, "scales", scales);
+  check_size(op, "scales", scales, 0, P, "P = codes.size(0), the blocks");
+  check_size(op, "scales", scales, 1, K / group, "K / 32, the scale groups");
+  check_size(op, "scales", scales, 2, 2, "2 (d, then m)");
+  check_size(op, "scales", scales, 3, block, "the block width 32");
+  HS_CHECK(out_features > block * (P - 1) && out_features <= block * P, op, ": expected ", block * (P - 1),
+           " < out_features <= ", block * P, " (codes hold ", P, " blocks of ", block,
+           " outputs), got out_features = ", out_features);
+  if (bias.has_value() && bias->defined()) {
+    check_dtype(op, "bias", *bias, at::kFloat);
     check_dim(op, "bias", *bias, 1, "[N]");
     check_cpu(op, "bias", *bias);
     check_size(op, "bias", *bias, 0, out_features, "N = out_features");

@@ -50,6 +50,8 @@ TORCH_LIBRARY(heterospec, m) {
   // call streams once for all rows (CPU kernels only).
   m.def("stream_linear_pack(Tensor weight) -> Tensor");
   m.def("stream_linear(Tensor x, Tensor packed_weight, Tensor? bias, int out_features) -> Tensor");
+  // The same for a float32 weight stored as the exact codes of its block-quantised file (Q4_1, Q8_0).
+  m.def("stream_linear_blocks(Tensor x, Tensor codes, Tensor scales, Tensor? bias, int out_features) -> Tensor");
   // A decoder layer's glue in one call each (CPU kernels only): RMSNorm of each row, and
   // rotate-half RoPE of Q and K with the cos / sin tables of their positions.
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");

@@ -39,6 +39,8 @@ void compact_kv_cpu(Tensor& k_cache, Tensor& v_cache, const Tensor& accept_path,
 Tensor stream_linear_pack_cpu(const Tensor& weight);
 Tensor stream_linear_cpu(const Tensor& x, const Tensor& packed_weight, const std::optional<Tensor>& bias,
                          int64_t out_features);
+Tensor stream_linear_blocks_cpu(const Tensor& x, const Tensor& codes, const Tensor& scales,
+                                const std::optional<Tensor>& bias, int64_t out_features);
 Tensor rms_norm_cpu(const Tensor& x, const Tensor& weight, double eps);
 std::tuple<Tensor, Tensor> rope_cpu(const Tensor& q, const Tensor& k, const Tensor& cos, const Tensor& sin);
 Tensor tree_attention_cpu(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& prefix_lens,

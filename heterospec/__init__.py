@@ -28,7 +28,9 @@ from .ops import (  # noqa: E402
     rope,
     select_tree_nodes,
     stream_linear,
+    stream_linear_blocks,
     stream_linear_pack,
+    stream_linear_pack_blocks,
     topk_entropy,
     tree_attention,
     tree_attention_mask,
@@ -56,4 +58,5 @@ __all__ = [
     "KVCache",
     "ops",
     *ops.OP_NAMES,  # the op wrappers imported above
+    "stream_linear_pack_blocks",
 ]

@@ -92,6 +92,10 @@ def fingerprint(engine) -> dict:
         if fp["linear"] == "tuned":
             from .models.linear import FORMAT as linear_format
             fp["linear_format"] = linear_format     # how the linears' paths were chosen
+            from .models.linear import coded_formats
+            codes = coded_formats([target, draft])
+            if codes:                                 # weights streamed as block codes: other costs
+                fp["linear_codes"] = codes
     c = target.config
     fp["target"] = {"hidden": c.hidden_size, "layers": c.num_layers, "vocab": c.vocab_size,
                     "heads": c.num_heads, "kv_heads": c.num_kv_heads}

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import math
 import inspect
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -38,6 +38,7 @@ OP_NAMES = (
     "compact_kv_",
     "stream_linear_pack",
     "stream_linear",
+    "stream_linear_blocks",
     "rms_norm",
     "rope",
     "tree_attention",
@@ -46,7 +47,7 @@ OP_NAMES = (
 #: Ops with CPU kernels only (no CUDA kernel: on a GPU the stock linear is already flat, a
 #: replayed CUDA graph already runs the layer glue without per-op dispatch, and FlashInfer
 #: attends to a tree with its custom mask).
-CPU_ONLY_OPS = ("stream_linear_pack", "stream_linear", "rms_norm", "rope", "tree_attention")
+CPU_ONLY_OPS = ("stream_linear_pack", "stream_linear", "stream_linear_blocks", "rms_norm", "rope", "tree_attention")
 
 #: Sync-free error flags of the CUDA ops and the host-side checks that raise the CPU ops' errors.
 ERROR_HELPERS = (
@@ -57,7 +58,8 @@ ERROR_HELPERS = (
 )
 
 __all__ = [*OP_NAMES, *ERROR_HELPERS, "OP_NAMES", "ERROR_HELPERS", "CPU_ONLY_OPS", "MAX_TOPK",
-           "STREAM_BLOCK", "STREAM_DTYPES"]
+           "STREAM_BLOCK", "STREAM_DTYPES", "STREAM_WEIGHT_DTYPES", "STREAM_GROUP", "BLOCK_FORMATS",
+           "stream_linear_pack_blocks"]
 
 _ops = torch.ops.heterospec
 
@@ -67,8 +69,12 @@ MAX_TOPK = 64
 #: Outputs per block of :func:`stream_linear_pack`'s layout.
 STREAM_BLOCK = 32
 
-#: Weight dtypes :func:`stream_linear` streams.
+#: Input / result dtypes of :func:`stream_linear` (weights of the same dtype, or float16 weights
+#: with float32 inputs).
 STREAM_DTYPES = (torch.float32, torch.bfloat16)
+
+#: Weight dtypes :func:`stream_linear_pack` packs.
+STREAM_WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 _i64 = torch.int64
 
@@ -665,12 +671,14 @@ def _cpu_only(op: str, name: str, x: Tensor, on_gpu: str = "torch.nn.functional.
 
 
 def stream_linear_pack(weight: Tensor) -> Tensor:
-    """Pack a linear layer's weight once for :func:`stream_linear` (CPU, float32 or bfloat16).
+    """Pack a linear layer's weight once for :func:`stream_linear` (CPU, float32, bfloat16 or float16).
 
     Parameters
     ----------
     weight : Tensor
-        ``[N, K]`` float32 or bfloat16 on the CPU (``nn.Linear.weight``: out_features x in_features).
+        ``[N, K]`` float32, bfloat16 or float16 on the CPU (``nn.Linear.weight``: out_features x
+        in_features). A float32 weight whose values are all float16 values packs as float16 with
+        the same results from half the bytes (``weight.half()``; float32 inputs).
 
     Returns
     -------
@@ -680,7 +688,7 @@ def stream_linear_pack(weight: Tensor) -> Tensor:
         past ``N`` are 0).
     """
     op = "stream_linear_pack"
-    check_tensor(op, "weight", weight, dtype=STREAM_DTYPES, ndim=2, layout="[N, K]")
+    check_tensor(op, "weight", weight, dtype=STREAM_WEIGHT_DTYPES, ndim=2, layout="[N, K]")
     _cpu_only(op, "weight", weight)
     return _ops.stream_linear_pack.default(weight)
 
@@ -698,14 +706,16 @@ def stream_linear(x: Tensor, packed_weight: Tensor, bias: Optional[Tensor], out_
     Every output is one chain of fused multiply-adds over ``k`` in order, in float32, so a row's
     result does not depend on the other rows of the call (a tree verify gives each token the values
     a one-token step would). bfloat16 weights stream half the bytes: they widen exactly to float32
-    in registers; a bfloat16 result is the float32 one (bias included) rounded once.
+    in registers; a bfloat16 result is the float32 one (bias included) rounded once. float16
+    weights with a float32 ``x`` also widen exactly: the float32 result of the same values.
 
     Parameters
     ----------
     x : Tensor
         ``[..., K]`` float32 or bfloat16 on the CPU.
     packed_weight : Tensor
-        ``[P, K, 32]`` of ``x``'s dtype, from :func:`stream_linear_pack`.
+        ``[P, K, 32]`` of ``x``'s dtype (or float16 with a float32 ``x``), from
+        :func:`stream_linear_pack`.
     bias : Tensor, optional
         ``[N]`` of ``x``'s dtype, or None.
     out_features : int
@@ -721,7 +731,8 @@ def stream_linear(x: Tensor, packed_weight: Tensor, bias: Optional[Tensor], out_
     if x.dim() < 1:
         raise ValueError(f"{op}: expected x to have at least 1 dimension [..., K], got a 0-dimensional tensor")
     _cpu_only(op, "x", x)
-    check_tensor(op, "packed_weight", packed_weight, dtype=x.dtype, ndim=3,
+    half_weights = x.dtype == torch.float32 and isinstance(packed_weight, Tensor) and packed_weight.dtype == torch.float16
+    check_tensor(op, "packed_weight", packed_weight, dtype=torch.float16 if half_weights else x.dtype, ndim=3,
                  layout="[P, K, 32] from stream_linear_pack", device=x.device, device_of="x")
     if bias is not None:
         check_tensor(op, "bias", bias, dtype=x.dtype, ndim=1, layout="[N]", device=x.device, device_of="x")
@@ -732,6 +743,156 @@ def stream_linear(x: Tensor, packed_weight: Tensor, bias: Optional[Tensor], out_
 @_fake("stream_linear")
 def _(x, packed_weight, bias, out_features):
     torch._check(packed_weight.dim() == 3, lambda: "stream_linear: packed_weight must be [P, K, 32]")
+    return x.new_empty((*x.shape[:-1], out_features))
+
+
+#: Inputs per scale group of :func:`stream_linear_blocks` (a GGUF Q4_1 / Q8_0 block).
+STREAM_GROUP = 32
+
+#: Code formats :func:`stream_linear_pack_blocks` recognises, most compact first: name -> codes dtype.
+BLOCK_FORMATS = {"q4_1": torch.uint8, "q8_0": torch.int8}
+
+
+def _blocks_of(w: Tensor, fmt: str) -> Optional[Tuple[Tensor, Tensor, Tensor]]:
+    """(q [N, G, 32] int, d [N, G], m [N, G]) float32 with ``fma(q, d, m) == w`` exactly for every
+    weight of ``w`` [N, K] (G = K / 32 groups of one output's inputs), d and m float16 values; None
+    where some group has no such codes. The quantiser's own choice is recovered: Q4_1 stores
+    m = min and d = (max - min) / 15 (so the group's minimum has q = 0, its maximum q = 15), Q8_0
+    d = absmax / 127; d is tried at its float16 rounding and the two neighbours."""
+    N, K = w.shape
+    g = w.reshape(N, K // STREAM_GROUP, STREAM_GROUP)
+    if fmt == "q4_1":
+        lo, hi, qmax = g.amin(-1), g.amax(-1), 15.0
+        m = lo.half().float()
+        if not torch.equal(m, lo):
+            return None
+        d0 = ((hi - m) / qmax).half()
+    else:
+        lo, qmax = None, 127.0
+        m = torch.zeros(g.shape[:2])
+        d0 = (g.abs().amax(-1) / qmax).half()
+    ok = torch.zeros(g.shape[:2], dtype=torch.bool)
+    q_best = torch.zeros_like(g)
+    d_best = torch.zeros(g.shape[:2])
+    inf = torch.tensor(float("inf"), dtype=torch.float16)
+    for d16 in (d0, torch.nextafter(d0, inf), torch.nextafter(d0, -inf)):
+        d = d16.float()
+        safe = torch.where(d > 0, d, torch.ones_like(d))
+        q = ((g - m[..., None]) / safe[..., None]).round()
+        q = q.clamp(0, 15) if fmt == "q4_1" else q.clamp(-128, 127)
+        q = torch.where((d > 0)[..., None], q, torch.zeros_like(q))
+        # fma(q, d, m) == d * q + m rounded once: d * q is exact in float32 (11-bit by 8-bit)
+        good = ((d[..., None] * q).double() + m[..., None].double()).float().eq(g).all(-1) & ~ok
+        q_best[good], d_best[good] = q[good], d[good]
+        ok |= good
+        if bool(ok.all()):
+            return q_best, d_best, m
+    return None
+
+
+def stream_linear_pack_blocks(weight: Tensor, formats: Sequence[str] = tuple(BLOCK_FORMATS)
+                              ) -> Optional[Tuple[str, Tensor, Tensor]]:
+    """The codes of a float32 weight that holds a block-quantised file's values exactly, packed for
+    :func:`stream_linear_blocks`; None when it holds no such values (checked for every weight).
+
+    A model converted from a GGUF Q4_1 / Q8_0 file (the built-in SmolLM2 target) keeps the
+    dequantised values ``d * q + m`` in float32: 4 or 8 bits of information in 32. Streaming the
+    codes instead of the floats reads 5-6x fewer bytes per step and computes the same outputs bit
+    for bit (:func:`stream_linear_blocks`).
+
+    Parameters
+    ----------
+    weight : Tensor
+        ``[N, K]`` float32 on the CPU, ``K`` a multiple of 32.
+    formats : sequence of str
+        Formats to try, in order (default: ``"q4_1"``, then ``"q8_0"``).
+
+    Returns
+    -------
+    (str, Tensor, Tensor) or None
+        ``(format, codes, scales)``: codes ``[P, K, 16]`` uint8 (Q4_1: byte ``j`` of input ``k``
+        holds output ``32p + j`` in its low nibble and ``32p + 16 + j`` in its high one) or
+        ``[P, K, 32]`` int8 (Q8_0), scales ``[P, K / 32, 2, 32]`` float32 (d, then m, of each
+        output per group of 32 inputs), ``P = ceil(N / 32)``; outputs past ``N`` have codes and
+        scales 0.
+    """
+    op = "stream_linear_pack_blocks"
+    check_tensor(op, "weight", weight, dtype=(torch.float32,), ndim=2, layout="[N, K]")
+    _cpu_only(op, "weight", weight)
+    bad = [f for f in formats if f not in BLOCK_FORMATS]
+    if bad:
+        raise ValueError(f"{op}: unknown format {bad[0]!r}; expected one of {sorted(BLOCK_FORMATS)}")
+    N, K = weight.shape
+    if K % STREAM_GROUP or N == 0 or K == 0 or not bool(torch.isfinite(weight).all()):
+        return None
+    w = weight.detach()
+    for fmt in formats:
+        # the first few outputs first: a trained or random weight fails there at once
+        if N > 64 and _blocks_of(w[:64], fmt) is None:
+            continue
+        found = _blocks_of(w, fmt)
+        if found is None:
+            continue
+        q, d, m = found
+        P = (N + STREAM_BLOCK - 1) // STREAM_BLOCK
+        pad = P * STREAM_BLOCK - N
+        q = torch.nn.functional.pad(q, (0, 0, 0, 0, 0, pad)).reshape(P, STREAM_BLOCK, K)   # [P, 32, K]
+        q = q.transpose(1, 2)                                                            # [P, K, 32]
+        if fmt == "q4_1":
+            q = q.to(torch.uint8)
+            codes = (q[..., :16] | (q[..., 16:] << 4)).contiguous()
+        else:
+            codes = q.to(torch.int8).contiguous()
+        dm = torch.stack((d, m), 0)                                        # [2, N, G]
+        dm = torch.nn.functional.pad(dm, (0, 0, 0, pad)).reshape(2, P, STREAM_BLOCK, K // STREAM_GROUP)
+        scales = dm.permute(1, 3, 0, 2).contiguous()                       # [P, G, 2, 32]
+        return fmt, codes, scales
+    return None
+
+
+def stream_linear_blocks(x: Tensor, codes: Tensor, scales: Tensor, bias: Optional[Tensor],
+                         out_features: int) -> Tensor:
+    """:func:`stream_linear` for a float32 weight streamed as its block codes (CPU).
+
+    Each code widens in registers to the float32 weight ``fma(q, d, m)`` exactly and joins the same
+    FMA chain, so the result equals :func:`stream_linear` on the float32 weight bit for bit (and is
+    row-invariant like it), reading 4 (Q4_1) or 8 (Q8_0) bits per weight instead of 32.
+
+    Parameters
+    ----------
+    x : Tensor
+        ``[..., K]`` float32 on the CPU.
+    codes, scales : Tensor
+        From :func:`stream_linear_pack_blocks`: ``[P, K, 16]`` uint8 (Q4_1) or ``[P, K, 32]`` int8
+        (Q8_0), and ``[P, K / 32, 2, 32]`` float32.
+    bias : Tensor, optional
+        ``[N]`` float32, or None.
+    out_features : int
+        ``N``, with ``32 (P - 1) < N <= 32 P``.
+
+    Returns
+    -------
+    Tensor
+        ``[..., N]`` float32.
+    """
+    op = "stream_linear_blocks"
+    check_tensor(op, "x", x, dtype=(torch.float32,))
+    if x.dim() < 1:
+        raise ValueError(f"{op}: expected x to have at least 1 dimension [..., K], got a 0-dimensional tensor")
+    _cpu_only(op, "x", x)
+    check_tensor(op, "codes", codes, dtype=tuple(BLOCK_FORMATS.values()), ndim=3,
+                 layout="[P, K, 16] uint8 (Q4_1) or [P, K, 32] int8 (Q8_0)", device=x.device, device_of="x")
+    check_tensor(op, "scales", scales, dtype=(torch.float32,), ndim=4, layout="[P, K / 32, 2, 32]",
+                 device=x.device, device_of="x")
+    if bias is not None:
+        check_tensor(op, "bias", bias, dtype=(torch.float32,), ndim=1, layout="[N]", device=x.device, device_of="x")
+    check_int(op, "out_features", out_features, minimum=0)
+    return _ops.stream_linear_blocks.default(x, codes, scales, bias, out_features)
+
+
+@_fake("stream_linear_blocks")
+def _(x, codes, scales, bias, out_features):
+    torch._check(codes.dim() == 3, lambda: "stream_linear_blocks: codes must be [P, K, 16] or [P, K, 32]")
     return x.new_empty((*x.shape[:-1], out_features))
 
 

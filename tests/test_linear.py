@@ -381,3 +381,113 @@ def test_timings_taken_beside_other_work_are_not_cached(tmp_path, monkeypatch):
     assert "32x48-float32-bias" in report and isinstance(model[0], L.TunedLinear)
     (saved,) = tmp_path.rglob("linear-*.json")
     assert json.loads(saved.read_text())["shapes"] == {}          # the next process times again
+
+
+def _gguf_like(model: nn.Module) -> None:
+    """Replace every linear weight of ``model`` by its GGUF Q4_1 values (as a converted file holds)."""
+    from reference import quantize_q4_1_ref
+    with torch.no_grad():
+        for mod in model.modules():
+            if isinstance(mod, nn.Linear) and mod.in_features % 32 == 0:
+                mod.weight.copy_(quantize_q4_1_ref(mod.weight * 0.5)[0])
+
+
+def test_block_coded_weights_stream_as_codes_with_the_same_bits(tmp_path, monkeypatch):
+    """A float32 weight holding Q4_1 values is timed and streamed as its codes (its own timing
+    key), and gives exactly what streaming the float32 weight gives; BLOCK_CODES=False or a
+    weight changed in place goes back to the float path."""
+    monkeypatch.setenv("HETEROSPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(L, "_MEMORY", {})
+    seen = {}
+    real = L.time_shape
+
+    def timed(layer, *a, fmt=None, **k):
+        seen[layer.out_features] = fmt
+        t = real(layer, rows=L.TUNE_ROWS, budget_s=0.01, copies=1, fmt=fmt)
+        t["stream_ms"] = [1e-6] * len(t["rows"])        # stream wins everywhere (made so)
+        return t
+    monkeypatch.setattr(L, "time_shape", timed)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 96, bias=False), nn.Linear(96, 40))
+    _gguf_like(model)
+    x = torch.randn(5, 64)
+    with torch.inference_mode():
+        want = [torch.ops.heterospec.stream_linear(x, L._stream_pack(model[0].weight), None, 96)]
+        want.append(torch.ops.heterospec.stream_linear(want[0], L._stream_pack(model[1].weight), model[1].bias, 40))
+    report = L.tune_linears([model], fuse=False)
+    assert set(report) == {"64x96-float32-nobias-q4_1", "96x40-float32-bias-q4_1"}
+    assert seen == {96: "q4_1", 40: "q4_1"}
+    assert all(isinstance(m._stream, tuple) for m in model) and L.coded_formats([model]) == ["q4_1"]
+    with torch.inference_mode():
+        assert torch.equal(model(x), want[1])
+    monkeypatch.setattr(L, "BLOCK_CODES", False)
+    monkeypatch.setattr(L, "_MEMORY", {})
+    assert set(L.tune_linears([model], fuse=False)) == {"64x96-float32-nobias", "96x40-float32-bias"}
+    assert not isinstance(model[0]._stream, tuple) and L.coded_formats([model]) == []
+    with torch.inference_mode():
+        assert torch.equal(model(x), want[1])
+    monkeypatch.setattr(L, "BLOCK_CODES", True)
+    L.tune_linears([model], fuse=False)
+    with torch.no_grad():
+        model[0].weight.add_(1.0)                       # stale codes are never used
+    with torch.inference_mode():
+        torch.testing.assert_close(model(x), model[1](x @ model[0].weight.T), rtol=1e-5, atol=1e-5)
+
+
+def test_fused_siblings_stack_their_codes(tmp_path, monkeypatch):
+    """Q, K, V holding Q4_1 values fuse into one call over their stacked codes: the members'
+    float stream bits, greedy decoding unchanged against the stock engine."""
+    from heterospec import Engine
+    from heterospec.costmodel import fingerprint
+    from heterospec.models.layers import QKVO
+    from tests.engine_util import tiny_hf_llama
+    monkeypatch.setenv("HETEROSPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(L, "_MEMORY", {})
+    real = L.time_shape
+
+    def timed(layer, *a, fmt=None, **k):
+        t = real(layer, rows=L.TUNE_ROWS, budget_s=0.01, copies=1, fmt=fmt)
+        if layer.out_features == 128:                 # the stacked Q, K, V (64 + 32 + 32)
+            t["stream_ms"] = [1e-6] * len(t["rows"])
+        return t
+    monkeypatch.setattr(L, "time_shape", timed)
+    hf = tiny_hf_llama(hidden=64, heads=2, kv_heads=1, dtype=torch.float32)
+    _gguf_like(hf)
+    ref = Engine(hf, linear="stock").generate([1, 2, 3, 4], max_new_tokens=12, method="autoregressive").token_ids
+    eng = Engine(hf)
+    attn = [m for m in eng.target.modules() if isinstance(m, QKVO)]
+    assert attn and all(isinstance(a._fused, L.FusedStream) and isinstance(a._fused.packed, tuple) for a in attn)
+    assert any(k.startswith("fused:") and k.endswith("-q4_1") for k in eng.linear_report)
+    assert eng.generate([1, 2, 3, 4], max_new_tokens=12, method="autoregressive").token_ids == ref
+    x = torch.randn(3, 64)
+    a = attn[0]
+    with torch.inference_mode():
+        fused = a._fused(x)
+        each = [torch.ops.heterospec.stream_linear(x, L._stream_pack(m.weight), None, m.out_features)
+                for m in a._fused.members]
+    assert all(torch.equal(f, e) for f, e in zip(fused, each))
+    assert "q4_1" in fingerprint(eng)["linear_codes"]       # a cost model of float weights is not reused
+
+
+def test_float16_valued_weights_stream_as_float16_with_the_same_bits(tmp_path, monkeypatch):
+    """A float32 weight holding float16 values (the shipped draft, stored in float16) packs as
+    float16 under its own timing key and gives the float32 weight's stream bits."""
+    monkeypatch.setenv("HETEROSPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(L, "_MEMORY", {})
+    real = L.time_shape
+
+    def timed(layer, *a, fmt=None, **k):
+        t = real(layer, rows=L.TUNE_ROWS, budget_s=0.01, copies=1, fmt=fmt)
+        t["stream_ms"] = [1e-6] * len(t["rows"])
+        return t
+    monkeypatch.setattr(L, "time_shape", timed)
+    torch.manual_seed(0)
+    lin = nn.Linear(64, 40, bias=True)
+    with torch.no_grad():
+        lin.weight.copy_(lin.weight.half().float())
+    x = torch.randn(3, 64)
+    want = torch.ops.heterospec.stream_linear(x, L._stream_pack(lin.weight), lin.bias, 40)
+    assert set(L.tune_linears([lin])) == {"64x40-float32-bias-f16"}
+    assert lin._stream.dtype == torch.float16 and L.coded_formats([lin]) == ["f16"]
+    with torch.inference_mode():
+        assert torch.equal(lin(x), want)

@@ -95,6 +95,7 @@ out = []
 for N, K in ((33, 7), (576, 576), (100, 1536)):
     w, x, b = torch.randn(N, K, generator=g), torch.randn(11, K, generator=g), torch.randn(N, generator=g)
     out.append(ops.stream_linear(x, ops.stream_linear_pack(w), b, N))
+    out.append(ops.stream_linear(x, ops.stream_linear_pack(w.half()), b, N))
     w, x, b = w.bfloat16(), x.bfloat16(), b.bfloat16()
     out.append(ops.stream_linear(x, ops.stream_linear_pack(w), b, N))
 torch.save(out, sys.argv[1])
@@ -121,10 +122,24 @@ def test_every_instruction_set_path_computes_the_same_bits(tmp_path):
     g = torch.Generator().manual_seed(0)
     for i, (N, K) in enumerate(((33, 7), (576, 576), (100, 1536))):
         w, x, b = torch.randn(N, K, generator=g), torch.randn(11, K, generator=g), torch.randn(N, generator=g)
-        torch.testing.assert_close(results["native"][2 * i], stream_linear_ref(x, w, b), rtol=1e-5, atol=1e-4)
-        for j in (2 * i, 2 * i + 1):            # float32, bfloat16
+        torch.testing.assert_close(results["native"][3 * i], stream_linear_ref(x, w, b), rtol=1e-5, atol=1e-4)
+        for j in (3 * i, 3 * i + 1, 3 * i + 2):     # float32, float16 weights, bfloat16
             assert torch.equal(results["avx2"][j], results["native"][j]), (N, K, j)
             assert torch.equal(results["scalar"][j], results["native"][j]), (N, K, j)
+
+
+@pytest.mark.parametrize("N,K", [(1, 1), (33, 7), (192, 576), (576, 1536)])
+@pytest.mark.parametrize("M", [1, 3, 8, 13])
+def test_float16_weights_give_the_float32_bits_of_their_values(N, K, M):
+    """A float32 weight holding float16 values (a float16 checkpoint loaded in float32) streams as
+    float16: the same float32 chain over the same values, half the bytes."""
+    g = torch.Generator().manual_seed(N + K + M)
+    w, x, b = torch.randn(N, K, generator=g).half(), torch.randn(M, K, generator=g), torch.randn(N, generator=g)
+    packed = ops.stream_linear_pack(w)
+    assert packed.dtype == torch.float16 and torch.equal(packed.float(), ops.stream_linear_pack(w.float()))
+    got = ops.stream_linear(x, packed, b, N)
+    assert got.dtype == torch.float32
+    assert torch.equal(got, ops.stream_linear(x, ops.stream_linear_pack(w.float()), b, N))
 
 
 def _errors(fn):
@@ -141,7 +156,8 @@ def test_bad_input_gets_a_clear_error(call):
     w = torch.randn(40, 16)
     p = ops.stream_linear_pack(w)
     x = torch.randn(3, 16)
-    assert "weight" in _errors(lambda: pack(w.double())) and "float32 or torch.bfloat16" in _errors(lambda: pack(w.half()))
+    assert "weight" in _errors(lambda: pack(w.double())) and "float16" in _errors(lambda: pack(w.int()))
+    assert "packed_weight of dtype torch.bfloat16" in _errors(lambda: lin(x.bfloat16(), p.half(), None, 40))
     assert "packed_weight of dtype torch.float32" in _errors(lambda: lin(x, p.bfloat16(), None, 40))
     assert "bias of dtype torch.bfloat16" in _errors(lambda: lin(x.bfloat16(), p.bfloat16(), torch.randn(40), 40))
     assert "[N, K]" in _errors(lambda: pack(torch.randn(2, 3, 4)))

@@ -38,6 +38,9 @@ def samples(device):
         ("stream_linear_pack", (torch.randn(40, 12, generator=g),)),
         ("stream_linear", (torch.randn(3, 12, generator=g), torch.randn(2, 12, 32, generator=g),
                            torch.randn(40, generator=g), 40)),
+        ("stream_linear_blocks", (torch.randn(3, 64, generator=g),
+                                  torch.randint(0, 256, (2, 64, 16), dtype=torch.uint8, generator=g),
+                                  torch.rand(2, 2, 2, 32, generator=g), torch.randn(40, generator=g), 40)),
         ("rms_norm", (torch.randn(2, 3, 16, generator=g), torch.randn(16, generator=g), 1e-5)),
         ("rope", (torch.randn(2, 3, 4, 8, generator=g), torch.randn(2, 3, 2, 8, generator=g),
                   torch.randn(2, 3, 8, generator=g), torch.randn(2, 3, 8, generator=g))),
@@ -52,7 +55,7 @@ def test_samples_cover_every_op():
     assert {name for name, _ in samples("cpu")} == set(ops.OP_NAMES)
 
 
-@pytest.mark.parametrize("idx", range(16))
+@pytest.mark.parametrize("idx", range(17))
 def test_opcheck(devices, idx):
     if devices != "cpu" and samples("cpu")[idx][0] in ops.CPU_ONLY_OPS:
         pytest.skip("a CPU-only op (no CUDA kernel)")

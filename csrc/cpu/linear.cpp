@@ -17,6 +17,11 @@
 // the float32 result (bias included) is rounded to bfloat16 once. No native bf16 instructions are
 // needed, so an AVX2-only CPU streams bfloat16 weights as well.
 //
+// float16 weights, float32 x. A float32 weight whose values are all float16 values (a model stored
+// in float16, like the shipped draft, loaded in float32) streams as float16: each weight widens
+// exactly (F16C), the same float32 chain, a float32 result - stream_linear's float32 bits from
+// half the bytes.
+//
 // Phases (stream_linear). x [M, K] -> y [M, N]:
 //   1. split the P blocks evenly over the threads (each task streams its own blocks);
 //   2. per block, the M rows in balanced chunks of <= MR_MAX (12 AVX-512, 6 AVX2, 4 portable):
@@ -29,11 +34,24 @@
 // (AVX-512, AVX2 and the portable loop compute the same chain). So a row's result does not depend
 // on the rows beside it: a tree verified in one call gets, bit for bit, the outputs a one-token
 // decode step would give its tokens (given the same inputs).
+//
+// Blocks (stream_linear_blocks). A float32 weight that came from a block-quantised file (GGUF
+// Q4_1: w = d * q + m, q in 0..15; Q8_0: w = d * q, q in -128..127; d, m float16 per 32 inputs of
+// one output) holds exactly those values, so it can stream as its codes: 4 or 8 bits per weight
+// instead of 32. Each code widens in registers to w = fma(q, d, m) - d * q is exact in float32
+// (an 11-bit by at most 8-bit product), so the one rounding of the fma gives the float32 weight
+// bit for bit - and joins the same FMA chain as above. The outputs therefore equal stream_linear's
+// on the float32 weight exactly (row-invariant too); only the bytes read differ.
+//   codes  [P, K, 16] uint8 (Q4_1: byte j = output j in the low nibble, output j + 16 in the high)
+//       or [P, K, 32] int8  (Q8_0: byte j = output j),
+//   scales [P, K / 32, 2, 32] float32: per block and group of 32 inputs, d of the 32 outputs, then m
+//       (0 for Q8_0). heterospec.ops.stream_linear_pack_blocks finds the codes of a float32 weight.
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
+#include <c10/util/Half.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -62,7 +80,13 @@ constexpr int64_t kPrefetch = 16;   // k steps ahead the micro-kernel prefetches
 template <typename W>
 using MicroFn = void (*)(const float* x, int64_t ldx, const W* blk, int64_t K, float* y, int64_t ldy, int64_t valid);
 
+// A float16 weight's bits (a distinct type from bfloat16's uint16_t).
+struct F16Bits {
+  uint16_t bits;
+};
+
 inline float widen(float w) { return w; }
+inline float widen(F16Bits w) { return c10::detail::fp16_ieee_to_fp32_value(w.bits); }
 inline float widen(uint16_t w) {
   const uint32_t bits = static_cast<uint32_t>(w) << 16;
   float f;
@@ -92,8 +116,14 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 load16(const uin
       _mm512_maskz_cvtepu16_epi32(static_cast<__mmask16>(0xFFFF), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)));
   return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(static_cast<__mmask16>(0xFFFF), wide, 16));
 }
+__attribute__((target("avx512f"), always_inline)) inline __m512 load16(const F16Bits* w) {
+  return _mm512_maskz_cvtph_ps(static_cast<__mmask16>(0xFFFF), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)));
+}
 // 8 weights as one AVX2 vector of float32.
 __attribute__((target("avx2"), always_inline)) inline __m256 load8(const float* w) { return _mm256_loadu_ps(w); }
+__attribute__((target("avx2,f16c"), always_inline)) inline __m256 load8(const F16Bits* w) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+}
 __attribute__((target("avx2"), always_inline)) inline __m256 load8(const uint16_t* w) {
   const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
   return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
@@ -127,7 +157,7 @@ __attribute__((target("avx512f,fma"))) void micro_avx512(const float* x, int64_t
 // AVX2: 16 registers, so half a block (2 vectors of 8) at a time: MR rows x 2 (<= 12
 // accumulators). The second half re-reads the block's other cache lines from L2.
 template <typename W, int MR>
-__attribute__((target("avx2,fma"))) void micro_avx2(const float* x, int64_t ldx, const W* blk, int64_t K,
+__attribute__((target("avx2,fma,f16c"))) void micro_avx2(const float* x, int64_t ldx, const W* blk, int64_t K,
                                                     float* y, int64_t ldy, int64_t valid) {
   for (int h = 0; h < 2; ++h) {
     __m256 acc[MR][2];
@@ -160,7 +190,175 @@ __attribute__((target("avx2,fma"))) void micro_avx2(const float* x, int64_t ldx,
     }
   }
 }
+
+// ---- block-coded weights (stream_linear_blocks) ------------------------------------------------
+// Same register blocking as above; per group of kGroup inputs the block's d and m (2 x 32 floats)
+// stay in registers (AVX-512) or L1 (AVX2), and each k step widens 32 codes into two / four
+// vectors of exact float32 weights.
+constexpr int64_t kGroup = 32;   // inputs per scale group (the GGUF block)
+
+template <bool kQ4>
+constexpr int64_t code_bytes() { return kQ4 ? 16 : 32; }
+
+// 16 codes -> their float32 q: outputs lo .. lo + 15 of the block (Q4_1: `high` picks the nibble).
+__attribute__((target("avx512f"), always_inline)) inline __m512 q16_avx512_q4(const uint8_t* c, bool high) {
+  const __mmask16 all = static_cast<__mmask16>(0xFFFF);
+  const __m512i v = _mm512_maskz_cvtepu8_epi32(all, _mm_loadu_si128(reinterpret_cast<const __m128i*>(c)));
+  const __m512i q = high ? _mm512_maskz_srli_epi32(all, v, 4) : _mm512_maskz_and_epi32(all, v, _mm512_set1_epi32(15));
+  return _mm512_maskz_cvtepi32_ps(all, q);
+}
+__attribute__((target("avx512f"), always_inline)) inline __m512 q16_avx512_q8(const uint8_t* c) {
+  const __mmask16 all = static_cast<__mmask16>(0xFFFF);
+  return _mm512_maskz_cvtepi32_ps(all, _mm512_maskz_cvtepi8_epi32(all, _mm_loadu_si128(reinterpret_cast<const __m128i*>(c))));
+}
+
+template <bool kQ4, int MR>
+__attribute__((target("avx512f,fma"))) void blocks_avx512(const float* x, int64_t ldx, const uint8_t* codes,
+                                                          const float* scales, int64_t K, float* y, int64_t ldy,
+                                                          int64_t valid) {
+  constexpr int64_t cb = code_bytes<kQ4>();
+  __m512 acc[MR][2];
+  for (int m = 0; m < MR; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < K / kGroup; ++g) {
+    const float* s = scales + g * 2 * kBlock;
+    const __m512 d0 = _mm512_loadu_ps(s), d1 = _mm512_loadu_ps(s + 16);
+    const __m512 m0 = _mm512_loadu_ps(s + 32), m1 = _mm512_loadu_ps(s + 48);
+    for (int64_t kk = 0; kk < kGroup; ++kk) {
+      const int64_t k = g * kGroup + kk;
+      const uint8_t* c = codes + k * cb;
+      _mm_prefetch(reinterpret_cast<const char*>(c + 4 * kPrefetch * cb), _MM_HINT_T0);
+      const __m512 q0 = kQ4 ? q16_avx512_q4(c, false) : q16_avx512_q8(c);
+      const __m512 q1 = kQ4 ? q16_avx512_q4(c, true) : q16_avx512_q8(c + 16);
+      const __m512 w0 = _mm512_fmadd_ps(q0, d0, m0), w1 = _mm512_fmadd_ps(q1, d1, m1);
+      for (int m = 0; m < MR; ++m) {
+        const __m512 b = _mm512_set1_ps(x[m * ldx + k]);
+        acc[m][0] = _mm512_fmadd_ps(b, w0, acc[m][0]);
+        acc[m][1] = _mm512_fmadd_ps(b, w1, acc[m][1]);
+      }
+    }
+  }
+  for (int h = 0; h < 2; ++h) {
+    const int64_t left = valid - 16 * h;
+    if (left <= 0) break;
+    const __mmask16 mask = left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
+    for (int m = 0; m < MR; ++m) _mm512_mask_storeu_ps(y + m * ldy + 16 * h, mask, acc[m][h]);
+  }
+}
+
+// 8 codes -> their float32 q (Q4_1: `high` picks the nibble).
+__attribute__((target("avx2"), always_inline)) inline __m256 q8_avx2_q4(const uint8_t* c, bool high) {
+  const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c)));
+  return _mm256_cvtepi32_ps(high ? _mm256_srli_epi32(v, 4) : _mm256_and_si256(v, _mm256_set1_epi32(15)));
+}
+__attribute__((target("avx2"), always_inline)) inline __m256 q8_avx2_q8(const uint8_t* c) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c))));
+}
+
+// AVX2: half a block (outputs 16 h .. 16 h + 15) at a time, as micro_avx2.
+template <bool kQ4, int MR>
+__attribute__((target("avx2,fma"))) void blocks_avx2(const float* x, int64_t ldx, const uint8_t* codes,
+                                                     const float* scales, int64_t K, float* y, int64_t ldy,
+                                                     int64_t valid) {
+  constexpr int64_t cb = code_bytes<kQ4>();
+  for (int h = 0; h < 2; ++h) {
+    __m256 acc[MR][2];
+    for (int m = 0; m < MR; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < K / kGroup; ++g) {
+      const float* s = scales + g * 2 * kBlock + 16 * h;
+      const __m256 d0 = _mm256_loadu_ps(s), d1 = _mm256_loadu_ps(s + 8);
+      const __m256 m0 = _mm256_loadu_ps(s + 32), m1 = _mm256_loadu_ps(s + 40);
+      for (int64_t kk = 0; kk < kGroup; ++kk) {
+        const int64_t k = g * kGroup + kk;
+        const uint8_t* c = codes + k * cb;
+        if (h == 0) _mm_prefetch(reinterpret_cast<const char*>(c + 4 * kPrefetch * cb), _MM_HINT_T0);
+        // Q4_1: outputs 0..15 are the low nibbles of bytes 0..15, outputs 16..31 the high ones;
+        // Q8_0: outputs 16 h + i are bytes 16 h + i.
+        const __m256 q0 = kQ4 ? q8_avx2_q4(c, h == 1) : q8_avx2_q8(c + 16 * h);
+        const __m256 q1 = kQ4 ? q8_avx2_q4(c + 8, h == 1) : q8_avx2_q8(c + 16 * h + 8);
+        const __m256 w0 = _mm256_fmadd_ps(q0, d0, m0), w1 = _mm256_fmadd_ps(q1, d1, m1);
+        for (int m = 0; m < MR; ++m) {
+          const __m256 b = _mm256_broadcast_ss(x + m * ldx + k);
+          acc[m][0] = _mm256_fmadd_ps(b, w0, acc[m][0]);
+          acc[m][1] = _mm256_fmadd_ps(b, w1, acc[m][1]);
+        }
+      }
+    }
+    const int64_t left = std::min<int64_t>(valid - 16 * h, 16);
+    if (left <= 0) break;
+    for (int m = 0; m < MR; ++m) {
+      alignas(32) float tmp[16];
+      _mm256_store_ps(tmp, acc[m][0]);
+      _mm256_store_ps(tmp + 8, acc[m][1]);
+      std::memcpy(y + m * ldy + 16 * h, tmp, sizeof(float) * left);
+    }
+  }
+}
 #endif  // HS_HAVE_X86_SIMD
+
+// The portable loop: the same q, the same fma to the weight, the same chain.
+template <bool kQ4, int MR>
+void blocks_scalar(const float* x, int64_t ldx, const uint8_t* codes, const float* scales, int64_t K, float* y,
+                   int64_t ldy, int64_t valid) {
+  constexpr int64_t cb = code_bytes<kQ4>();
+  float acc[MR][kBlock] = {};
+  for (int64_t k = 0; k < K; ++k) {
+    const uint8_t* c = codes + k * cb;
+    const float* s = scales + (k / kGroup) * 2 * kBlock;
+    float w[kBlock];
+    for (int64_t j = 0; j < kBlock; ++j) {
+      const float q = kQ4 ? static_cast<float>(j < 16 ? (c[j] & 15) : (c[j - 16] >> 4))
+                          : static_cast<float>(static_cast<int8_t>(c[j]));
+      w[j] = std::fma(q, s[j], s[kBlock + j]);
+    }
+    for (int m = 0; m < MR; ++m) {
+      const float xv = x[m * ldx + k];
+      for (int64_t j = 0; j < kBlock; ++j) acc[m][j] = std::fma(xv, w[j], acc[m][j]);
+    }
+  }
+  for (int m = 0; m < MR; ++m) std::memcpy(y + m * ldy, acc[m], sizeof(float) * valid);
+}
+
+using BlocksFn = void (*)(const float*, int64_t, const uint8_t*, const float*, int64_t, float*, int64_t, int64_t);
+
+struct BlockKernels {
+  BlocksFn fn[13];   // by row count 1 .. mr_max
+  int mr_max;
+};
+
+template <bool kQ4, template <bool, int> class Wrap>
+BlockKernels make_block_kernels(int mr_max) {
+  return {{nullptr, Wrap<kQ4, 1>::fn, Wrap<kQ4, 2>::fn, Wrap<kQ4, 3>::fn, Wrap<kQ4, 4>::fn, Wrap<kQ4, 5>::fn,
+           Wrap<kQ4, 6>::fn, Wrap<kQ4, 7>::fn, Wrap<kQ4, 8>::fn, Wrap<kQ4, 9>::fn, Wrap<kQ4, 10>::fn,
+           Wrap<kQ4, 11>::fn, Wrap<kQ4, 12>::fn},
+          mr_max};
+}
+template <bool kQ4, int MR>
+struct BlocksScalarK {
+  static constexpr BlocksFn fn = blocks_scalar<kQ4, MR>;
+};
+#ifdef HS_HAVE_X86_SIMD
+template <bool kQ4, int MR>
+struct BlocksAvx512K {
+  static constexpr BlocksFn fn = blocks_avx512<kQ4, MR>;
+};
+template <bool kQ4, int MR>
+struct BlocksAvx2K {
+  static constexpr BlocksFn fn = blocks_avx2<kQ4, MR>;
+};
+#endif
+
+template <bool kQ4>
+const BlockKernels& block_kernels_for(Isa isa) {
+  static const BlockKernels scalar = make_block_kernels<kQ4, BlocksScalarK>(4);
+#ifdef HS_HAVE_X86_SIMD
+  static const BlockKernels avx512 = make_block_kernels<kQ4, BlocksAvx512K>(12);
+  static const BlockKernels avx2 = make_block_kernels<kQ4, BlocksAvx2K>(6);
+  if (isa == Isa::Avx512) return avx512;
+  if (isa == Isa::Avx2) return avx2;
+#endif
+  (void)isa;
+  return scalar;
+}
 
 constexpr int kMaxRows = 12;  // the largest MR_MAX (AVX-512: 12, AVX2: 6, portable: 4; below)
 
@@ -228,6 +426,30 @@ void stream_rows(const float* xp, int64_t M, int64_t K, const W* pp, int64_t P, 
   });
 }
 
+// y [M, N] = x [M, K] times the block-coded weights (phases 1-3 of stream_rows, with codes).
+template <bool kQ4>
+void stream_blocks_rows(const float* xp, int64_t M, int64_t K, const uint8_t* codes, const float* scales, int64_t P,
+                        int64_t N, float* yp) {
+  const BlockKernels& ks = block_kernels_for<kQ4>(active_isa());
+  const int64_t block_codes = K * code_bytes<kQ4>(), block_scales = (K / kGroup) * 2 * kBlock;
+  // As stream_rows, by weights per task (a code stands for one weight's work).
+  const int64_t min_blocks = grain_for(K * kBlock, kGrainWork / 16);
+  const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), P / min_blocks));
+  const int64_t grain = (P + tasks - 1) / tasks;
+  at::parallel_for(0, P, grain, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t valid = std::min<int64_t>(kBlock, N - p * kBlock);
+      for (int64_t m0 = 0; m0 < M;) {
+        const int64_t chunks = (M - m0 + ks.mr_max - 1) / ks.mr_max;
+        const int64_t mr = (M - m0 + chunks - 1) / chunks;
+        ks.fn[mr](xp + m0 * K, K, codes + p * block_codes, scales + p * block_scales, K, yp + m0 * N + p * kBlock,
+                  N, valid);
+        m0 += mr;
+      }
+    }
+  });
+}
+
 }  // namespace
 
 // weight [N, K] float32 or bfloat16 -> packed [ceil(N / 32), K, 32] of the same dtype (layout above).
@@ -259,6 +481,7 @@ Tensor stream_linear_cpu(const Tensor& x_in, const Tensor& packed_in, const std:
   constexpr const char* op = "stream_linear";
   check_stream_linear_inputs(op, x_in, packed_in, bias, out_features, kBlock);
   const bool bf16 = x_in.scalar_type() == at::kBFloat16;
+  const bool f16_weight = packed_in.scalar_type() == at::kHalf;   // float32 x, float16 weights
   const Tensor x = bf16 ? x_in.to(at::kFloat).contiguous() : x_in.contiguous();
   const Tensor packed = packed_in.contiguous();
   const int64_t P = packed.size(0), K = packed.size(1), N = out_features;
@@ -270,6 +493,10 @@ Tensor stream_linear_cpu(const Tensor& x_in, const Tensor& packed_in, const std:
   if (M > 0 && N > 0) {
     if (K == 0) {
       y.zero_();
+    } else if (f16_weight) {
+      stream_rows<F16Bits>(x.const_data_ptr<float>(), M, K,
+                           reinterpret_cast<const F16Bits*>(packed.const_data_ptr<at::Half>()), P, N,
+                           y.mutable_data_ptr<float>());
     } else if (bf16) {
       stream_rows<uint16_t>(x.const_data_ptr<float>(), M, K,
                             reinterpret_cast<const uint16_t*>(packed.const_data_ptr<at::BFloat16>()), P, N,
@@ -283,7 +510,36 @@ Tensor stream_linear_cpu(const Tensor& x_in, const Tensor& packed_in, const std:
   return bf16 ? y.to(at::kBFloat16) : y;
 }
 
+// x [..., K] float32, codes [P, K, 16] uint8 (Q4_1) or [P, K, 32] int8 (Q8_0), scales
+// [P, K / 32, 2, 32] float32, bias [N] float32 or none -> [..., N] float32 (layout at the top).
+Tensor stream_linear_blocks_cpu(const Tensor& x_in, const Tensor& codes_in, const Tensor& scales_in,
+                                const std::optional<Tensor>& bias, int64_t out_features) {
+  constexpr const char* op = "stream_linear_blocks";
+  check_stream_linear_blocks_inputs(op, x_in, codes_in, scales_in, bias, out_features, kBlock, kGroup);
+  const bool q4 = codes_in.scalar_type() == at::kByte;
+  const Tensor x = x_in.contiguous(), codes = codes_in.contiguous(), scales = scales_in.contiguous();
+  const int64_t P = codes.size(0), K = codes.size(1), N = out_features;
+  int64_t M = 1;
+  for (int64_t d = 0; d + 1 < x.dim(); ++d) M *= x.size(d);
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = N;
+  Tensor y = at::empty(shape, x.options());
+  if (M > 0 && N > 0) {
+    if (K == 0) {
+      y.zero_();
+    } else {
+      const auto* c = static_cast<const uint8_t*>(codes.const_data_ptr());
+      (q4 ? stream_blocks_rows<true> : stream_blocks_rows<false>)(x.const_data_ptr<float>(), M, K, c,
+                                                                  scales.const_data_ptr<float>(), P, N,
+                                                                  y.mutable_data_ptr<float>());
+    }
+  }
+  if (bias.has_value() && bias->defined()) y.add_(*bias);
+  return y;
+}
+
 TORCH_LIBRARY_IMPL(heterospec, CPU, m) {
+  m.impl("stream_linear_blocks", &stream_linear_blocks_cpu);
   m.impl("stream_linear_pack", &stream_linear_pack_cpu);
   m.impl("stream_linear", &stream_linear_cpu);
 }

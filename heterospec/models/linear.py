@@ -36,6 +36,13 @@ Sibling linears that read the same input (Q, K, V; gate and up) may run as one s
 ``stream_linear`` call (:class:`FusedStream`), where that was timed faster than the members'
 own paths together.
 
+A float32 weight that holds a block-quantised file's values exactly (the built-in target comes
+from a GGUF of Q4_1 layers and a Q8_0 embedding) streams as its codes instead
+(:func:`heterospec.ops.stream_linear_blocks`): the same outputs bit for bit, 4 or 8 bits read per
+weight instead of 32. One whose values are all float16 values (the shipped draft, stored in
+float16) streams as float16, 16 bits. :func:`tune_linears` finds such weights (``BLOCK_CODES``)
+and times their stream path in that form.
+
 A :class:`TunedLinear` is an ``nn.Linear`` (same parameters, same state dict). It falls back to
 ``F.linear`` whenever a packed or reordered copy could be stale or unusable: the weight was
 replaced or modified in place since it was packed, autograd needs the weight's gradient, or the
@@ -63,6 +70,9 @@ TUNE_ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
 # The reordered path must be this much faster to be used (the stock path is the reference).
 MARGIN = 0.95
 FORMAT = 7      # 7: fused groups timed in their own dtype; 6: bfloat16 streamed too; 5: fused groups timed; 4: stream_linear timed; 3: padded row counts; 2: cache-cold timing; 1: one cached weight
+# Float32 weights that hold a block-quantised file's values exactly stream as their codes
+# (module docstring); False streams every float32 weight as float32 (as before codes existed).
+BLOCK_CODES = True
 # Weight copies cycled while timing one shape add up to this many times the last-level cache.
 COLD_FACTOR = 2
 MAX_COPIES = 64
@@ -97,8 +107,43 @@ def _stream_pack(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.heterospec.stream_linear_pack.default(weight.detach())
 
 
-def _stream_forward(x: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Tensor], n: int) -> torch.Tensor:
+def _stream_forward(x: torch.Tensor, packed, bias: Optional[torch.Tensor], n: int) -> torch.Tensor:
+    if isinstance(packed, tuple):           # (codes, scales) of a block-coded float32 weight
+        return torch.ops.heterospec.stream_linear_blocks.default(x, packed[0], packed[1], bias, n)
     return torch.ops.heterospec.stream_linear.default(x, packed, bias, n)
+
+
+def _weight_state(w: torch.Tensor) -> Tuple:
+    return (w.data_ptr(), w._version, w.dtype)
+
+
+def block_codes(layer: nn.Linear) -> Optional[Tuple[str, object]]:
+    """``(format, packed)`` of ``layer``'s float32 CPU weight where it holds values of a narrower
+    form exactly, else None: ``"q4_1"`` / ``"q8_0"`` with ``packed = (codes, scales)``
+    (:func:`heterospec.ops.stream_linear_pack_blocks`), or ``"f16"`` with ``packed`` the float16
+    weight packed for ``stream_linear``. Found once per weight (kept on the layer while the weight
+    is unchanged)."""
+    w = layer.weight
+    if not BLOCK_CODES or w.dtype != torch.float32 or w.device.type != "cpu" \
+            or not hasattr(torch.ops.heterospec, "stream_linear_blocks"):
+        return None
+    seen = layer.__dict__.get("_block_codes_of")
+    if seen is None or seen[0] != _weight_state(w):
+        from ..ops import stream_linear_pack_blocks
+        with torch.no_grad():
+            found = stream_linear_pack_blocks(w)
+            if found is not None:
+                found = (found[0], found[1:])
+            elif w.numel() and torch.equal(w.half().float(), w):
+                found = ("f16", _stream_pack(w.half()))
+            seen = (_weight_state(w), found)
+        layer.__dict__["_block_codes_of"] = seen
+    return seen[1]
+
+
+def _block_format(layer: nn.Linear) -> Optional[str]:
+    found = block_codes(layer)
+    return None if found is None else found[0]
 
 
 class TunedLinear(nn.Linear):
@@ -111,6 +156,7 @@ class TunedLinear(nn.Linear):
     _pad_rows: Tuple[int, ...] = ()
     _stream: Optional[torch.Tensor] = None
     _stream_of: Tuple = ()
+    _stream_format: Optional[str] = None      # the packed form's block_codes format (None: the weight's dtype)
     _use_stream: Tuple[bool, ...] = ()
 
     def set_stream(self, use_stream: Sequence[bool]) -> None:
@@ -125,10 +171,12 @@ class TunedLinear(nn.Linear):
         if any(self._use_stream):
             if not stream_linear_available(w.dtype):
                 raise ValueError(f"set_stream: stream_linear serves float32 and bfloat16 weights, got {w.dtype}")
-            self._stream = _stream_pack(w)
-            self._stream_of = (w.data_ptr(), w._version, w.dtype)
+            codes = block_codes(self)
+            self._stream = _stream_pack(w) if codes is None else codes[1]
+            self._stream_format = None if codes is None else codes[0]
+            self._stream_of = _weight_state(w)
         else:
-            self._stream, self._stream_of = None, ()
+            self._stream, self._stream_of, self._stream_format = None, (), None
 
     def _usable(self, x: torch.Tensor, of: Tuple) -> bool:
         """A copy made of the weight as ``of`` describes still serves input ``x``."""
@@ -198,9 +246,19 @@ class FusedStream:
             raise ValueError(f"FusedStream: expected one entry per row bucket {list(TUNE_ROWS)}, got {len(self.use)}")
         self.members = list(members)
         self.splits = [m.out_features for m in members]
+        codes = [block_codes(m) for m in members]
         with torch.no_grad():
-            self.packed = _stream_pack(torch.cat([m.weight.detach() for m in members]))
+            if all(c is not None for c in codes) and len({c[0] for c in codes}) == 1:
+                # blocks of 32 outputs: the members' packed forms stacked are the stacked weight's
+                parts = [c[1] for c in codes]
+                self.packed = (tuple(torch.cat(t) for t in zip(*parts)) if isinstance(parts[0], tuple)
+                               else torch.cat(parts))
+                self.format = codes[0][0]
+            else:
+                self.format = None
+                self.packed = _stream_pack(torch.cat([m.weight.detach() for m in members]))
             self.bias = None if members[0].bias is None else torch.cat([m.bias.detach() for m in members])
+        self.dtype = w0.dtype
         self._of = self._weights_now()
 
     def _weights_now(self) -> Tuple:
@@ -211,7 +269,7 @@ class FusedStream:
         k = self.members[0].in_features
         if not self.use[_row_bucket(x.numel() // k if k else 0)]:
             return None
-        if (x.dtype != self.packed.dtype or x.device.type != "cpu" or self._weights_now() != self._of
+        if (x.dtype != self.dtype or x.device.type != "cpu" or self._weights_now() != self._of
                 or (torch.is_grad_enabled() and (x.requires_grad or any(m.weight.requires_grad for m in self.members)))):
             return None
         return _stream_forward(x, self.packed, self.bias, sum(self.splits)).split(self.splits, dim=-1)
@@ -257,10 +315,13 @@ def _cache_file() -> str:
     return os.path.join(str(cache_root()), "costs", f"linear-{key}.json")
 
 
-def _shape_key(layer: nn.Linear) -> str:
+def _shape_key(layer: nn.Linear, fmt: Optional[str] = None) -> str:
+    """Timing key of a layer's shape, dtype, bias and block-code format (``fmt``; default: the
+    layer's own, see :func:`block_codes`)."""
     w = layer.weight
+    fmt = _block_format(layer) if fmt is None else fmt
     return f"{layer.in_features}x{layer.out_features}-{str(w.dtype).removeprefix('torch.')}-" \
-           f"{'bias' if layer.bias is not None else 'nobias'}"
+           f"{'bias' if layer.bias is not None else 'nobias'}" + (f"-{fmt}" if fmt else "")
 
 
 @functools.lru_cache(maxsize=None)
@@ -302,14 +363,55 @@ def _best_ms(fns: Sequence, reps: int) -> float:
     return 1e3 * best
 
 
+def _random_coded(N: int, K: int, fmt: str) -> Tuple[torch.Tensor, object]:
+    """A random ``[N, K]`` float32 weight of format ``fmt`` and its packed form (for timing)."""
+    if fmt == "f16":
+        w = torch.randn(N, K).half()
+        return w.float(), _stream_pack(w)
+    codes = _random_codes(N, K, fmt)
+    return _dequantized(*codes, N), codes
+
+
+def _random_codes(N: int, K: int, fmt: str, gen: Optional[torch.Generator] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Random codes and scales of an ``[N, K]`` weight in block format ``fmt`` (for timing)."""
+    from ..ops import STREAM_BLOCK, STREAM_GROUP
+    P, G = (N + STREAM_BLOCK - 1) // STREAM_BLOCK, K // STREAM_GROUP
+    if fmt == "q4_1":
+        codes = torch.randint(0, 256, (P, K, STREAM_BLOCK // 2), dtype=torch.uint8, generator=gen)
+    else:
+        codes = torch.randint(-128, 128, (P, K, STREAM_BLOCK), dtype=torch.int8, generator=gen)
+    scales = (torch.rand(P, G, 2, STREAM_BLOCK, generator=gen) * 0.02).half().float()
+    if fmt != "q4_1":
+        scales[:, :, 1] = 0
+    return codes, scales
+
+
+def _dequantized(codes: torch.Tensor, scales: torch.Tensor, N: int) -> torch.Tensor:
+    """The float32 ``[N, K]`` weight that block codes stand for (``d * q + m`` rounded once)."""
+    from ..ops import STREAM_GROUP
+    if codes.dtype == torch.uint8:
+        q = torch.cat((codes & 15, codes >> 4), dim=-1)                   # [P, K, 32]
+    else:
+        q = codes
+    q = q.double()
+    P, K, B = q.shape
+    d = scales[:, :, 0].double().repeat_interleave(STREAM_GROUP, dim=1)  # [P, K, 32]
+    m = scales[:, :, 1].double().repeat_interleave(STREAM_GROUP, dim=1)
+    w = (q * d + m).float()                                               # exact product, one rounding
+    return w.permute(0, 2, 1).reshape(P * B, K)[:N].contiguous()
+
+
 def time_shape(layer: nn.Linear, rows: Sequence[int] = TUNE_ROWS, budget_s: float = 0.4,
-               copies: Optional[int] = None) -> dict:
+               copies: Optional[int] = None, fmt: Optional[str] = None) -> dict:
     """Stock, reordered and (float32, bfloat16) ``stream_linear`` milliseconds of ``layer``'s shape at each
     row count (the fastest of a few runs each, interleaved), cache-cold (``copies`` weights visited
     in turn, default :func:`cold_copies`), and whether the other paths' results matched (the
     weights and the inputs are random: the layer's own values are not touched). ``stream_ms`` is
-    absent where ``stream_linear`` does not serve the dtype."""
-    w = torch.randn_like(layer.weight, dtype=layer.weight.dtype)
+    absent where ``stream_linear`` does not serve the dtype. ``fmt``: the weight is block-coded in
+    that format (:func:`block_codes`): its stream path is timed as codes (``stream_linear_blocks``),
+    the other paths on the float32 weight those codes stand for."""
+    N, K = layer.out_features, layer.in_features
+    w, coded = _random_coded(N, K, fmt) if fmt else (torch.randn_like(layer.weight, dtype=layer.weight.dtype), None)
     b = None if layer.bias is None else torch.randn_like(layer.bias)
     tol = dict(rtol=1e-2, atol=1e-2) if w.dtype != torch.float32 else dict(rtol=1e-4, atol=1e-4)
     try:
@@ -320,14 +422,23 @@ def time_shape(layer: nn.Linear, rows: Sequence[int] = TUNE_ROWS, budget_s: floa
         return {"ok": False, "error": str(exc).splitlines()[0][:200]}
     if not ok:
         return {"ok": False, "error": "reordered result differs from F.linear"}
-    stream = [_stream_pack(w)] if stream_linear_available(w.dtype) else []
+    stream = [coded if fmt else _stream_pack(w)] if stream_linear_available(w.dtype) else []
     if stream and not torch.allclose(_stream_forward(x, stream[0], b, w.size(0)), F.linear(x, w, b), **tol):
         stream = []                      # a wrong result: not timed, so never chosen
     n = cold_copies(w.numel() * w.element_size()) if copies is None else max(1, int(copies))
     ws = [w] + [torch.randn_like(w) for _ in range(n - 1)]
     ps = [packed] + [_reorder(wi) for wi in ws[1:]]
-    ss = stream + [_stream_pack(wi) for wi in ws[1:]] if stream else []
+    if not stream:
+        ss = []
+    elif fmt:                            # codes are smaller: as many copies as their own bytes need
+        parts = coded if isinstance(coded, tuple) else (coded,)
+        nc = cold_copies(sum(t.numel() * t.element_size() for t in parts)) if copies is None else n
+        ss = stream + [_random_coded(N, K, fmt)[1] for _ in range(nc - 1)]
+    else:
+        ss = stream + [_stream_pack(wi) for wi in ws[1:]]
     out = {"ok": True, "rows": list(rows), "copies": n, "stock_ms": [], "packed_ms": []}
+    if fmt:
+        out["format"], out["stream_copies"] = fmt, len(ss)
     if stream:
         out["stream_ms"] = []
     for m in rows:
@@ -434,7 +545,7 @@ def tune_linears(models: Iterable[Optional[nn.Module]], progress: bool = False, 
         load = _timing_load()
         with torch.inference_mode():
             for k in tqdm(todo, desc="timing linear layers", disable=not progress, unit="shape"):
-                saved[k] = time_shape(shapes[k])
+                saved[k] = time_shape(shapes[k], fmt=_block_format(shapes[k]))
         _save_timings(path, saved, load, todo)
     report = {}
     for _, mod in layers:
@@ -487,6 +598,12 @@ def _fused_key(members: Sequence[nn.Linear]) -> str:
     return "fused:" + "+".join(_shape_key(m) for m in members)
 
 
+def _fused_format(members: Sequence[nn.Linear]) -> Optional[str]:
+    """The block-code format a group streams in: its members' common one, else None (float)."""
+    fmts = {_block_format(m) for m in members}
+    return fmts.pop() if len(fmts) == 1 else None
+
+
 def _tune_fused(models, saved: dict, path: str, report: dict) -> None:
     """Give every fusable group of tuned float32 / bfloat16 linears its :class:`FusedStream`, used where one
     stacked call was measured ``MARGIN`` faster than the sum of the members' own chosen paths;
@@ -504,13 +621,14 @@ def _tune_fused(models, saved: dict, path: str, report: dict) -> None:
     for _, members in groups:
         key = _fused_key(members)
         if key not in saved and key not in todo:
-            todo[key] = nn.Linear(members[0].in_features, sum(m.out_features for m in members),
-                                  bias=members[0].bias is not None, dtype=members[0].weight.dtype)
+            todo[key] = (nn.Linear(members[0].in_features, sum(m.out_features for m in members),
+                                   bias=members[0].bias is not None, dtype=members[0].weight.dtype),
+                         _fused_format(members))
     if todo:
         load = _timing_load()
         with torch.inference_mode():
-            for key, shape in todo.items():
-                saved[key] = time_shape(shape)
+            for key, (shape, fmt) in todo.items():
+                saved[key] = time_shape(shape, fmt=fmt)
         _save_timings(path, saved, load, list(todo))
     for owner, members in groups:
         key = _fused_key(members)
@@ -526,6 +644,19 @@ def _tune_fused(models, saved: dict, path: str, report: dict) -> None:
         for m in members:       # the fused call serves these buckets; the member's own stream is
             m.set_stream([s and not u for s, u in zip(m._use_stream, use)])    # for the others only
         report[key] = {"timing": t, "fused_rows": [r for r, u in zip(TUNE_ROWS, use) if u]}
+
+
+def coded_formats(models: Iterable[Optional[nn.Module]]) -> List[str]:
+    """The block-code formats the tuned linears of ``models`` stream in (sorted; [] for none)."""
+    out = set()
+    for model in models:
+        for mod in (model.modules() if model is not None else ()):
+            if isinstance(mod, TunedLinear) and mod._stream is not None:
+                out.add(mod._stream_format)
+            fused = getattr(mod, "_fused", None)
+            if fused is not None:
+                out.add(fused.format)
+    return sorted(f for f in out if f)
 
 
 def untune_linears(models: Iterable[Optional[nn.Module]]) -> None:

@@ -6,7 +6,8 @@ The CPU and CUDA kernels are both checked against these (tests/test_ops_*.py).
 from .entropy_ref import entropy_bin_policy_ref, topk_entropy_ref
 from .glue_ref import rms_norm_ref, rope_ref, tree_attention_ref
 from .kv_ref import compact_kv_ref
-from .linear_ref import stream_linear_pack_ref, stream_linear_ref
+from .linear_ref import (blocks_layout_ref, quantize_q4_1_ref, quantize_q8_0_ref, stream_linear_pack_ref,
+                         stream_linear_ref)
 from .tree_ref import build_tree_ref, dense_tree_attention_mask_ref, select_tree_nodes_ref, tree_attention_mask_ref
 from .verify_ref import verify_greedy_ref, verify_sampling_ref
 
@@ -21,6 +22,9 @@ __all__ = [
     "verify_sampling_ref",
     "compact_kv_ref",
     "stream_linear_pack_ref",
+    "blocks_layout_ref",
+    "quantize_q4_1_ref",
+    "quantize_q8_0_ref",
     "stream_linear_ref",
     "rms_norm_ref",
     "rope_ref",
