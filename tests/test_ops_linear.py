@@ -1,14 +1,11 @@
 """stream_linear_pack / stream_linear (CPU) vs their references: layout, products, the row
 invariance the kernel promises, every instruction-set path, and clear errors."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
 import heterospec.ops as ops
+from isa_util import run_on_each_isa
 from reference import stream_linear_pack_ref, stream_linear_ref
 
 raw = torch.ops.heterospec
@@ -107,18 +104,7 @@ torch.save(out, sys.argv[1])
 def test_every_instruction_set_path_computes_the_same_bits(tmp_path):
     """The AVX-512, AVX2 (also what an emulated AVX2 CPU runs) and portable paths (read once per
     process) run the same FMA chains, so they agree bit for bit, and with the reference."""
-    runs = {"native": {}, "avx2": {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
-            "scalar": {"HETEROSPEC_CPU_SCALAR": "1"}}
-    results = {}
-    for name, extra in runs.items():
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "HETEROSPEC_CPU_SCALAR")}
-        env.update(extra)
-        path = tmp_path / f"{name}.pt"
-        run = subprocess.run([sys.executable, "-c", _PATHS_SCRIPT, str(path)], env=env, capture_output=True,
-                             text=True, timeout=300)
-        assert run.returncode == 0, run.stderr[-2000:]
-        results[name] = torch.load(path)
+    results = run_on_each_isa(_PATHS_SCRIPT, tmp_path)
     g = torch.Generator().manual_seed(0)
     for i, (N, K) in enumerate(((33, 7), (576, 576), (100, 1536))):
         w, x, b = torch.randn(N, K, generator=g), torch.randn(11, K, generator=g), torch.randn(N, generator=g)

@@ -3,13 +3,12 @@ or Q8_0 file's values streams as its codes and gives stream_linear's outputs bit
 every instruction-set path; weights without such codes are left alone; clear errors."""
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 import heterospec.ops as ops
+from isa_util import run_on_each_isa
 from reference import (blocks_layout_ref, quantize_q4_1_ref, quantize_q8_0_ref, stream_linear_ref)
 
 raw = torch.ops.heterospec
@@ -128,19 +127,7 @@ torch.save(out, sys.argv[1])
 def test_every_instruction_set_path_computes_the_same_bits(tmp_path):
     """AVX-512, AVX2 (what an emulated AVX2 CPU runs) and the portable loop widen the codes to the
     same weights and run the same chains: equal to each other and to stream_linear's bits."""
-    runs = {"native": {}, "avx2": {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
-            "scalar": {"HETEROSPEC_CPU_SCALAR": "1"}}
-    here = os.path.dirname(os.path.abspath(__file__))
-    results = {}
-    for name, extra in runs.items():
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "HETEROSPEC_CPU_SCALAR")}
-        env.update(extra)
-        path = tmp_path / f"{name}.pt"
-        run = subprocess.run([sys.executable, "-c", _PATHS_SCRIPT, str(path), here], env=env, capture_output=True,
-                             text=True, timeout=300)
-        assert run.returncode == 0, run.stderr[-2000:]
-        results[name] = torch.load(path)
+    results = run_on_each_isa(_PATHS_SCRIPT, tmp_path, os.path.dirname(os.path.abspath(__file__)))
     for i, (blocks, floats) in enumerate(results["native"]):
         assert torch.equal(blocks, floats), i
         for name in ("avx2", "scalar"):

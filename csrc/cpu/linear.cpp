@@ -129,6 +129,56 @@ __attribute__((target("avx2"), always_inline)) inline __m256 load8(const uint16_
   return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
 }
 
+// The chain's step shared by every AVX-512 kernel: MR rows' accumulators += x[m, k] * (w0 | w1).
+template <int MR>
+__attribute__((target("avx512f,fma"), always_inline)) inline void rows_fma_avx512(__m512 (&acc)[MR][2], const float* x,
+                                                                                 int64_t ldx, int64_t k, __m512 w0,
+                                                                                 __m512 w1) {
+  for (int m = 0; m < MR; ++m) {
+    const __m512 b = _mm512_set1_ps(x[m * ldx + k]);
+    acc[m][0] = _mm512_fmadd_ps(b, w0, acc[m][0]);
+    acc[m][1] = _mm512_fmadd_ps(b, w1, acc[m][1]);
+  }
+}
+// Masked store of a block's first `valid` outputs for MR rows.
+template <int MR>
+__attribute__((target("avx512f"), always_inline)) inline void store_avx512(__m512 (&acc)[MR][2], float* y, int64_t ldy,
+                                                                          int64_t valid) {
+  for (int h = 0; h < 2; ++h) {
+    const int64_t left = valid - 16 * h;
+    if (left <= 0) break;
+    const __mmask16 mask = left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
+    for (int m = 0; m < MR; ++m) _mm512_mask_storeu_ps(y + m * ldy + 16 * h, mask, acc[m][h]);
+  }
+}
+// The same for AVX2's half blocks: outputs 16 h .. 16 h + 15 as two vectors of 8.
+template <int MR>
+__attribute__((target("avx2,fma"), always_inline)) inline void rows_fma_avx2(__m256 (&acc)[MR][2], const float* x,
+                                                                            int64_t ldx, int64_t k, __m256 w0,
+                                                                            __m256 w1) {
+  for (int m = 0; m < MR; ++m) {
+    const __m256 b = _mm256_broadcast_ss(x + m * ldx + k);
+    acc[m][0] = _mm256_fmadd_ps(b, w0, acc[m][0]);
+    acc[m][1] = _mm256_fmadd_ps(b, w1, acc[m][1]);
+  }
+}
+template <int MR>
+__attribute__((target("avx2"), always_inline)) inline void store_half_avx2(__m256 (&acc)[MR][2], float* y, int64_t ldy,
+                                                                           int64_t left) {
+  for (int m = 0; m < MR; ++m) {
+    float* out = y + m * ldy;
+    if (left == 16) {
+      _mm256_storeu_ps(out, acc[m][0]);
+      _mm256_storeu_ps(out + 8, acc[m][1]);
+    } else {
+      alignas(32) float tmp[16];
+      _mm256_store_ps(tmp, acc[m][0]);
+      _mm256_store_ps(tmp + 8, acc[m][1]);
+      std::memcpy(out, tmp, sizeof(float) * left);
+    }
+  }
+}
+
 // AVX-512: MR rows x 2 vectors of 16 (2 * MR <= 24 accumulators of 32 registers).
 template <typename W, int MR>
 __attribute__((target("avx512f,fma"))) void micro_avx512(const float* x, int64_t ldx, const W* blk, int64_t K,
@@ -139,19 +189,9 @@ __attribute__((target("avx512f,fma"))) void micro_avx512(const float* x, int64_t
     const W* w = blk + k * kBlock;
     _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetch * kBlock), _MM_HINT_T0);
     if (sizeof(W) == 4) _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetch * kBlock + 16), _MM_HINT_T0);
-    const __m512 w0 = load16(w), w1 = load16(w + 16);
-    for (int m = 0; m < MR; ++m) {
-      const __m512 b = _mm512_set1_ps(x[m * ldx + k]);
-      acc[m][0] = _mm512_fmadd_ps(b, w0, acc[m][0]);
-      acc[m][1] = _mm512_fmadd_ps(b, w1, acc[m][1]);
-    }
+    rows_fma_avx512<MR>(acc, x, ldx, k, load16(w), load16(w + 16));
   }
-  for (int h = 0; h < 2; ++h) {
-    const int64_t left = valid - 16 * h;
-    if (left <= 0) break;
-    const __mmask16 mask = left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
-    for (int m = 0; m < MR; ++m) _mm512_mask_storeu_ps(y + m * ldy + 16 * h, mask, acc[m][h]);
-  }
+  store_avx512<MR>(acc, y, ldy, valid);
 }
 
 // AVX2: 16 registers, so half a block (2 vectors of 8) at a time: MR rows x 2 (<= 12
@@ -167,27 +207,11 @@ __attribute__((target("avx2,fma,f16c"))) void micro_avx2(const float* x, int64_t
       const W* w = wh + k * kBlock;
       if (h == 0) _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetch * kBlock), _MM_HINT_T0);
       if (h == 0 && sizeof(W) == 4) _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetch * kBlock + 16), _MM_HINT_T0);
-      const __m256 w0 = load8(w), w1 = load8(w + 8);
-      for (int m = 0; m < MR; ++m) {
-        const __m256 b = _mm256_broadcast_ss(x + m * ldx + k);
-        acc[m][0] = _mm256_fmadd_ps(b, w0, acc[m][0]);
-        acc[m][1] = _mm256_fmadd_ps(b, w1, acc[m][1]);
-      }
+      rows_fma_avx2<MR>(acc, x, ldx, k, load8(w), load8(w + 8));
     }
     const int64_t left = std::min<int64_t>(valid - 16 * h, 16);
     if (left <= 0) break;
-    for (int m = 0; m < MR; ++m) {
-      float* out = y + m * ldy + 16 * h;
-      if (left == 16) {
-        _mm256_storeu_ps(out, acc[m][0]);
-        _mm256_storeu_ps(out + 8, acc[m][1]);
-      } else {
-        alignas(32) float tmp[16];
-        _mm256_store_ps(tmp, acc[m][0]);
-        _mm256_store_ps(tmp + 8, acc[m][1]);
-        std::memcpy(out, tmp, sizeof(float) * left);
-      }
-    }
+    store_half_avx2<MR>(acc, y + 16 * h, ldy, left);
   }
 }
 
@@ -229,20 +253,10 @@ __attribute__((target("avx512f,fma"))) void blocks_avx512(const float* x, int64_
       _mm_prefetch(reinterpret_cast<const char*>(c + 4 * kPrefetch * cb), _MM_HINT_T0);
       const __m512 q0 = kQ4 ? q16_avx512_q4(c, false) : q16_avx512_q8(c);
       const __m512 q1 = kQ4 ? q16_avx512_q4(c, true) : q16_avx512_q8(c + 16);
-      const __m512 w0 = _mm512_fmadd_ps(q0, d0, m0), w1 = _mm512_fmadd_ps(q1, d1, m1);
-      for (int m = 0; m < MR; ++m) {
-        const __m512 b = _mm512_set1_ps(x[m * ldx + k]);
-        acc[m][0] = _mm512_fmadd_ps(b, w0, acc[m][0]);
-        acc[m][1] = _mm512_fmadd_ps(b, w1, acc[m][1]);
-      }
+      rows_fma_avx512<MR>(acc, x, ldx, k, _mm512_fmadd_ps(q0, d0, m0), _mm512_fmadd_ps(q1, d1, m1));
     }
   }
-  for (int h = 0; h < 2; ++h) {
-    const int64_t left = valid - 16 * h;
-    if (left <= 0) break;
-    const __mmask16 mask = left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
-    for (int m = 0; m < MR; ++m) _mm512_mask_storeu_ps(y + m * ldy + 16 * h, mask, acc[m][h]);
-  }
+  store_avx512<MR>(acc, y, ldy, valid);
 }
 
 // 8 codes -> their float32 q (Q4_1: `high` picks the nibble).
@@ -275,22 +289,12 @@ __attribute__((target("avx2,fma"))) void blocks_avx2(const float* x, int64_t ldx
         // Q8_0: outputs 16 h + i are bytes 16 h + i.
         const __m256 q0 = kQ4 ? q8_avx2_q4(c, h == 1) : q8_avx2_q8(c + 16 * h);
         const __m256 q1 = kQ4 ? q8_avx2_q4(c + 8, h == 1) : q8_avx2_q8(c + 16 * h + 8);
-        const __m256 w0 = _mm256_fmadd_ps(q0, d0, m0), w1 = _mm256_fmadd_ps(q1, d1, m1);
-        for (int m = 0; m < MR; ++m) {
-          const __m256 b = _mm256_broadcast_ss(x + m * ldx + k);
-          acc[m][0] = _mm256_fmadd_ps(b, w0, acc[m][0]);
-          acc[m][1] = _mm256_fmadd_ps(b, w1, acc[m][1]);
-        }
+        rows_fma_avx2<MR>(acc, x, ldx, k, _mm256_fmadd_ps(q0, d0, m0), _mm256_fmadd_ps(q1, d1, m1));
       }
     }
     const int64_t left = std::min<int64_t>(valid - 16 * h, 16);
     if (left <= 0) break;
-    for (int m = 0; m < MR; ++m) {
-      alignas(32) float tmp[16];
-      _mm256_store_ps(tmp, acc[m][0]);
-      _mm256_store_ps(tmp + 8, acc[m][1]);
-      std::memcpy(y + m * ldy + 16 * h, tmp, sizeof(float) * left);
-    }
+    store_half_avx2<MR>(acc, y + 16 * h, ldy, left);
   }
 }
 #endif  // HS_HAVE_X86_SIMD
