@@ -315,11 +315,10 @@ def _cache_file() -> str:
     return os.path.join(str(cache_root()), "costs", f"linear-{key}.json")
 
 
-def _shape_key(layer: nn.Linear, fmt: Optional[str] = None) -> str:
-    """Timing key of a layer's shape, dtype, bias and block-code format (``fmt``; default: the
-    layer's own, see :func:`block_codes`)."""
+def _shape_key(layer: nn.Linear) -> str:
+    """Timing key of a layer's shape, dtype, bias and block-code format (:func:`block_codes`)."""
     w = layer.weight
-    fmt = _block_format(layer) if fmt is None else fmt
+    fmt = _block_format(layer)
     return f"{layer.in_features}x{layer.out_features}-{str(w.dtype).removeprefix('torch.')}-" \
            f"{'bias' if layer.bias is not None else 'nobias'}" + (f"-{fmt}" if fmt else "")
 
@@ -372,15 +371,15 @@ def _random_coded(N: int, K: int, fmt: str) -> Tuple[torch.Tensor, object]:
     return _dequantized(*codes, N), codes
 
 
-def _random_codes(N: int, K: int, fmt: str, gen: Optional[torch.Generator] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+def _random_codes(N: int, K: int, fmt: str) -> Tuple[torch.Tensor, torch.Tensor]:
     """Random codes and scales of an ``[N, K]`` weight in block format ``fmt`` (for timing)."""
     from ..ops import STREAM_BLOCK, STREAM_GROUP
     P, G = (N + STREAM_BLOCK - 1) // STREAM_BLOCK, K // STREAM_GROUP
     if fmt == "q4_1":
-        codes = torch.randint(0, 256, (P, K, STREAM_BLOCK // 2), dtype=torch.uint8, generator=gen)
+        codes = torch.randint(0, 256, (P, K, STREAM_BLOCK // 2), dtype=torch.uint8)
     else:
-        codes = torch.randint(-128, 128, (P, K, STREAM_BLOCK), dtype=torch.int8, generator=gen)
-    scales = (torch.rand(P, G, 2, STREAM_BLOCK, generator=gen) * 0.02).half().float()
+        codes = torch.randint(-128, 128, (P, K, STREAM_BLOCK), dtype=torch.int8)
+    scales = (torch.rand(P, G, 2, STREAM_BLOCK) * 0.02).half().float()
     if fmt != "q4_1":
         scales[:, :, 1] = 0
     return codes, scales
