@@ -21,6 +21,15 @@ def _tuned(in_f=64, out_f=96, bias=True, use=True):
     return lin, ref
 
 
+# The decision rules do not depend on the grid; these tables are written for this one.
+EIGHT_ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+@pytest.fixture
+def eight_row_grid(monkeypatch):
+    monkeypatch.setattr(L, "TUNE_ROWS", EIGHT_ROWS)
+
+
 @pytest.mark.parametrize("shape", [(1, 64), (3, 64), (2, 5, 64), (200, 64), (0, 64)])
 @pytest.mark.parametrize("bias", [True, False])
 def test_reordered_path_matches_f_linear(shape, bias):
@@ -32,11 +41,25 @@ def test_reordered_path_matches_f_linear(shape, bias):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_row_buckets_pick_the_decision_of_the_next_timed_row_count():
+def test_row_buckets_pick_the_decision_of_the_next_timed_row_count(eight_row_grid):
     assert [L._row_bucket(m) for m in (0, 1, 2, 3, 4, 5, 8, 9, 128, 129, 10_000)] == [0, 0, 1, 2, 2, 3, 3, 4, 7, 7, 7]
     t = {"ok": True, "rows": list(L.TUNE_ROWS), "stock_ms": [1.0] * 8, "packed_ms": [0.5, 0.96, 1.2, 0.9, 2, 2, 2, 2]}
     assert L.decisions(t) == [True, False, False, True, False, False, False, False]
     assert L.decisions({"ok": False}) == [False] * len(L.TUNE_ROWS)
+
+
+def test_a_tree_s_row_counts_have_buckets_of_their_own():
+    """Every row count a verified tree or a draft layer has (1-16) is timed itself, not decided
+    by a larger count's timing (9 rows ran the path timed fastest at 16)."""
+    assert L.TUNE_ROWS == tuple(sorted(set(L.TUNE_ROWS))) and L.TUNE_ROWS[-1] == 128
+    for m in range(1, 17):
+        r = L.TUNE_ROWS[L._row_bucket(m)]
+        assert r >= m and (r == m or r - m <= 3 and m > 4), (m, r)
+    assert L._row_bucket(0) == 0 and L._row_bucket(10_000) == len(L.TUNE_ROWS) - 1
+    # 9 rows: the decision timed at 10, not at 16
+    t = {"ok": True, "rows": list(L.TUNE_ROWS), "stock_ms": [9.0] * len(L.TUNE_ROWS),
+         "packed_ms": [5.0] * len(L.TUNE_ROWS), "stream_ms": [3.0 if r <= 12 else 5.5 for r in L.TUNE_ROWS]}
+    assert L.stream_decisions(t)[L._row_bucket(9)] and not L.stream_decisions(t)[L._row_bucket(16)]
 
 
 def test_stale_or_unusable_reordered_weight_falls_back_to_f_linear(monkeypatch):
@@ -72,7 +95,7 @@ def test_stale_or_unusable_reordered_weight_falls_back_to_f_linear(monkeypatch):
     assert calls == [1, 1, 1]
 
 
-def test_pad_decisions_pad_up_to_a_faster_larger_row_count():
+def test_pad_decisions_pad_up_to_a_faster_larger_row_count(eight_row_grid):
     # two rows slower than four (oneDNN's kernels on the AVX-512 EPYC): pad 2 -> 4; one row is
     # not 5 % slower than four: no pad; 8 rows would need 16 (reach 1) or 32 (reach 2)
     t = {"ok": True, "rows": list(L.TUNE_ROWS), "stock_ms": [1.0, 2.0, 2.0, 3.0, 4.0, 5.0, 9.0, 16.0],
@@ -83,7 +106,7 @@ def test_pad_decisions_pad_up_to_a_faster_larger_row_count():
 
 
 @pytest.mark.parametrize("shape", [(1, 64), (2, 64), (1, 2, 64), (3, 64), (0, 64)])
-def test_padded_rows_give_f_linear_results(shape):
+def test_padded_rows_give_f_linear_results(shape, eight_row_grid):
     lin, ref = _tuned(bias=True)
     lin.set_packed([True] * len(L.TUNE_ROWS), [4, 4, 8, 0, 0, 0, 0, 0])
     x = torch.randn(*shape)
@@ -241,7 +264,7 @@ def test_bfloat16_linear_streams_half_the_bytes_with_float32_sums():
         assert torch.equal(torch.cat([lin(x[i:i + 1]) for i in range(9)]), y)
 
 
-def test_stream_decisions_pick_stream_where_it_beats_every_other_path():
+def test_stream_decisions_pick_stream_where_it_beats_every_other_path(eight_row_grid):
     rows = list(L.TUNE_ROWS)
     t = {"ok": True, "rows": rows, "stock_ms": [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0],
          "packed_ms": [2.0, 1.0, 9.0, 3.0, 9.0, 9.0, 9.0, 9.0],

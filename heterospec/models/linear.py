@@ -15,8 +15,8 @@ paths stream the weights once for such row counts:
   output), so a verified tree gets bit for bit what one-token steps would.
 
 Which path is fastest depends on the CPU, the thread count, the shape and the row count, so
-nothing is assumed: :func:`tune_linears` times them per weight shape at row counts 1, 2, 4, ...,
-128 on this machine and each :class:`TunedLinear` dispatches on the rows of its input. The
+nothing is assumed: :func:`tune_linears` times them per weight shape at row counts 1 to 16 (densely)
+and up to 128 on this machine and each :class:`TunedLinear` dispatches on the rows of its input. The
 decisions are cached per machine (CPU model and flags, threads, torch version, an emulated ISA)
 in the heterospec cache.
 
@@ -51,6 +51,7 @@ input is not on the CPU or not in the weight's dtype.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import glob
 import hashlib
@@ -65,11 +66,13 @@ import torch.nn.functional as F
 from torch import nn
 
 # Row counts timed per shape; an input with m rows uses the decision of the smallest timed row
-# count >= m (the last for more rows).
-TUNE_ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
+# count >= m (the last for more rows). Dense up to 16: a verified tree has 3-17 rows, and each path's
+# cost steps at different row counts (stream_linear's register tiles of up to 12 rows, oneDNN's
+# own kernels), so 9 rows must not run the path timed fastest at 16 (bench/RESULTS.md, "row grid").
+TUNE_ROWS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 64, 128)
 # The reordered path must be this much faster to be used (the stock path is the reference).
 MARGIN = 0.95
-FORMAT = 7      # 7: fused groups timed in their own dtype; 6: bfloat16 streamed too; 5: fused groups timed; 4: stream_linear timed; 3: padded row counts; 2: cache-cold timing; 1: one cached weight
+FORMAT = 8      # 8: the row grid dense to 16; 7: fused groups timed in their own dtype; 6: bfloat16 streamed too; 5: fused groups timed; 4: stream_linear timed; 3: padded row counts; 2: cache-cold timing; 1: one cached weight
 # Float32 weights that hold a block-quantised file's values exactly stream as their codes
 # (module docstring); False streams every float32 weight as float32 (as before codes existed).
 BLOCK_CODES = True
@@ -80,7 +83,7 @@ MAX_COPIES = 64
 
 def _row_bucket(m: int) -> int:
     """Index into TUNE_ROWS of the decision used for ``m`` rows."""
-    return min(max(m - 1, 0).bit_length(), len(TUNE_ROWS) - 1)
+    return min(bisect.bisect_left(TUNE_ROWS, m), len(TUNE_ROWS) - 1)
 
 
 def packed_linear_available() -> bool:
