@@ -96,6 +96,9 @@ def fingerprint(engine) -> dict:
             codes = coded_formats([target, draft])
             if codes:                                 # weights streamed as block codes: other costs
                 fp["linear_codes"] = codes
+            from .models.target import STREAMED_LAYERS
+            if not STREAMED_LAYERS:                   # the layers' modules run: other costs
+                fp["streamed_layers"] = False
     c = target.config
     fp["target"] = {"hidden": c.hidden_size, "layers": c.num_layers, "vocab": c.vocab_size,
                     "heads": c.num_heads, "kv_heads": c.num_kv_heads}

@@ -46,11 +46,13 @@ class KVCache:
             raise ValueError(f"prefix_lens must have shape [{self.batch_size}], got {list(prefix_lens.shape)}")
 
     def write(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, prefix_lens: torch.Tensor,
-              num_valid: torch.Tensor | None = None) -> None:
+              num_valid: torch.Tensor | None = None, host_lens: list[int] | None = None) -> None:
         """Write k_new, v_new [B, T, H_kv, D] at slots prefix_lens[b] + j.
 
         num_valid [B] (optional): only rows j < num_valid[b] are written; the others leave the cache
         untouched (and may lie past S_max). Writing a row past S_max is an error.
+        host_lens (optional): ``prefix_lens.tolist()``, read once by a caller that writes every
+        layer (a host read per layer costs about as much as the copy).
         """
         B, T = k_new.shape[:2]
         S = self.max_length
@@ -60,7 +62,7 @@ class KVCache:
             # CPU, a few requests: each request's rows are one contiguous run of slots, so copy
             # slices. The indexed write below costs several times one slice copy per call (a
             # forward makes two per layer); from about 4 requests on it is the cheaper one.
-            starts = prefix_lens.tolist()
+            starts = prefix_lens.tolist() if host_lens is None else host_lens
             if all(0 <= p and p + T <= S for p in starts):
                 for b, p in enumerate(starts):
                     kc[b, p:p + T].copy_(k_new[b])

@@ -59,7 +59,7 @@ import json
 import math
 import os
 import time
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -81,9 +81,23 @@ COLD_FACTOR = 2
 MAX_COPIES = 64
 
 
+# Bumped whenever a layer's path decisions or packed copies change (set_stream, set_packed, a new
+# FusedStream): callers that keep StreamCalls across forwards (TargetModel) rebuild them then.
+_PATHS = [0]
+
+
+def paths_generation() -> int:
+    return _PATHS[0]
+
+
 def _row_bucket(m: int) -> int:
     """Index into TUNE_ROWS of the decision used for ``m`` rows."""
     return min(bisect.bisect_left(TUNE_ROWS, m), len(TUNE_ROWS) - 1)
+
+
+def row_bucket(m: int) -> int:
+    """Index into TUNE_ROWS of the decision a layer uses for an input of ``m`` rows."""
+    return _row_bucket(m)
 
 
 def packed_linear_available() -> bool:
@@ -114,6 +128,47 @@ def _stream_forward(x: torch.Tensor, packed, bias: Optional[torch.Tensor], n: in
     if isinstance(packed, tuple):           # (codes, scales) of a block-coded float32 weight
         return torch.ops.heterospec.stream_linear_blocks.default(x, packed[0], packed[1], bias, n)
     return torch.ops.heterospec.stream_linear.default(x, packed, bias, n)
+
+
+class StreamCall(NamedTuple):
+    """A linear (or a fused sibling group) on its stream path, ready to call without its module:
+    ``op(x, *args)`` -> ``[..., sum(splits)]`` (``splits``: the members' widths of a fused group,
+    None for one linear). Made per forward by :func:`stream_group`; it holds no state."""
+    op: object
+    args: tuple
+    splits: Optional[List[int]] = None
+
+    def __call__(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        y = self.op(x, *self.args)
+        return (y,) if self.splits is None else y.split(self.splits, dim=-1)
+
+
+def _stream_call(packed, bias: Optional[torch.Tensor], n: int, splits: Optional[List[int]] = None) -> StreamCall:
+    if isinstance(packed, tuple):           # (codes, scales) of a block-coded float32 weight
+        return StreamCall(torch.ops.heterospec.stream_linear_blocks.default, (packed[0], packed[1], bias, n), splits)
+    return StreamCall(torch.ops.heterospec.stream_linear.default, (packed, bias, n), splits)
+
+
+def stream_group(owner: nn.Module, names: Sequence[str], rows: int, dtype: torch.dtype) -> Optional[List[StreamCall]]:
+    """The calls that compute ``owner``'s linears ``names`` (siblings reading one input, or a
+    single name) for an input of ``rows`` rows of ``dtype``, exactly as their modules would -
+    the owner's :class:`FusedStream` where it serves the bucket, else each member's own stream
+    path - or None where any of them would take another path (the caller runs the modules).
+    For a caller that runs with autograd off (the engine decodes under inference mode): the
+    modules' own paths also check that."""
+    fused = getattr(owner, "_fused", None) if len(names) > 1 else None
+    if fused is not None:
+        call = fused.stream_call(rows, dtype)
+        if call is not None:
+            return [call]
+    calls = []
+    for name in names:
+        lin = getattr(owner, name)
+        call = lin.stream_call(rows, dtype) if isinstance(lin, TunedLinear) else None
+        if call is None:
+            return None
+        calls.append(call)
+    return calls
 
 
 def _weight_state(w: torch.Tensor) -> Tuple:
@@ -166,6 +221,7 @@ class TunedLinear(nn.Linear):
         """Pack the weight for ``stream_linear`` now and use it for the row buckets where
         ``use_stream`` is True (one entry per TUNE_ROWS; it wins over the reordered path); all
         False drops the packed copy."""
+        _PATHS[0] += 1
         self._use_stream = tuple(bool(u) for u in use_stream)
         if len(self._use_stream) != len(TUNE_ROWS):
             raise ValueError(f"set_stream: expected one entry per row bucket {list(TUNE_ROWS)}, "
@@ -181,6 +237,17 @@ class TunedLinear(nn.Linear):
         else:
             self._stream, self._stream_of, self._stream_format = None, (), None
 
+    def stream_call(self, rows: int, dtype: torch.dtype) -> Optional[StreamCall]:
+        """This layer's stream path for ``rows`` input rows of ``dtype`` as a :class:`StreamCall`,
+        or None where :meth:`forward` would take another path (autograd aside: see
+        :func:`stream_group`)."""
+        if self._stream is None or not self._use_stream[_row_bucket(rows)]:
+            return None
+        w = self.weight
+        if dtype != w.dtype or (w.data_ptr(), w._version, w.dtype) != self._stream_of:
+            return None
+        return _stream_call(self._stream, self.bias, self.out_features)
+
     def _usable(self, x: torch.Tensor, of: Tuple) -> bool:
         """A copy made of the weight as ``of`` describes still serves input ``x``."""
         w = self.weight
@@ -191,6 +258,7 @@ class TunedLinear(nn.Linear):
         """Reorder the weight now and use it for the row buckets where ``use_packed`` is True
         (one entry per TUNE_ROWS); all False drops the reordered copy. ``pad_rows`` (per bucket,
         0 = none) pads a packed bucket's input with zero rows up to that many rows."""
+        _PATHS[0] += 1
         self._use_packed = tuple(bool(u) for u in use_packed)
         pad = [0] * len(self._use_packed) if pad_rows is None else [int(r) for r in pad_rows]
         if len(pad) != len(self._use_packed) or any(r and not u for r, u in zip(pad, self._use_packed)):
@@ -244,6 +312,7 @@ class FusedStream:
                              f"and multiples of {STREAM_BLOCK} outputs each")
         if not stream_linear_available(w0.dtype):
             raise ValueError(f"FusedStream: stream_linear serves float32 and bfloat16 weights, got {w0.dtype}")
+        _PATHS[0] += 1
         self.use = tuple(bool(u) for u in use)
         if len(self.use) != len(TUNE_ROWS):
             raise ValueError(f"FusedStream: expected one entry per row bucket {list(TUNE_ROWS)}, got {len(self.use)}")
@@ -267,6 +336,13 @@ class FusedStream:
     def _weights_now(self) -> Tuple:
         return tuple((m.weight.data_ptr(), m.weight._version, m.weight.dtype) +
                      (() if m.bias is None else (m.bias.data_ptr(), m.bias._version)) for m in self.members)
+
+    def stream_call(self, rows: int, dtype: torch.dtype) -> Optional[StreamCall]:
+        """The stacked call for ``rows`` input rows of ``dtype`` as a :class:`StreamCall`, or None
+        where :meth:`__call__` would return None (autograd aside: see :func:`stream_group`)."""
+        if not self.use[_row_bucket(rows)] or dtype != self.dtype or self._weights_now() != self._of:
+            return None
+        return _stream_call(self.packed, self.bias, sum(self.splits), self.splits)
 
     def __call__(self, x: torch.Tensor) -> Optional[Tuple[torch.Tensor, ...]]:
         k = self.members[0].in_features

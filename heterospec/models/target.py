@@ -17,13 +17,22 @@ import json
 import os
 import warnings
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
+from .._checks import host_reads_allowed
 from .attention import causal_tree_mask, make_backend
 from .kv_cache import KVCache
-from .layers import MLP, QKVO, RMSNorm, Rotary, assign_weights, load_weight_file, rope_exact_length, rope_inv_freq
+from .layers import (MLP, QKVO, RMSNorm, Rotary, _glue, assign_weights, load_weight_file, rope_exact_length,
+                     rope_inv_freq, rope_qk)
+from .linear import paths_generation, row_bucket, stream_group
+
+
+# A CPU forward whose every linear runs the stream path skips the modules' per-call dispatch
+# (StreamedLayer: same kernels, same bits). False runs the modules (A/B benchmarks).
+STREAMED_LAYERS = True
 
 
 def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
@@ -109,6 +118,64 @@ class DecoderLayer(nn.Module):
         x = x + attn.out(o)
         return x + self.mlp(self.post_attention_layernorm(x))
 
+    def streamed(self, rows: int, dtype: torch.dtype) -> "StreamedLayer | None":
+        """This layer as a :class:`StreamedLayer` for ``rows`` input rows of ``dtype``, or None
+        where any of its linears takes another path than the stream one."""
+        a, m = self.self_attn, self.mlp
+        qkv, o = stream_group(a, QKVO.FUSABLE, rows, dtype), stream_group(a, ("o_proj",), rows, dtype)
+        gate_up, down = stream_group(m, MLP.FUSABLE, rows, dtype), stream_group(m, ("down_proj",), rows, dtype)
+        if None in (qkv, o, gate_up, down):
+            return None
+        n1, n2 = self.input_layernorm, self.post_attention_layernorm
+        return StreamedLayer(n1.weight, n1.eps, qkv, o[0], n2.weight, n2.eps, gate_up, down[0],
+                             a.n_heads, a.n_kv_heads, a.head_dim)
+
+    def weights(self) -> list:
+        """``(owner's parameter dict, name)`` of every tensor a :class:`StreamedLayer` of this layer
+        reads, and ``(owner's __dict__, "_fused")`` of its fused groups: what changes it."""
+        out = [(self.input_layernorm._parameters, "weight"), (self.post_attention_layernorm._parameters, "weight")]
+        for owner, names in ((self.self_attn, QKVO.FUSABLE + ("o_proj",)), (self.mlp, MLP.FUSABLE + ("down_proj",))):
+            out.append((owner.__dict__, "_fused"))
+            for n in names:
+                lin = getattr(owner, n)
+                out += [(lin._parameters, "weight")] + ([(lin._parameters, "bias")] if lin.bias is not None else [])
+        return out
+
+
+class StreamedLayer(NamedTuple):
+    """A :class:`DecoderLayer` whose linears all run their stream path at one row count: its
+    norm weights and its linear groups as :class:`~.linear.StreamCall` (QKV and gate/up: one
+    fused call or one per member)."""
+    norm1: torch.Tensor
+    eps1: float
+    qkv: list
+    o_proj: object
+    norm2: torch.Tensor
+    eps2: float
+    gate_up: list
+    down: object
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+
+    def __call__(self, x, cos, sin, cache: KVCache, layer: int, prefix_lens, host_lens, backend, plan):
+        """:meth:`DecoderLayer.forward` (no ragged packing): the same kernels in the same order,
+        so the same bits, without the modules' per-call dispatch (about a third of a one-token
+        float32 step on a 2-core CPU, bench/RESULTS.md). ``host_lens``: ``prefix_lens.tolist()``
+        or None."""
+        norm = torch.ops.heterospec.rms_norm.default
+        B, T, _ = x.shape
+        h = norm(x, self.norm1, self.eps1)
+        q, k, v = (out for call in self.qkv for out in call(h))
+        q, k = rope_qk(q.view(B, T, self.n_heads, self.head_dim), k.view(B, T, self.n_kv_heads, self.head_dim),
+                       cos, sin)
+        cache.write(layer, k, v.view(B, T, self.n_kv_heads, self.head_dim), prefix_lens, host_lens=host_lens)
+        o = backend.run(plan, q, cache.k[layer], cache.v[layer])
+        x = x + self.o_proj(o.flatten(-2))[0]
+        h = norm(x, self.norm2, self.eps2)
+        gate, up = (out for call in self.gate_up for out in call(h))
+        return x + self.down(torch.nn.functional.silu(gate) * up)[0]
+
 
 def _pack(t: torch.Tensor, ragged) -> torch.Tensor:
     """[B, T, ...] -> [1, N, ...]: the real rows."""
@@ -138,6 +205,7 @@ class TargetModel(nn.Module):
         self.rotary = Rotary(inv_freq, scaling, rope_exact_length(rope_cfg),
                              (rope_cfg.rope_parameters or {}).get("rope_type", "default"))
         self.tokenizer = None
+        self._streamed = {}    # (row bucket, dtype) -> (paths generation, [StreamedLayer] or None, watched)
         self.attn_backend_name = attn_backend
         self._backend, self._backend_key = None, None
 
@@ -291,10 +359,16 @@ class TargetModel(nn.Module):
             raise ValueError(f"feature taps {list(taps)} out of range for a target of {c.num_layers} layers")
         aux = (c.aux_layers if taps is None else tuple(int(i) for i in taps)) if return_features else ()
         taps = {}
+        streamed = self._stream_plans(x) if pack is None else None
+        host_lens = (prefix_lens.tolist() if streamed is not None and B <= 4 and host_reads_allowed(prefix_lens)
+                     else None)
         for i, layer in enumerate(self.layers):
             if i in aux:
                 taps[i] = x
-            x = layer(x, cos, sin, cache, i, prefix_lens, backend, plan, pack)
+            if streamed is not None:
+                x = streamed[i](x, cos, sin, cache, i, prefix_lens, host_lens, backend, plan)
+            else:
+                x = layer(x, cos, sin, cache, i, prefix_lens, backend, plan, pack)
         if c.num_layers in aux:
             taps[c.num_layers] = x
         features = torch.cat([taps[i] for i in aux], dim=-1) if return_features else None
@@ -307,6 +381,30 @@ class TargetModel(nn.Module):
             logits = _unpack(logits, pack)
             features = _unpack(features, pack) if features is not None else None
         return logits, features
+
+    def _stream_plans(self, x: torch.Tensor) -> list | None:
+        """Every layer as a :class:`StreamedLayer` for input ``x`` [B, T, H], or None (the modules
+        run) unless every linear streams at this row count, the norms and RoPE run as the CPU
+        glue ops and autograd is off. Kept per row bucket and dtype while no path decision
+        (:func:`~.linear.paths_generation`) and no weight it reads changed (replaced or written)."""
+        if not STREAMED_LAYERS or torch.is_grad_enabled() or not _glue(x, self.norm.weight):
+            return None
+        rows = x.shape[0] * x.shape[1]
+        key = (row_bucket(rows), x.dtype)
+        kept = self._streamed.get(key)
+        if (kept is not None and kept[0] == paths_generation()
+                and all(d.get(n) is t and (state is None or (t._version, t.data_ptr()) == state)
+                        for d, n, t, state in kept[2])):
+            return kept[1]
+        layers = [layer.streamed(rows, x.dtype) for layer in self.layers]
+        plans = None if None in layers else layers
+        watch = []
+        for layer in self.layers:
+            for d, n in layer.weights():
+                t = d.get(n)
+                watch.append((d, n, t, (t._version, t.data_ptr()) if isinstance(t, torch.Tensor) else None))
+        self._streamed[key] = (paths_generation(), plans, watch)
+        return plans
 
 
 def _indexed_shards(path: str, index_name: str) -> list[str] | None:
