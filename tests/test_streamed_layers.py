@@ -43,8 +43,9 @@ def _inputs(B, T, L0=20, seed=0):
     return ids, prefix[:, None] + torch.arange(T), prefix, mask
 
 
-def _forward(tgt, B, T, streamed: bool, seed=0):
-    """Prefill then one tree forward of T rows; returns (logits, features, the tree's K)."""
+def _forward(tgt, B, T, streamed: bool, seed=0, num_nodes=None):
+    """Prefill then one tree forward of T rows (``num_nodes``: ragged, the real rows per request);
+    returns (logits, features, the tree's K)."""
     ids, pos, prefix, mask = _inputs(B, T, seed=seed)
     cache = tgt.new_cache(B, 64)
     g = torch.Generator().manual_seed(seed + 1)
@@ -54,10 +55,12 @@ def _forward(tgt, B, T, streamed: bool, seed=0):
     try:
         with torch.inference_mode():
             tgt(ctx, torch.arange(ctx.shape[1]).expand(B, -1), cache, torch.zeros(B, dtype=torch.long))
-            logits, feats = tgt(ids, pos, cache, prefix, tree_mask=mask)
+            kw = {} if num_nodes is None else dict(num_nodes=torch.tensor(num_nodes), ragged=True)
+            logits, feats = tgt(ids, pos, cache, prefix, tree_mask=mask, **kw)
     finally:
         TM.STREAMED_LAYERS = old
-    keys = torch.stack([cache.k[:, b, int(prefix[b]):int(prefix[b]) + T] for b in range(B)])
+    n = [T] * B if num_nodes is None else num_nodes
+    keys = torch.cat([cache.k[:, b, int(prefix[b]):int(prefix[b]) + n[b]].flatten() for b in range(B)])
     return logits, feats, keys
 
 
@@ -67,6 +70,16 @@ def test_streamed_layers_give_the_modules_bits(streamed_engine, B, T):
     with torch.inference_mode():
         assert tgt._stream_plans(torch.zeros(B, T, 64)) is not None        # the streamed path is taken
     want, got = _forward(tgt, B, T, streamed=False), _forward(tgt, B, T, streamed=True)
+    for w, g in zip(want, got):
+        assert torch.equal(w, g)
+
+
+def test_ragged_batches_stream_on_their_real_rows(streamed_engine):
+    tgt = streamed_engine.target
+    with torch.inference_mode():
+        assert tgt._stream_plans(torch.zeros(1, 9, 64)) is not None        # 9 real rows, packed
+    want = _forward(tgt, 3, 5, streamed=False, num_nodes=[5, 1, 3])
+    got = _forward(tgt, 3, 5, streamed=True, num_nodes=[5, 1, 3])
     for w, g in zip(want, got):
         assert torch.equal(w, g)
 

@@ -158,19 +158,23 @@ class StreamedLayer(NamedTuple):
     n_kv_heads: int
     head_dim: int
 
-    def __call__(self, x, cos, sin, cache: KVCache, layer: int, prefix_lens, host_lens, backend, plan):
-        """:meth:`DecoderLayer.forward` (no ragged packing): the same kernels in the same order,
-        so the same bits, without the modules' per-call dispatch (about a third of a one-token
-        float32 step on a 2-core CPU, bench/RESULTS.md). ``host_lens``: ``prefix_lens.tolist()``
-        or None."""
+    def __call__(self, x, cos, sin, cache: KVCache, layer: int, prefix_lens, host_lens, backend, plan, ragged=None):
+        """:meth:`DecoderLayer.forward`: the same kernels in the same order, so the same bits,
+        without the modules' per-call dispatch (about a third of a one-token float32 step on a
+        2-core CPU, bench/RESULTS.md). ``host_lens``: ``prefix_lens.tolist()`` or None."""
         norm = torch.ops.heterospec.rms_norm.default
         B, T, _ = x.shape
         h = norm(x, self.norm1, self.eps1)
         q, k, v = (out for call in self.qkv for out in call(h))
         q, k = rope_qk(q.view(B, T, self.n_heads, self.head_dim), k.view(B, T, self.n_kv_heads, self.head_dim),
                        cos, sin)
-        cache.write(layer, k, v.view(B, T, self.n_kv_heads, self.head_dim), prefix_lens, host_lens=host_lens)
+        v = v.view(B, T, self.n_kv_heads, self.head_dim)
+        if ragged is not None:
+            q, k, v = (_unpack(t, ragged) for t in (q, k, v))
+        cache.write(layer, k, v, prefix_lens, host_lens=host_lens)
         o = backend.run(plan, q, cache.k[layer], cache.v[layer])
+        if ragged is not None:
+            o = _pack(o, ragged)
         x = x + self.o_proj(o.flatten(-2))[0]
         h = norm(x, self.norm2, self.eps2)
         gate, up = (out for call in self.gate_up for out in call(h))
@@ -359,14 +363,14 @@ class TargetModel(nn.Module):
             raise ValueError(f"feature taps {list(taps)} out of range for a target of {c.num_layers} layers")
         aux = (c.aux_layers if taps is None else tuple(int(i) for i in taps)) if return_features else ()
         taps = {}
-        streamed = self._stream_plans(x) if pack is None else None
+        streamed = self._stream_plans(x)
         host_lens = (prefix_lens.tolist() if streamed is not None and B <= 4 and host_reads_allowed(prefix_lens)
                      else None)
         for i, layer in enumerate(self.layers):
             if i in aux:
                 taps[i] = x
             if streamed is not None:
-                x = streamed[i](x, cos, sin, cache, i, prefix_lens, host_lens, backend, plan)
+                x = streamed[i](x, cos, sin, cache, i, prefix_lens, host_lens, backend, plan, pack)
             else:
                 x = layer(x, cos, sin, cache, i, prefix_lens, backend, plan, pack)
         if c.num_layers in aux:
@@ -383,8 +387,8 @@ class TargetModel(nn.Module):
         return logits, features
 
     def _stream_plans(self, x: torch.Tensor) -> list | None:
-        """Every layer as a :class:`StreamedLayer` for input ``x`` [B, T, H], or None (the modules
-        run) unless every linear streams at this row count, the norms and RoPE run as the CPU
+        """Every layer as a :class:`StreamedLayer` for input ``x`` ([B, T, H], or [1, N, H]
+        packed), or None (the modules run) unless every linear streams at this row count, the norms and RoPE run as the CPU
         glue ops and autograd is off. Kept per row bucket and dtype while no path decision
         (:func:`~.linear.paths_generation`) and no weight it reads changed (replaced or written)."""
         if not STREAMED_LAYERS or torch.is_grad_enabled() or not _glue(x, self.norm.weight):
