@@ -97,8 +97,7 @@ def fingerprint(engine) -> dict:
             if codes:                                 # weights streamed as block codes: other costs
                 fp["linear_codes"] = codes
             from .models.target import STREAMED_LAYERS
-            if not STREAMED_LAYERS:                   # the layers' modules run: other costs
-                fp["streamed_layers"] = False
+            fp["layers"] = "streamed" if STREAMED_LAYERS else "modules"   # how the target's layers run
     c = target.config
     fp["target"] = {"hidden": c.hidden_size, "layers": c.num_layers, "vocab": c.vocab_size,
                     "heads": c.num_heads, "kv_heads": c.num_kv_heads}

@@ -154,3 +154,17 @@ def test_greedy_decoding_is_unchanged_by_streamed_layers(streamed_engine):
     finally:
         TM.STREAMED_LAYERS = old
     assert got == want
+
+
+def test_the_cost_model_fingerprint_names_how_the_layers_run(streamed_engine):
+    """A cost model measured with the modules running (slower steps) is reported, never reused."""
+    from heterospec.costmodel import fingerprint, fingerprint_differences
+    on = fingerprint(streamed_engine)
+    old = TM.STREAMED_LAYERS
+    TM.STREAMED_LAYERS = False
+    try:
+        off = fingerprint(streamed_engine)
+    finally:
+        TM.STREAMED_LAYERS = old
+    assert on["layers"] == "streamed" and off["layers"] == "modules"
+    assert any(d.startswith("layers:") for d in fingerprint_differences(off, on))
