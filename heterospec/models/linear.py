@@ -133,7 +133,9 @@ def _stream_forward(x: torch.Tensor, packed, bias: Optional[torch.Tensor], n: in
 class StreamCall(NamedTuple):
     """A linear (or a fused sibling group) on its stream path, ready to call without its module:
     ``op(x, *args)`` -> ``[..., sum(splits)]`` (``splits``: the members' widths of a fused group,
-    None for one linear). Made per forward by :func:`stream_group`; it holds no state."""
+    None for one linear). Made by :func:`stream_group`; it holds the packed copies, so a caller
+    that keeps it across forwards rebuilds it when :func:`paths_generation` moves or a weight
+    changes (``TargetModel._stream_plans``)."""
     op: object
     args: tuple
     splits: Optional[List[int]] = None
