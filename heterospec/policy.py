@@ -745,12 +745,17 @@ class FittedPolicy(Policy):
 
     @staticmethod
     def bucket(batch_size: int) -> int:
+        hit = _BUCKET_OF.get(batch_size)      # (called several times per step: kept)
+        if hit is not None:
+            return hit
         b = 1
         for nxt in _buckets():
             if nxt > batch_size:
-                return b
+                break
             b = nxt
-        return b  # pragma: no cover - _buckets is unbounded
+        if len(_BUCKET_OF) < 4096:
+            _BUCKET_OF[batch_size] = b
+        return b
 
     def plan(self, batch_size: int, context: Optional[int] = None) -> Plan:
         plan = self.fitted_plan(batch_size, context)
@@ -1088,7 +1093,11 @@ class FittedPolicy(Policy):
         evidence so takes the scale of the position before it (drafting deeper, when that then
         pays, measures it), and a few unlucky deep rounds lower it by a little, not to the floor:
         with a shallow plan nothing deep is measured again, and a floor reached from 11
-        predicted acceptances stayed for good (bench/RESULTS.md, 26 Nov)."""
+        predicted acceptances stayed for good (bench/RESULTS.md, 26 Nov). Recomputed only when
+        acceptance evidence arrived (the plain steps of a plain bucket bring none)."""
+        cached = self._unchanged("position_scale")
+        if cached is not None:
+            return cached
         prev = 1.0
         for j in range(len(self._pos_used)):
             obs, pred = self._pos_obs[j], self._pos_pred[j]
@@ -1103,7 +1112,7 @@ class FittedPolicy(Policy):
                 if abs(r - self._pos_used[j]) >= self.HYSTERESIS:
                     self._pos_used[j] = round(r / 0.05) * 0.05
             prev = self._pos_used[j]
-        return tuple(self._pos_used)
+        return self._remember("position_scale", tuple(self._pos_used))
 
     POSITION_PRIOR = 8.0      # predicted acceptances behind "as the position before it"
     HYSTERESIS = 0.1          # a scale in use changes only when the measurement moved this much
@@ -1314,6 +1323,9 @@ class FittedPolicy(Policy):
     def needs_draft(self, batch_size: int) -> bool:
         # the model's plans, not the guard's: a guarded bucket still probes speculation
         return any(self.fitted_plan(b).speculate for b in {self.bucket(x) for x in range(1, batch_size + 1)})
+
+
+_BUCKET_OF: Dict[int, int] = {}
 
 
 def _buckets():

@@ -142,7 +142,8 @@ class StreamCall(NamedTuple):
 
     def __call__(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         y = self.op(x, *self.args)
-        return (y,) if self.splits is None else y.split(self.splits, dim=-1)
+        # split_with_sizes: Tensor.split's own bits without its Python wrapper (per call, per layer)
+        return (y,) if self.splits is None else y.split_with_sizes(self.splits, dim=-1)
 
 
 def _stream_call(packed, bias: Optional[torch.Tensor], n: int, splits: Optional[List[int]] = None) -> StreamCall:
