@@ -1027,10 +1027,21 @@ class FittedPolicy(Policy):
     def _measured_probe_loss(self, bucket: int) -> float:
         """The same from the last burst's rounds (:attr:`_recent_spec`) against the bucket's
         measured plain steps: each speculative round's time beyond what plain steps take for its
-        tokens. 0 without both measurements, or where the burst won."""
+        tokens. 0 where the burst won. A bucket without both measurements takes the loss of the
+        largest smaller bucket that has them (speculation gains less as the batch grows, as in
+        :meth:`realized_loses`): a batch sweep's fresh bucket 2 or 4 after batch 1 lost spent its
+        first burst - 3-6 % of a 96-token call at batch 2-4 on a 2-core CPU (bench/RESULTS.md,
+        thirty-fifth session) - measuring what batch 1 had already shown."""
+        own = self._burst_loss(bucket)
+        if own is not None:
+            return own
+        below = [b for b in self._realized if b < bucket and self._burst_loss(b) is not None]
+        return self._burst_loss(max(below)) if below else 0.0
+
+    def _burst_loss(self, bucket: int) -> Optional[float]:
         st, recent = self._realized.get(bucket), self._recent_spec.get(bucket)
         if st is None or not recent or st[5] < self.MIN_REALIZED[1] or st[3] <= 0 or st[4] <= 0:
-            return 0.0
+            return None
         plain_round_s, plain_rate = st[4] / st[5], st[3] / st[4]       # seconds; tokens per request per s
         loss_s = sum(s - t / plain_rate for t, s in recent) / len(recent)
         return max(0.0, self.PROBE_BURST * loss_s / (self.PROBE_LOSS_SHARE * plain_round_s))

@@ -1214,6 +1214,30 @@ def test_guard_held_bucket_probes_as_often_as_its_measured_loss_allows():
     assert policy._probe_spacing(1, policy.plan(1)) == policy.PROBE_EVERY << policy._backoff.get(1, 0)
 
 
+def test_a_fresh_larger_bucket_prices_its_probes_by_a_smaller_bucket_s_lost_burst():
+    """Speculation gains less as the batch grows: a bucket with no burst of its own takes the
+    measured loss of the largest smaller bucket that has one, so its first probe waits as long
+    as that loss allows instead of PROBE_EVERY rounds; once it has measured its own burst, its
+    own loss prices it."""
+    policy = FittedPolicy(_tables(easy_accept=0.7), LinearCost(a=10.0, b=1.0, c=0.5, e=0.5),
+                          SpecConfig(top_k=4, depth=1, total_tokens=4))
+    policy.EARLY_PLAIN_PROBES = ()
+    spec = policy.plan(1)
+    for _ in range(8):
+        policy.observe(spec, [0], [1], seconds=0.025)                      # 2 tokens per request
+        policy.observe(spec.alternative, [], [], seconds=0.010)
+    lost = policy._measured_probe_loss(1)
+    assert lost > policy.PROBE_EVERY
+    assert policy._measured_probe_loss(2) == lost and policy._measured_probe_loss(4) == lost
+    assert policy._probe_spacing(2, policy.plan(2)) >= min(math.ceil(lost), policy.PROBE_EVERY << policy.MAX_PRICED_BACKOFF)
+    spec2 = policy.fitted_plan(2)
+    spec2 = spec2 if spec2.speculate else spec2.alternative
+    for _ in range(8):                                   # bucket 2 measures a burst that breaks even
+        policy.observe(spec2, [0, 0], [1, 1], seconds=0.020)
+        policy.observe(spec2.alternative, [], [], seconds=0.010)
+    assert policy._measured_probe_loss(2) == 0.0 and policy._measured_probe_loss(1) == lost
+
+
 def test_plain_bucket_backs_off_probes_that_keep_losing():
     """A bucket that decodes plainly probes speculation every PROBE_EVERY rounds with a burst of
     PROBE_BURST speculative rounds; each probe that loses again (fewer tokens per request per
