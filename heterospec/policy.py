@@ -30,6 +30,7 @@ reached (the verified set is closed under ancestors).
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import math
 import operator
@@ -744,18 +745,14 @@ class FittedPolicy(Policy):
                 pass                    # unreadable: start from the tables
 
     @staticmethod
+    @functools.lru_cache(maxsize=4096)        # called several times per step
     def bucket(batch_size: int) -> int:
-        hit = _BUCKET_OF.get(batch_size)      # (called several times per step: kept)
-        if hit is not None:
-            return hit
         b = 1
         for nxt in _buckets():
             if nxt > batch_size:
-                break
+                return b
             b = nxt
-        if len(_BUCKET_OF) < 4096:
-            _BUCKET_OF[batch_size] = b
-        return b
+        return b  # pragma: no cover - _buckets is unbounded
 
     def plan(self, batch_size: int, context: Optional[int] = None) -> Plan:
         plan = self.fitted_plan(batch_size, context)
@@ -884,16 +881,21 @@ class FittedPolicy(Policy):
         """Whether speculation has delivered fewer tokens per second than plain steps here: then
         the bucket decodes plainly whatever the model says (its probes keep measuring both), so
         that a model error never makes HeteroSpec slower than plain decoding for long."""
-        r = self.realized(bucket)
-        if r is None:
-            # Not measured here yet: the verdict of the largest smaller bucket that was, if it
-            # lost (speculation gains less as the batch grows: each request's tree adds rows
-            # to a forward that is less and less bound by reading the weights). A bucket that
-            # inherits a loss decodes plainly and probes, as if it had measured it.
-            below = [b for b in self._realized if b < bucket and self.realized(b) is not None]
-            r = self.realized(max(below)) if below else None
-            return r is not None and r[0] < r[1]
-        return r[0] < r[1]
+        # Not measured here yet: the verdict of the largest smaller bucket that was, if it lost
+        # (speculation gains less as the batch grows: each request's tree adds rows to a forward
+        # that is less and less bound by reading the weights). A bucket that inherits a loss
+        # decodes plainly and probes, as if it had measured it.
+        r = self._own_or_below(bucket, self.realized)
+        return r is not None and r[0] < r[1]
+
+    def _own_or_below(self, bucket: int, measure):
+        """``measure(bucket)``, or where that is None, ``measure`` of the largest smaller bucket
+        with realized sums where it is not None (None if none is)."""
+        for b in [bucket] + sorted((b for b in self._realized if b < bucket), reverse=True):
+            m = measure(b)
+            if m is not None:
+                return m
+        return None
 
     FREQ_PRIOR = 32.0         # the calibration frequencies count as this many requests
     FREQ_HYSTERESIS = 0.05    # total variation before the frequencies in use move
@@ -1032,11 +1034,8 @@ class FittedPolicy(Policy):
         :meth:`realized_loses`): a batch sweep's fresh bucket 2 or 4 after batch 1 lost spent its
         first burst - 3-6 % of a 96-token call at batch 2-4 on a 2-core CPU (bench/RESULTS.md,
         thirty-fifth session) - measuring what batch 1 had already shown."""
-        own = self._burst_loss(bucket)
-        if own is not None:
-            return own
-        below = [b for b in self._realized if b < bucket and self._burst_loss(b) is not None]
-        return self._burst_loss(max(below)) if below else 0.0
+        loss = self._own_or_below(bucket, self._burst_loss)
+        return 0.0 if loss is None else loss
 
     def _burst_loss(self, bucket: int) -> Optional[float]:
         st, recent = self._realized.get(bucket), self._recent_spec.get(bucket)
@@ -1334,9 +1333,6 @@ class FittedPolicy(Policy):
     def needs_draft(self, batch_size: int) -> bool:
         # the model's plans, not the guard's: a guarded bucket still probes speculation
         return any(self.fitted_plan(b).speculate for b in {self.bucket(x) for x in range(1, batch_size + 1)})
-
-
-_BUCKET_OF: Dict[int, int] = {}
 
 
 def _buckets():
