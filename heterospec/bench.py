@@ -25,17 +25,22 @@ import torch
 from . import ops
 
 
-# What a benchmark compares: the engine's methods, plus HeteroSpec with the paper's formulas.
-BENCH_METHODS = ("heterospec", "heterospec-paper", "eagle3", "autoregressive")
+# What a benchmark compares: the engine's methods, plus HeteroSpec with the paper's formulas and
+# HeteroSpec fitted without context lookup (heterospec.lookup).
+BENCH_METHODS = ("heterospec", "heterospec-nolookup", "heterospec-paper", "eagle3", "autoregressive")
 
 
-def method_and_policy(label: str):
-    """``"heterospec-paper"`` -> ``("heterospec", "paper")``; other labels run the engine's default."""
+def bench_call(label: str) -> dict:
+    """The generate() arguments a benchmark label stands for: ``"heterospec-paper"`` ->
+    method heterospec, policy paper; ``"heterospec-nolookup"`` -> the fitted policy without
+    context lookup; other labels run the engine's default."""
     if label == "heterospec-paper":
-        return "heterospec", "paper"
+        return {"method": "heterospec", "policy": "paper"}
+    if label == "heterospec-nolookup":
+        return {"method": "heterospec", "policy": "fitted", "lookup": False}
     if label == "heterospec":
-        return "heterospec", "fitted"
-    return label, None
+        return {"method": "heterospec", "policy": "fitted", "lookup": True}
+    return {"method": label}
 
 
 def machine_description(device) -> str:
@@ -113,6 +118,8 @@ def summarize(runs: List[dict]) -> Dict[str, Dict[str, dict]]:
             "other_ms_per_call": 1e3 * sum(r["total_s"] - r["prefill_s"] - r["draft_s"] - r["verify_s"]
                                            - r.get("policy_s", 0.0) for r in rs) / calls if calls else float("nan"),
             "acceptance_rates": _acceptance_rates(recs, max((x["depth"] for x in recs), default=0)),
+            # target calls that verified a context-lookup chain (heterospec.lookup)
+            "lookup_share": sum(bool(x.get("lookup")) for x in recs) / calls if calls else 0.0,
         }
     for name, ms in out.items():
         ar = ms.get("autoregressive")
@@ -129,8 +136,8 @@ def _ratio(x: float, digits: int) -> str:
 
 def markdown_table(summary: Dict[str, Dict[str, dict]], methods: Sequence[str]) -> str:
     head = ("| set | method | tok/s | speedup vs AR | vs eagle3 | tau | target calls | verified/call "
-            "| draft ms/round | verify ms/call | policy ms/call | other ms/call |")
-    lines = [head, "|" + "---|" * 12]
+            "| draft ms/round | verify ms/call | policy ms/call | other ms/call | lookup calls |")
+    lines = [head, "|" + "---|" * 13]
     means = defaultdict(lambda: defaultdict(list))
     for name, ms in summary.items():
         for method in methods:
@@ -140,14 +147,15 @@ def markdown_table(summary: Dict[str, Dict[str, dict]], methods: Sequence[str]) 
             lines.append(f"| {name} | {method} | {m['tokens_per_s']:.2f} | {_ratio(m['speedup'], 2)} | {_ratio(m['vs_eagle3'], 3)} "
                          f"| {m['tau']:.2f} | {m['target_calls']} | {m['verified_per_call']:.1f} "
                          f"| {m['draft_ms_per_round']:.1f} | {m['verify_ms_per_call']:.1f} "
-                         f"| {m.get('policy_ms_per_call', float('nan')):.2f} | {m.get('other_ms_per_call', float('nan')):.2f} |")
+                         f"| {m.get('policy_ms_per_call', float('nan')):.2f} | {m.get('other_ms_per_call', float('nan')):.2f} "
+                         f"| {100 * m.get('lookup_share', 0.0):.0f} % |")
             for key in ("speedup", "vs_eagle3", "tau", "verified_per_call"):
                 means[method][key].append(m[key])
     for method in methods:
         if method in means:
             mm = {k: statistics.fmean(v) for k, v in means[method].items()}
             lines.append(f"| **mean** | {method} | | {_ratio(mm['speedup'], 2)} | {_ratio(mm['vs_eagle3'], 3)} | {mm['tau']:.2f} "
-                         f"| | {mm['verified_per_call']:.1f} | | | | |")
+                         f"| | {mm['verified_per_call']:.1f} | | | | | |")
     return "\n".join(lines)
 
 
@@ -247,8 +255,7 @@ def run_e2e(engine, sets: Sequence[str], n: int = 8, max_new_tokens: int = 128, 
     warm = next(iter(prompt_sets.values()))[0].text
     warm_tokens = min(64, max_new_tokens) if getattr(engine, "round_graphs", None) is not None else 8
     for m in methods:
-        engine.generate(warm, max_new_tokens=warm_tokens, method=method_and_policy(m)[0],
-                        policy=method_and_policy(m)[1])
+        engine.generate(warm, max_new_tokens=warm_tokens, **bench_call(m))
     runs, mismatches = [], []
     total = sum(len(p) for p in prompt_sets.values()) * len(methods)
     bar = tqdm(total=total, desc="bench", disable=not progress, unit="gen")
@@ -260,9 +267,8 @@ def run_e2e(engine, sets: Sequence[str], n: int = 8, max_new_tokens: int = 128, 
                 graphs = getattr(engine, "round_graphs", None)
                 before = collections.Counter(graphs.counts) if graphs is not None else None
                 t0 = time.perf_counter()
-                method, policy = method_and_policy(m)
                 try:
-                    res = engine.generate(prompt.text, max_new_tokens=max_new_tokens, method=method, policy=policy)
+                    res = engine.generate(prompt.text, max_new_tokens=max_new_tokens, **bench_call(m))
                 except Exception as exc:   # name the run: a GPU fault is otherwise one anonymous line
                     raise RuntimeError(f"run_e2e: {m} on {name} prompt {prompt.id} (#{i}) failed after "
                                        f"{len(runs)} runs: {exc}") from exc
@@ -446,8 +452,7 @@ def batch_sweep(engine, prompts: Sequence[str], batch_sizes: Sequence[int] = (1,
     methods = [m for m in BENCH_METHODS if m in methods]
     warm = prompts[:1]
     for m in methods:
-        method, policy = method_and_policy(m)
-        engine.generate_batch(warm, max_new_tokens=8, method=method, policy=policy)
+        engine.generate_batch(warm, max_new_tokens=8, **bench_call(m))
     calls, mismatches = [], 0
     bar = tqdm(total=repeats * len(batch_sizes) * len(methods), desc="batch sweep", disable=not progress,
                unit="run")
@@ -456,10 +461,8 @@ def batch_sweep(engine, prompts: Sequence[str], batch_sizes: Sequence[int] = (1,
             order = methods[(i + rep) % len(methods):] + methods[:(i + rep) % len(methods)]
             outs = {}
             for m in order:
-                method, policy = method_and_policy(m)
                 t0 = time.perf_counter()
-                res = engine.generate_batch(list(prompts[:B]), max_new_tokens=max_new_tokens, method=method,
-                                            policy=policy)
+                res = engine.generate_batch(list(prompts[:B]), max_new_tokens=max_new_tokens, **bench_call(m))
                 wall = time.perf_counter() - t0
                 toks = sum(len(r.token_ids) for r in res)
                 recs = [r for x in res for r in x.stats.records]

@@ -34,6 +34,7 @@ from ._checks import sync_free
 from .config import SamplingParams, SpecConfig, _as_int, default_config
 from .entropy import EntropyBins
 from .graphs import RoundGraphs
+from .lookup import ContextIndex, LookupGate, LookupRound
 from .policy import POLICIES, AcceptanceTables, Eagle3Policy, FittedPolicy, PaperPolicy, Plan, Policy
 from .sampling import make_generator, processed_probs, sample
 from .timing import StageTimer
@@ -64,6 +65,7 @@ class RoundRecord:
     draft_s: float
     verify_s: float
     plain: bool = False      # a plain target step chosen by the policy (no draft, one token)
+    lookup: bool = False     # a context-lookup chain (heterospec.lookup), not a drafted tree
 
 
 @dataclass
@@ -321,7 +323,7 @@ class Engine:
                  bins: Optional[EntropyBins] = None, device=None, dtype=None, max_length: Optional[int] = None,
                  attn_backend: str = "auto", draft_dir: Optional[str] = None, policy: str = "fitted",
                  tables: Optional[AcceptanceTables] = None, cost_model=None, linear: str = "tuned",
-                 cuda_graphs: Optional[bool] = None):
+                 cuda_graphs: Optional[bool] = None, lookup: bool = True):
         from .models.linear import tune_linears, untune_linears
         from .models.target import TargetModel
 
@@ -340,6 +342,8 @@ class Engine:
             raise ValueError(f"Engine: bins must be heterospec EntropyBins, got {type(bins).__name__}")
         if policy not in POLICIES:
             raise ValueError(f"Engine: policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+        if not isinstance(lookup, bool):
+            raise ValueError(f"Engine: lookup must be True or False, got {lookup!r}")
         if linear not in LINEAR_MODES:
             raise ValueError(f"Engine: linear must be one of {', '.join(LINEAR_MODES)}, got {linear!r}")
         if tables is not None and not isinstance(tables, AcceptanceTables):
@@ -425,6 +429,12 @@ class Engine:
         # the prompt and the latest tokens; the output never depends on it. None: catch up on
         # every token.
         self.draft_window = 16
+        # Context lookup (heterospec.lookup): with the fitted policy, a round may verify tokens
+        # copied from the request's own context instead of a drafted tree, when the gate's
+        # measured acceptance and the cost model say it is faster. Eager rounds only (a chain's
+        # length varies round by round; CUDA graphs are captured per shape).
+        self.lookup_gate: Optional[LookupGate] = LookupGate() if lookup else None
+        self._lookup_state_read: Optional[str] = None     # the gate's saved state taken up (path)
         # batch size -> SplitTreeAttention (graph_attention "split", or a factory set by tests)
         self.split_attention_factory, self._split = None, {}
         self._graph_sdpa = None
@@ -565,25 +575,29 @@ class Engine:
     def generate(self, prompt: PromptLike, max_new_tokens: int = 256, method: str = "heterospec",
                  temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: Optional[int] = None,
                  chat: bool = True, stream: Optional[Callable[[List[int]], None]] = None,
-                 config: Optional[SpecConfig] = None, policy: Optional[str] = None) -> GenerationResult:
+                 config: Optional[SpecConfig] = None, policy: Optional[str] = None,
+                 lookup: Optional[bool] = None) -> GenerationResult:
         """Generate for one prompt (a string, a list of token ids or a 1-D tensor).
 
         ``top_k`` / ``top_p`` / ``temperature`` process the *target's* distribution (sampling);
         the tree's branching factor is ``config.top_k``. ``stream`` receives the new token ids
         after every round. ``policy`` (HeteroSpec only): ``"fitted"``, ``"paper"`` or a
-        :class:`heterospec.policy.Policy` (default: the engine's).
+        :class:`heterospec.policy.Policy` (default: the engine's). ``lookup`` (HeteroSpec with
+        the fitted policy): whether rounds may verify chains copied from the context
+        (:mod:`heterospec.lookup`); None: the engine's setting (``Engine(lookup=...)``).
         """
         cb = (lambda b, toks: stream(toks)) if stream is not None else None
         if not isinstance(prompt, (str, list, tuple, torch.Tensor)):
             raise ValueError(f"{_PROMPT_KINDS}; got {type(prompt).__name__}")
         return self.generate_batch([prompt], max_new_tokens, method, temperature, top_p, top_k, seed,
-                                   chat, cb, config, policy)[0]
+                                   chat, cb, config, policy, lookup)[0]
 
     def generate_batch(self, prompts: Sequence[PromptLike], max_new_tokens: int = 256,
                        method: str = "heterospec", temperature: float = 0.0, top_p: float = 1.0,
                        top_k: int = 0, seed: Optional[int] = None, chat: bool = True,
                        stream: Optional[Callable[[int, List[int]], None]] = None,
-                       config: Optional[SpecConfig] = None, policy: Optional[str] = None) -> List[GenerationResult]:
+                       config: Optional[SpecConfig] = None, policy: Optional[str] = None,
+                       lookup: Optional[bool] = None) -> List[GenerationResult]:
         """Generate for several prompts at once; every request gets its own tree each round."""
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
@@ -598,6 +612,8 @@ class Engine:
                              "for a single prompt use generate()")
         if config is not None and not isinstance(config, SpecConfig):
             raise ValueError(f"config must be a heterospec.SpecConfig, got {type(config).__name__}")
+        if lookup is not None and not isinstance(lookup, bool):
+            raise ValueError(f"lookup must be True, False or None, got {lookup!r}")
         if policy is not None and not isinstance(policy, Policy) and policy not in POLICIES:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)} or a heterospec Policy, got {policy!r}")
         params = SamplingParams(temperature, top_p, top_k, seed)
@@ -611,6 +627,18 @@ class Engine:
             pol.new_requests(B)         # new contexts: what the guard measured was another prompt's
         speculative = pol is not None and pol.needs_draft(B)
         tree_cap = pol.max_tree_nodes(B) + 1 if speculative else 1
+        # Context lookup: the fitted policy's rounds may verify chains copied from the context.
+        gate = self.lookup_gate if isinstance(pol, FittedPolicy) and not self.static_rounds else None
+        if lookup is not None:
+            if lookup and self.lookup_gate is None:
+                self.lookup_gate = LookupGate()
+            gate = gate if lookup else None
+        gate_path = _lookup_state_path(pol) if gate is not None else None
+        if gate_path is not None and self._lookup_state_read != gate_path:
+            self._lookup_state_read = gate_path       # what an earlier process learned here, once
+            _load_json_state(gate, gate_path)
+        if gate is not None:
+            tree_cap = max(tree_cap, gate.kmax + 1)
         for i, p in enumerate(ids):
             if len(p) + max_new_tokens > self.max_length:
                 which = "the prompt" if len(ids) == 1 else f"prompt {i}"
@@ -625,6 +653,7 @@ class Engine:
         with torch.inference_mode():
             t0 = time.perf_counter()
             st = self._prefill(ids, method, params, gen, cache_len, max_new_tokens, stream, speculative)
+            index = [ContextIndex(p) for p in ids] if gate is not None else None
             while st.active():
                 # The policy's plan for the requests still running: a tree, or one plain step.
                 active = st.active()
@@ -643,11 +672,29 @@ class Engine:
                 context = sum(st.stats[b].prompt_tokens + len(st.outputs[b]) for b in active) // max(len(active), 1)
                 # Without a draft (the policy planned plain steps for this call) plain steps are
                 # still timed against the plan, so the policy learns what they really cost.
-                plan, tp = None, time.perf_counter()
+                plan, chosen, one_offs = None, None, self._graph_one_offs()
+                if gate is not None:        # context lookup first: a copied chain, if it pays
+                    tp = time.perf_counter()
+                    chosen = self._lookup_choice(st, index, ids, pol, gate, context, max_new_tokens)
+                    policy_s += time.perf_counter() - tp
+                if chosen is not None:
+                    # Verify the copied chains (a chain-shaped tree); the draft, if any, catches up later.
+                    t_round = time.perf_counter()
+                    tree = self._lookup_tree(st, chosen)
+                    verdict = self._verify(st, tree, None, params, gen, max_nodes=int(tree.budget.max()),
+                                           append_pending=True)
+                    self._commit(st, tree, verdict, max_new_tokens, stream, 0.0,
+                                 time.perf_counter() - t_round, lookup=True)
+                    tp = time.perf_counter()
+                    gate.observe(chosen, [st.stats[b].records[-1].accept_len if b in active else 0
+                                          for b in range(len(chosen.chains))],
+                                 self._round_seconds(t_round, one_offs))
+                    policy_s += time.perf_counter() - tp
+                    continue
+                tp = time.perf_counter()
                 if pol is not None:
                     plan = pol.round_plan(len(active), context) if speculative else pol.plan(len(active), context)
                     policy_s += time.perf_counter() - tp
-                one_offs = self._graph_one_offs()
                 if plan is None or not plan.speculate or not speculative:
                     t_plain = time.perf_counter()
                     self._decode_one(st, params, gen, max_new_tokens, stream, record=method != "autoregressive")
@@ -655,6 +702,9 @@ class Engine:
                         seconds = self._round_seconds(t_plain, one_offs)
                         tp = time.perf_counter()
                         pol.observe(plan, [], [], seconds, progress=_progress(st, behind, least))
+                        if gate is not None:
+                            gate.observe_plain(seconds, pol.costs.plain_ms(len(active), _context_bucket(context)),
+                                               FittedPolicy.bucket(len(active)))
                         policy_s += time.perf_counter() - tp
                 else:
                     # tokens the draft catches up on this round (a host read: not on static rounds)
@@ -678,6 +728,8 @@ class Engine:
             total = time.perf_counter() - t0
         if isinstance(pol, FittedPolicy):
             pol.save_state()            # what it learned about this workload, for the next process
+        if gate_path is not None:
+            _save_json_state(gate, gate_path)
         results = []
         for out, s, reason in zip(st.all_outputs, st.all_stats, st.all_finished):
             s.total_s, s.policy_s = total, policy_s
@@ -907,6 +959,24 @@ class Engine:
                                              verify_s=dt, plain=True))
         self._emit(st, [[int(t)] for t in st.root.tolist()], max_new_tokens, stream)
 
+    def _append_pending(self, st: _Batch, tokens: torch.Tensor, feats: torch.Tensor, num: torch.Tensor) -> None:
+        """Each request's first ``num[b]`` entries of ``tokens`` / ``feats`` ([B, P], [B, P, F])
+        join its pending draft extend after the ``ext_num[b]`` already there (eager rounds)."""
+        B, P = tokens.shape
+        idx = st.ext_num[:, None] + torch.arange(P, device=tokens.device)[None, :]        # [B, P]
+        ext_tokens = torch.cat([st.ext_tokens, st.ext_tokens.new_zeros(B, P)], dim=1).scatter_(1, idx, tokens)
+        F = st.ext_feats.shape[-1]
+        ext_feats = torch.cat([st.ext_feats, st.ext_feats.new_zeros(B, P, F)], dim=1)
+        ext_feats.scatter_(1, idx[:, :, None].expand(-1, -1, F), feats.to(ext_feats.dtype))
+        st.ext_num = st.ext_num + num
+        width = max(int(st.ext_num.max()), 1)
+        st.ext_tokens, st.ext_feats = ext_tokens[:, :width], ext_feats[:, :width]
+        keep = self.draft_window
+        if keep and int(st.ext_num.max()) >= 2 * keep:
+            self._forget_oldest_pending(st, 2 * keep, keep)
+            width = max(int(st.ext_num.max()), 1)
+            st.ext_tokens, st.ext_feats = st.ext_tokens[:, :width], st.ext_feats[:, :width]
+
     @staticmethod
     def _forget_oldest_pending(st: _Batch, cap: int, keep: int) -> None:
         """Requests with ``cap`` or more pending draft entries keep the newest ``keep``; the
@@ -993,6 +1063,62 @@ class Engine:
         out = graphs.run(key, lambda root, lens: step(root, lens, attn), [st.root, st.prefix_lens],
                          generator=rng, keep=(rng, attn))
         return out[0], out[1]
+
+    # -- context lookup (heterospec.lookup) --------------------------------------------------------
+    def _lookup_choice(self, st: _Batch, index: List[ContextIndex], ids: List[List[int]], pol: FittedPolicy,
+                       gate: LookupGate, context: int, max_new_tokens: int) -> Optional[LookupRound]:
+        """The gate's lookup round for the running requests, or None (the policy's plan runs).
+
+        A static batch ends with its slowest request, so only the requests furthest behind are
+        weighed (and proposed for: a request's index takes up the tokens it emitted since it
+        was last asked)."""
+        active = st.active()
+        least = min(len(st.outputs[b]) for b in active)
+        proposals, room, weights = [([], 0)] * st.size, [0] * st.size, [0.0] * st.size
+        for b in active:
+            out = st.outputs[b]
+            room[b] = max_new_tokens - len(out)
+            if len(out) != least:
+                continue
+            row = st.rows[b]
+            idx = index[row]
+            idx.extend(out[len(idx) - len(ids[row]):])
+            proposals[b], weights[b] = idx.propose(gate.kmax), 1.0
+        if not any(c for c, _ in proposals):
+            return None
+        B, c = len(active), _context_bucket(context)
+        costs, bucket = pol.costs, FittedPolicy.bucket(B)
+
+        def alternative() -> float:
+            """The rate of what runs instead: a plain step as the gate measured plain steps
+            against the same cost model, or the speculative plan's prediction (which carries the
+            policy's own measured time scale); a plan without a prediction: 0."""
+            plan = pol.plan(B, context)
+            if not plan.speculate:
+                return 1e3 * B / (costs.plain_ms(B, c) * gate.time_scale(bucket, "plain"))
+            return ((plan.expected or {}).get("speculative") or {}).get("tokens_per_s", 0.0)
+
+        ragged = self.ragged_verify and B > 1
+        return gate.choose(proposals, lambda mean, most: costs.verify_ms(B, mean if ragged else most, c),
+                           alternative, room, bucket, weights)
+
+    def _lookup_tree(self, st: _Batch, chosen: LookupRound) -> _Tree:
+        """Each request's copied chain as a tree: candidate j's parent is j - 1, scores fall along
+        the chain (so the verified set is its first ``budget`` tokens); no entropy, no bin."""
+        B, dev = st.size, self.device
+        C = max(max(len(c) for c in chosen.chains), 1)
+        tokens = torch.zeros(B, C, dtype=torch.int64)
+        budget = torch.zeros(B, dtype=torch.int64)
+        for b, chain in enumerate(chosen.chains):
+            tokens[b, :len(chain)] = torch.tensor(chain, dtype=torch.int64)
+            budget[b] = len(chain)
+        pos = torch.arange(C)
+        scores = torch.where(pos[None, :] < budget[:, None], -(pos[None, :] + 1.0), float("-inf"))
+        parents = (pos - 1).expand(B, C).contiguous()
+        zeros = torch.zeros(B, dtype=torch.int64, device=dev)
+        return _Tree(scores=scores.to(dev), parents=parents.to(dev), tokens=tokens.to(dev),
+                     local=torch.zeros(B, C, device=dev), budget=budget.to(dev), depth=budget.to(dev),
+                     entropy=torch.zeros(B, device=dev), bins=zeros - 1, pstar=zeros - 1)
 
     # -- one round's two halves: eagerly, or replayed as CUDA graphs --------------------------------
     def _draft_half(self, st: _Batch, cfg: SpecConfig, plan: Plan) -> _Tree:
@@ -1292,9 +1418,13 @@ class Engine:
         return base + layer_local.argmax(dim=1)
 
     # -- verify -----------------------------------------------------------------------------------
-    def _verify(self, st: _Batch, tree: _Tree, plan: Plan, params: SamplingParams, gen,
+    def _verify(self, st: _Batch, tree: _Tree, plan: Optional[Plan], params: SamplingParams, gen,
                 done: Optional[torch.Tensor] = None, attn=None, max_nodes: Optional[int] = None,
-                path_cap: Optional[int] = None):
+                path_cap: Optional[int] = None, append_pending: bool = False):
+        """Verify ``tree`` with the target and compact its accepted path into the cache. The
+        draft's next extend becomes the accepted path (the draft drafted from everything before
+        it), or with ``append_pending`` (a tree it did not draft: context lookup) joins the
+        entries it has not yet caught up on; without a draft in use, none is kept."""
         B, dev = st.size, self.device
         budget = tree.budget.clone()
         if done is None:
@@ -1310,8 +1440,9 @@ class Engine:
         tree_tokens = torch.where(tree_cand >= 0, cand_tokens, st.root[:, None])      # root at position 0
         tree_mask, positions, first_child, next_sibling = ops.build_tree(
             tree_parents, num_nodes, st.prefix_lens)
+        keep = not append_pending or st.ext_tokens is not None     # the draft's features wanted
         logits, feats = self.target(tree_tokens, positions, st.target_cache, st.prefix_lens, tree_mask,
-                                    num_nodes, return_features=True, taps=self._taps,
+                                    num_nodes, return_features=keep, taps=self._taps if keep else None,
                                     ragged=self.ragged_verify and not self.static_rounds, attn=attn)
         top1, invalid = None, None
         if params.greedy:
@@ -1338,21 +1469,24 @@ class Engine:
                 invalid = ops.verify_sampling_invalid(accept_path, accept_len, bonus)
                 bonus = bonus.clamp(min=0)
         st.target_cache.compact(accept_path, accept_len, st.prefix_lens)
-        # Next extend: the draft sees root + accepted nodes with their target features, each
-        # paired with the token that follows it (the next accepted node, or the bonus).
-        path = accept_path[:, :path_cap].clamp(min=0)     # path_cap: the longest path (static rounds)
-        path_tokens = tree_tokens.gather(1, path)
-        ext_tokens = torch.cat([path_tokens[:, 1:], path_tokens[:, :1]], dim=1)
-        ext_tokens.scatter_(1, accept_len[:, None], bonus[:, None])
-        st.ext_tokens = ext_tokens
-        st.ext_feats = feats.gather(1, path[:, :, None].expand(-1, -1, feats.shape[-1]))
-        st.ext_num = accept_len + 1
-        st.draft_lens = st.prefix_lens.clone()
+        if keep:
+            # Next extend: the draft sees root + accepted nodes with their target features, each
+            # paired with the token that follows it (the next accepted node, or the bonus).
+            path = accept_path[:, :path_cap].clamp(min=0)     # path_cap: the longest path (static rounds)
+            path_tokens = tree_tokens.gather(1, path)
+            ext_tokens = torch.cat([path_tokens[:, 1:], path_tokens[:, :1]], dim=1)
+            ext_tokens.scatter_(1, accept_len[:, None], bonus[:, None])
+            ext_feats = feats.gather(1, path[:, :, None].expand(-1, -1, feats.shape[-1]))
+            if append_pending:
+                self._append_pending(st, ext_tokens, ext_feats, accept_len + 1)
+            else:
+                st.ext_tokens, st.ext_feats, st.ext_num = ext_tokens, ext_feats, accept_len + 1
+                st.draft_lens = st.prefix_lens.clone()
         return _Verdict(tree_tokens, tree_cand, num_nodes, accept_path, accept_len, bonus, top1, invalid)
 
     # -- commit -----------------------------------------------------------------------------------
     def _commit(self, st: _Batch, tree: _Tree, v: "_Verdict", max_new_tokens: int, stream,
-                draft_s: Union[float, StageTimer], verify_s: float = 0.0) -> None:
+                draft_s: Union[float, StageTimer], verify_s: float = 0.0, lookup: bool = False) -> None:
         """Emit the round's tokens and record it. ``draft_s``: the draft's seconds, or the round's
         :class:`StageTimer` with "draft" and "verify" marks (read after the host read below)."""
         accept_len, bonus = v.accept_len, v.bonus
@@ -1399,7 +1533,7 @@ class Engine:
             s.records.append(RoundRecord(accept_len=a, verified=nn[b], depth=depth[b], entropy=entropy[b],
                                          bin=bins[b], tcr=tcr, pstar_rank=pstar_rank,
                                          pstar_accepted=pstar_pos > 0 and pstar_pos in paths[b][1:a + 1],
-                                         draft_s=draft_s, verify_s=verify_s))
+                                         draft_s=draft_s, verify_s=verify_s, lookup=lookup))
         running = torch.tensor([b in active for b in range(st.size)], device=self.device)
         st.prefix_lens = st.prefix_lens + torch.where(running, accept_len + 1, torch.zeros_like(accept_len))
         st.host_lens = [n + (acc[b] + 1 if b in active else 0) for b, n in enumerate(st.host_lens)]
@@ -1424,6 +1558,35 @@ class Engine:
             st.all_finished[st.rows[b]] = st.finished[b]
             if stream is not None and chunk:
                 stream(st.rows[b], chunk)
+
+
+def _lookup_state_path(pol) -> Optional[str]:
+    """Where the lookup gate's learned state lives beside the fitted policy's online state
+    (``*.online-<key>.lookup.json``: cleared with it when the cost model is measured again)."""
+    path = getattr(pol, "state_path", None)
+    return None if path is None else path.removesuffix(".json") + ".lookup.json"
+
+
+def _load_json_state(obj, path: str) -> None:
+    """``obj.load_state`` from ``path`` if it exists and reads; a bad file is ignored."""
+    try:
+        with open(path) as f:
+            obj.load_state(json.load(f))
+    except (OSError, ValueError):
+        pass
+
+
+def _save_json_state(obj, path: str) -> None:
+    from ._io import write_json_atomic
+    try:
+        write_json_atomic(path, obj.state())
+    except OSError:
+        pass
+
+
+def _context_bucket(context: int) -> int:
+    """The context length the cost model is asked about: powers of two from 256 (as the policy's plans)."""
+    return 1 << max(8, int(max(context, 1) - 1).bit_length())
 
 
 # Tokens the longest-running request must still have to come before finished requests are

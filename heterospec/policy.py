@@ -1058,6 +1058,12 @@ class FittedPolicy(Policy):
             return self.PROBE_EVERY << self.CLEAR_WIN_BACKOFF
         return self.PROBE_EVERY
 
+    @property
+    def costs(self) -> "_MemoCost":
+        """The cost model as this policy prices its plans (answers remembered until a refit);
+        the engine prices its context-lookup rounds with it (:mod:`heterospec.lookup`)."""
+        return self._memo
+
     def refit(self) -> None:
         """Forget the fitted plans (after the cost model learned something new)."""
         self._plans = {}

@@ -1441,12 +1441,16 @@ def test_online_corrections_persist_for_the_next_engine(tmp_path, monkeypatch):
     engine.generate(prompt, max_new_tokens=12, method="heterospec", chat=False)
     pol = engine._policy("heterospec", engine.config, "fitted")
     assert sum(pol.state()["position"]["predicted"]) > 0
-    saved = list((tmp_path / "costs").glob("*.online-*.json"))
-    assert len(saved) == 1
+    saved = sorted((tmp_path / "costs").glob("*.online-*.json"))
+    # the policy's corrections, and beside them the context-lookup gate's (heterospec.lookup)
+    assert len(saved) == 2 and saved[1].name == saved[0].name.removesuffix(".json") + ".lookup.json"
     again, draft2, _ = _tiny_engine(seed=23)
     again.tables = engine.tables
     pol2 = again._policy("heterospec", again.config, "fitted")
     assert pol2.state() == pol.state() and pol2.state()["realized"]      # the guard's sums too
+    draft2.set_prompts([prompt])
+    again.generate(prompt, max_new_tokens=1, method="heterospec", chat=False)   # takes up the gate's state
+    assert again.lookup_gate.state()["time"] == engine.lookup_gate.state()["time"]
     # A cost model handed over in memory is the caller's: nothing is written for it.
     other, _, _ = _tiny_engine(seed=23)
     other.tables, other.cost_model = engine.tables, cm

@@ -1,0 +1,277 @@
+"""Context lookup: draft tokens copied from the request's own context, for free.
+
+A small target repeats itself: it copies names, numbers and code from the prompt, restates the
+question, and at greedy it falls into loops. Where the last ``n`` tokens occurred before in the
+prompt or the output, the tokens that followed them then are a draft that costs no draft forward
+(prompt lookup decoding). How often such a chain is accepted depends on how long the match is: a
+single matching token predicts little, a match of 8 tokens is a loop or a copy and its chain is
+accepted almost always (bench/RESULTS.md, "Context lookup").
+
+HeteroSpec's part is the decision, made like every other one here from measured acceptance and
+measured cost: :class:`LookupGate` learns, per match-length bucket and chain position, how often a
+lookup draft is accepted on this workload, prices a chain of ``k`` tokens with the device's cost
+model (a verify of ``k + 1`` nodes), and runs a lookup round only when its expected tokens per
+second beat what the fitted policy would do instead (a plain step or a draft tree). The chain is
+verified as a tree (each node's parent is the one before), so greedy output stays the target's
+and sampling keeps its law (a copied token is a deterministic proposal:
+:func:`heterospec.ops.verify_sampling` treats every tree node as one).
+
+Runtime only: no tooling imports. The engine keeps one :class:`ContextIndex` per request and one
+gate per engine.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+# Longest n-gram matched, and the longest chain a lookup round verifies.
+LOOKUP_NMAX = 8
+LOOKUP_KMAX = 8
+# Match lengths share acceptance statistics in these buckets (lower bounds): 1, 2, 3, 4-7, 8.
+MATCH_BUCKETS = (1, 2, 3, 4, 8)
+
+
+def match_bucket(n: int) -> int:
+    """Index into :data:`MATCH_BUCKETS` of a match of ``n`` >= 1 tokens."""
+    for i in range(len(MATCH_BUCKETS) - 1, -1, -1):
+        if n >= MATCH_BUCKETS[i]:
+            return i
+    raise ValueError(f"match length must be >= 1, got {n}")
+
+
+class ContextIndex:
+    """The n-grams (n = 1..``nmax``) of one request's tokens, each mapped to the position that
+    followed its latest occurrence; grown as tokens are appended (O(nmax) per token)."""
+
+    def __init__(self, tokens: Sequence[int] = (), nmax: int = LOOKUP_NMAX) -> None:
+        if nmax < 1:
+            raise ValueError(f"ContextIndex: nmax must be >= 1, got {nmax}")
+        self.nmax = nmax
+        self.tokens: List[int] = []
+        self._next: List[Dict[tuple, int]] = [dict() for _ in range(nmax + 1)]
+        self.extend(tokens)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def extend(self, new: Sequence[int]) -> None:
+        t = self.tokens
+        for x in new:
+            i = len(t)
+            # The n-grams ending just before position i are now followed by a known token.
+            for n in range(1, min(self.nmax, i) + 1):
+                self._next[n][tuple(t[i - n:i])] = i
+            t.append(int(x))
+
+    def propose(self, k: int) -> Tuple[List[int], int]:
+        """``(chain, n)``: up to ``k`` tokens that followed the latest earlier occurrence of the
+        longest suffix (``n`` tokens) of the context seen before; ``([], 0)`` without one. A
+        match whose continuation runs into the present is a loop and continues as one."""
+        t, L = self.tokens, len(self.tokens)
+        for n in range(min(self.nmax, L - 1), 0, -1):
+            s = self._next[n].get(tuple(t[L - n:]))
+            if s is None:
+                continue
+            period = L - s        # > 0: s was recorded before the last token was appended
+            return [t[s + j] if s + j < L else t[s + (j - period) % period] for j in range(k)], n
+        return [], 0
+
+
+@dataclass
+class LookupRound:
+    """What the gate chose for one round: per request (batch row) the chain to verify (empty:
+    the request verifies its root only) and its match bucket."""
+
+    chains: List[List[int]]
+    buckets: List[int]
+    predicted_ms: float          # the round's price: the cost model's, times the gate's time scale
+    expected_tokens: float
+    model_ms: Optional[float] = None   # the cost model's alone (None: predicted_ms)
+    batch_bucket: int = 1              # the batch-size bucket it was priced at
+
+
+class LookupGate:
+    """When to verify a context-lookup chain instead of the policy's plan, and how long.
+
+    Acceptance: per match bucket and chain position ``j``, counts of lookup tokens verified at
+    ``j`` (their predecessors accepted) and accepted, forgotten by ``FORGET`` in every round
+    that verified the bucket, and shrunk with ``PRIOR_WEIGHT`` pseudo-observations towards
+    ``PRIOR`` at ``j = 0`` and towards position ``j - 1``'s estimate after it (optimistic
+    enough that every bucket is tried; a bucket that loses stops after a few rounds). Cost: the
+    cost model's verify of the round's nodes times, per batch-size bucket, what lookup rounds
+    measured over what the model predicted for them (a verify costs more than a plain step of
+    the same rows: the tree's mask, compaction and commit), in the same milliseconds as the
+    policy's plans, which carry their own measured scales."""
+
+    PRIOR = 0.5
+    PRIOR_WEIGHT = 2.0
+    FORGET = 0.995
+    TIME_FORGET = 0.9
+    # A lookup round must beat the alternative by this factor (the model's prices are estimates).
+    MARGIN = 1.02
+
+    def __init__(self, kmax: int = LOOKUP_KMAX) -> None:
+        if kmax < 1:
+            raise ValueError(f"LookupGate: kmax must be >= 1, got {kmax}")
+        self.kmax = kmax
+        nb = len(MATCH_BUCKETS)
+        self._tried = [[0.0] * kmax for _ in range(nb)]
+        self._hit = [[0.0] * kmax for _ in range(nb)]
+        self._accept: Dict[int, List[float]] = {}    # accept(bucket), until the next observation
+        # per kind and batch-size bucket: forgotten (measured, predicted) milliseconds
+        self._time: Dict[str, Dict[int, List[float]]] = {"lookup": {}, "plain": {}}
+
+    # -- estimates ---------------------------------------------------------------------------
+    def accept(self, bucket: int) -> List[float]:
+        """Per chain position: the probability a lookup token there is accepted, its
+        predecessors accepted. Position 0 is shrunk towards ``PRIOR``, every later one towards
+        the estimate of the position before it: a bucket whose first tokens are accepted 90 %
+        of the time is a copy or a loop, and its untried deeper positions are priced as such
+        (so they are tried), not at ``PRIOR``."""
+        out = self._accept.get(bucket)
+        if out is None:
+            w, prior, out = self.PRIOR_WEIGHT, self.PRIOR, []
+            for t, h in zip(self._tried[bucket], self._hit[bucket]):
+                prior = (h + w * prior) / (t + w)
+                out.append(prior)
+            self._accept[bucket] = out
+        return out
+
+    def expected_accepted(self, bucket: int, k: int) -> List[float]:
+        """E[accepted tokens] of chains of length 0..k of this bucket."""
+        out, alive, total = [0.0], 1.0, 0.0
+        for p in self.accept(bucket)[:k]:
+            alive *= p
+            total += alive
+            out.append(total)
+        return out
+
+    def time_scale(self, batch_bucket: int = 1, kind: str = "lookup") -> float:
+        """At a batch-size bucket: lookup rounds' (``kind="plain"``: plain steps') measured /
+        predicted time; a lookup round before any was measured there is priced at the plain
+        steps' scale (the cost model's level error); 1 without either."""
+        for k in ((kind, "plain") if kind == "lookup" else ("plain",)):
+            m, p = self._time[k].get(batch_bucket, (0.0, 0.0))
+            if p > 0 and m > 0:
+                return m / p
+        return 1.0
+
+    # -- decision ----------------------------------------------------------------------------
+    def choose(self, proposals: Sequence[Tuple[List[int], int]], verify_ms, alternative_tokens_per_s: float,
+               room: Optional[Sequence[int]] = None, batch_bucket: int = 1,
+               weights: Optional[Sequence[float]] = None) -> Optional[LookupRound]:
+        """A lookup round for a batch whose requests proposed ``(chain, n)`` (empty chain: no
+        match; a finished request proposes nothing), or None if the policy's plan is expected to
+        be faster. ``verify_ms(mean_nodes, max_nodes)``: the cost model's verify of a batch whose
+        requests verify those many nodes (root included), ragged or padded as the engine
+        verifies; ``alternative_tokens_per_s``: the plan's predicted rate, batch tokens per
+        second (or a function returning it, asked only if a chain could pay); ``room``: per request, tokens it may still emit (0: finished, not counted);
+        ``batch_bucket``: the batch-size bucket whose time ratio prices the round; ``weights``:
+        what a token of each request is worth (default 1 each). A static batch ends with its
+        slowest request, so the engine weighs only the requests furthest behind: a copied chain
+        that only moves a request already ahead makes the batch no shorter. The alternative's
+        rate, over all running requests, is scaled to the same weights.
+
+        Every proposed token is an item worth its survival (the probability that it and the
+        tokens before it in its chain are accepted), which falls along a chain. The round
+        verifies the ``t`` most valuable items for the ``t`` that maximises expected tokens per
+        second (ties keep chain order, so each request verifies a prefix of its chain): a
+        request whose match predicts little verifies its root only, however long another
+        request's chain is."""
+        running = [b for b in range(len(proposals)) if room is None or room[b] > 0]
+        B = len(running)
+        w = {b: 1.0 if weights is None else float(weights[b]) for b in running}
+        items = []                                  # (worth: weight x survival, request, position)
+        for b in running:
+            chain, n = proposals[b]
+            limit = min(len(chain), self.kmax, (room[b] - 1) if room is not None else self.kmax)
+            if limit <= 0 or n <= 0 or w[b] <= 0:
+                continue
+            alive = 1.0
+            for j, p in enumerate(self.accept(match_bucket(n))[:limit]):
+                alive *= p
+                items.append((w[b] * alive, b, j))
+        if not items:
+            return None
+        items.sort(key=lambda it: -it[0])          # stable: equal worths keep chain order
+        ratio = self.time_scale(batch_bucket)
+        ks = dict.fromkeys(running, 0)
+        tokens, longest = sum(w.values()), 0
+        weight = tokens
+        prev = verify_ms(1.0, 1)
+        best = (1e3 * tokens / (prev * ratio), dict(ks), None, tokens)    # roots only
+        for t, (value, b, _) in enumerate(items, 1):
+            ks[b] += 1
+            longest = max(longest, ks[b])
+            tokens += value
+            model = verify_ms(1.0 + t / B, 1 + longest)
+            rate = 1e3 * tokens / (model * ratio)
+            if rate > best[0]:
+                best = (rate, dict(ks), model, tokens)
+            elif t > 1 and 1e3 * value / (max(model - prev, 1e-9) * ratio) < best[0]:
+                break        # worths fall and rows do not get cheaper: no later item pays either
+            prev = model
+        rate, ks, model, tokens = best
+        if model is None:
+            return None            # not even a chain of one token pays for its row
+        if callable(alternative_tokens_per_s):
+            alternative_tokens_per_s = alternative_tokens_per_s()
+        if rate < self.MARGIN * alternative_tokens_per_s * weight / B:
+            return None
+        chains = [proposals[b][0][:ks.get(b, 0)] for b in range(len(proposals))]
+        buckets = [match_bucket(proposals[b][1]) if ks.get(b, 0) > 0 else -1 for b in range(len(proposals))]
+        return LookupRound(chains, buckets, model * ratio, tokens, model, batch_bucket)
+
+    # -- learning ----------------------------------------------------------------------------
+    def observe(self, chosen: LookupRound, accept_lens: Sequence[int], seconds: Optional[float]) -> None:
+        """What the target accepted of each request's chain, and the round's wall time."""
+        f = self.FORGET
+        for row in {bk for bk, c in zip(chosen.buckets, chosen.chains) if bk >= 0 and c}:
+            # (per bucket: a match length this workload rarely meets keeps what it showed)
+            self._tried[row] = [x * f for x in self._tried[row]]
+            self._hit[row] = [x * f for x in self._hit[row]]
+        self._accept = {}
+        for chain, bucket, a in zip(chosen.chains, chosen.buckets, accept_lens):
+            if bucket < 0 or not chain:
+                continue
+            for j in range(min(int(a) + 1, len(chain))):
+                self._tried[bucket][j] += 1.0
+                self._hit[bucket][j] += 1.0 if j < a else 0.0
+        model = chosen.predicted_ms if chosen.model_ms is None else chosen.model_ms
+        if seconds is not None and model > 0 and math.isfinite(seconds):
+            self._add_time("lookup", chosen.batch_bucket, 1e3 * seconds, model)
+
+    def observe_plain(self, seconds: Optional[float], predicted_ms: float, batch_bucket: int = 1) -> None:
+        """A plain step's wall time against the cost model's prediction for it."""
+        if seconds is not None and predicted_ms > 0 and math.isfinite(seconds):
+            self._add_time("plain", batch_bucket, 1e3 * seconds, predicted_ms)
+
+    # -- between processes -------------------------------------------------------------------
+    def state(self) -> dict:
+        return {"kmax": self.kmax, "buckets": list(MATCH_BUCKETS), "tried": self._tried, "hit": self._hit,
+                "time": self._time}
+
+    def load_state(self, state: dict) -> bool:
+        """Take up a saved :meth:`state` (what an earlier process learned on this device); a state
+        of another shape is ignored. Returns whether it was taken."""
+        try:
+            tried = [[float(x) for x in row] for row in state["tried"]]
+            hit = [[float(x) for x in row] for row in state["hit"]]
+            time_ = {k: {int(b): [float(x) for x in v] for b, v in state["time"][k].items()}
+                     for k in ("lookup", "plain")}
+            ok = (int(state["kmax"]) == self.kmax and list(state["buckets"]) == list(MATCH_BUCKETS)
+                  and all(len(r) == self.kmax for r in tried + hit) and len(tried) == len(hit) == len(MATCH_BUCKETS)
+                  and all(len(v) == 2 and min(v) >= 0 for per in time_.values() for v in per.values())
+                  and all(0 <= h <= t + 1e-9 for rt, rh in zip(tried, hit) for t, h in zip(rt, rh)))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return False
+        if ok:
+            self._tried, self._hit, self._time, self._accept = tried, hit, time_, {}
+        return ok
+
+    def _add_time(self, kind: str, batch_bucket: int, measured_ms: float, predicted_ms: float) -> None:
+        m, p = self._time[kind].get(batch_bucket, (0.0, 0.0))
+        f = self.TIME_FORGET
+        self._time[kind][batch_bucket] = [m * f + measured_ms, p * f + predicted_ms]

@@ -1,0 +1,287 @@
+"""Context lookup (heterospec.lookup): the n-gram index against a brute-force reference, the
+gate's choice against the known optimum of synthetic acceptance and cost, and lookup rounds in
+the engine - greedy output identical to autoregressive's at batch 1 and in batches whose requests
+verify chains of different lengths, mixed with drafted trees and plain steps; sampling keeps the
+target's law."""
+
+import random
+
+import pytest
+import torch
+
+from heterospec import Engine, SpecConfig
+from heterospec.config import SamplingParams
+from heterospec.lookup import MATCH_BUCKETS, ContextIndex, LookupGate, LookupRound, match_bucket
+from heterospec.policy import FittedPolicy, Plan
+from tests.engine_util import OracleDraft, tiny_hf_llama
+from tests.test_policy import DEPTHS, NODES, LinearCost, _tables
+
+
+def reference_propose(tokens, k, nmax):
+    """The longest suffix (n <= nmax) with an earlier occurrence whose continuation is known;
+    its latest such occurrence; the tokens after it, continued as a loop where they run out."""
+    L = len(tokens)
+    for n in range(min(nmax, L - 1), 0, -1):
+        starts = [i for i in range(0, L - n) if tokens[i:i + n] == tokens[L - n:]]
+        if starts:
+            s = max(starts) + n
+            period = L - s
+            return [tokens[s + j] if s + j < L else tokens[s + (j - period) % period] for j in range(k)], n
+    return [], 0
+
+
+@pytest.mark.parametrize("vocab", [2, 3, 7])
+def test_context_index_proposes_what_the_reference_finds(vocab):
+    rng = random.Random(vocab)
+    for trial in range(60):
+        tokens = [rng.randrange(vocab) for _ in range(rng.randrange(0, 40))]
+        nmax = rng.choice([1, 3, 8])
+        index = ContextIndex(tokens[:len(tokens) // 2], nmax=nmax)
+        index.extend(tokens[len(tokens) // 2:])            # grown in two parts, as the engine does
+        for k in (1, 4, 9):
+            assert index.propose(k) == reference_propose(tokens, k, nmax), (tokens, nmax, k)
+
+
+def test_context_index_continues_a_loop_and_rejects_bad_settings():
+    assert ContextIndex([4, 7, 7, 7]).propose(5) == ([7, 7, 7, 7, 7], 2)
+    assert ContextIndex([1, 2, 3, 1, 2]).propose(5) == ([3, 1, 2, 3, 1], 2)
+    assert ContextIndex([1, 2, 3]).propose(3) == ([], 0)
+    with pytest.raises(ValueError, match="nmax"):
+        ContextIndex([1], nmax=0)
+    with pytest.raises(ValueError, match="kmax"):
+        LookupGate(kmax=0)
+    assert [match_bucket(n) for n in (1, 2, 3, 4, 7, 8, 30)] == [0, 1, 2, 3, 3, 4, 4]
+
+
+def _taught(gate, bucket, p, rounds=4000, seed=0):
+    """Feed ``gate`` lookup rounds of ``bucket`` whose every token is accepted with probability ``p``."""
+    rng = random.Random(seed)
+    for _ in range(rounds):
+        chain = [1] * gate.kmax
+        a = 0
+        while a < len(chain) and rng.random() < p:
+            a += 1
+        gate.observe(LookupRound([chain], [bucket], 1.0, 1.0), [a], None)
+    return gate
+
+
+def test_gate_learns_per_position_acceptance():
+    gate = _taught(LookupGate(kmax=4), match_bucket(8), 0.8)
+    assert gate.accept(match_bucket(8)) == pytest.approx([0.8] * 4, abs=0.05)
+    assert gate.accept(match_bucket(1)) == pytest.approx([LookupGate.PRIOR] * 4)
+
+
+def _brute_force(gate, proposals, verify_ms, room):
+    """The best rate over every combination of per-request chain prefixes."""
+    import itertools
+    running = [b for b, r in enumerate(room) if r > 0]
+    limits = [min(len(proposals[b][0]), gate.kmax, room[b] - 1) if proposals[b][1] else 0 for b in running]
+    best = None
+    for ks in itertools.product(*[range(lim + 1) for lim in limits]):
+        tokens = sum(1 + (gate.expected_accepted(match_bucket(proposals[b][1]), k)[k] if k else 0)
+                     for b, k in zip(running, ks))
+        ms = verify_ms(1 + sum(ks) / len(running), 1 + max(ks))
+        if best is None or 1e3 * tokens / ms > best[0] + 1e-9:
+            best = (1e3 * tokens / ms, dict(zip(running, ks)))
+    return best
+
+
+@pytest.mark.parametrize("slope", [0.05, 0.3, 1.5, 4.0])
+def test_gate_picks_the_known_optimum_and_declines_when_plain_is_faster(slope):
+    gate = _taught(_taught(LookupGate(kmax=6), match_bucket(8), 0.9), match_bucket(2), 0.4, seed=1)
+    proposals = [([5] * 6, 9), ([3] * 6, 2), ([], 0), ([1] * 6, 8), ([2] * 5, 1)]
+    room = [100, 100, 100, 3, 100]
+    B = len(room)
+
+    def verify_ms(mean, most):          # ragged: 10 ms for the roots, slope per extra row of the batch
+        return 10.0 + slope * B * (mean - 1)
+
+    rate, ks = _brute_force(gate, proposals, verify_ms, room)
+    plain_rate = 1e3 * B / 10.0
+    chosen = gate.choose(proposals, verify_ms, 0.0, room)
+    if not any(ks.values()):             # roots only is best: no lookup round, whatever plain steps cost
+        assert chosen is None and slope >= 1.5
+        return
+    assert 1e3 * chosen.expected_tokens / chosen.predicted_ms == pytest.approx(rate)
+    assert [len(c) for c in chosen.chains] == [ks.get(b, 0) for b in range(B)]
+    assert chosen.buckets == [match_bucket(n) if ks.get(b) else -1 for b, (_, n) in enumerate(proposals)]
+    assert len(chosen.chains[3]) <= 2                         # room 3: two tokens and the bonus
+    if slope >= 1.5:     # a weak match (bucket of n = 1, untaught: the prior) is not worth a row there
+        assert chosen.chains[4] == [] or len(chosen.chains[4]) < len(chosen.chains[0])
+    # against plain steps: chosen exactly when it beats them by the gate's margin
+    chosen = gate.choose(proposals, verify_ms, plain_rate, room)
+    assert (chosen is not None) == (rate >= LookupGate.MARGIN * plain_rate)
+    # finished requests (room 0) are neither counted nor given a chain
+    only = gate.choose([([5] * 6, 9), ([5] * 6, 9)], verify_ms, 0.0, [0, 100])
+    assert only.chains[0] == [] and only.buckets[0] == -1 and only.chains[1]
+    assert gate.choose([([], 0), ([], 0)], verify_ms, 0.0) is None
+
+
+def test_gate_prices_lookup_rounds_by_what_they_measured():
+    gate = LookupGate()
+    assert gate.time_scale() == 1.0
+    gate.observe_plain(0.012, 10.0)                     # before any lookup round: plain steps' scale
+    assert gate.time_scale() == pytest.approx(1.2)
+    for _ in range(50):
+        gate.observe_plain(0.010, 10.0)
+        gate.observe(LookupRound([[1]], [0], 12.0, 2.0), [1], 0.018)   # lookup: 1.5x its prediction
+        gate.observe(LookupRound([[1]], [0], 12.0, 2.0, batch_bucket=8), [1], 0.024)
+    assert gate.time_scale() == pytest.approx(1.5, rel=0.01)
+    assert gate.time_scale(8) == pytest.approx(2.0, rel=0.01) and gate.time_scale(4) == 1.0
+    # the price of the next round includes it
+    chosen = gate.choose([([1, 2], 8)], lambda mean, most: 10.0 + 0.1 * (mean - 1), 0.0, batch_bucket=8)
+    assert chosen.predicted_ms == pytest.approx(2.0 * chosen.model_ms, rel=0.01)
+
+
+# ---------------------------------------------------------------------------------------------
+# In the engine
+# ---------------------------------------------------------------------------------------------
+class ForcedGate(LookupGate):
+    """A gate that verifies every proposal (up to ``k`` tokens) in rounds where ``when(n)`` is
+    true (n counts the calls), and leaves the others to the policy."""
+
+    def __init__(self, k, when=lambda n: True):
+        super().__init__(kmax=k)
+        self.when, self.n, self.rounds = when, 0, 0
+
+    def choose(self, proposals, verify_ms, alternative_tokens_per_s, room=None, batch_bucket=1, weights=None):
+        self.n += 1
+        if not self.when(self.n):
+            return None
+        chains = [c[:max(min(self.kmax, (room[b] if room else 99) - 1), 0)] for b, (c, _) in enumerate(proposals)]
+        if not any(chains):
+            return None
+        self.rounds += 1
+        return LookupRound(chains, [match_bucket(n) if c else -1 for c, (_, n) in zip(chains, proposals)], 1.0, 1.0)
+
+
+class ScriptedFitted(FittedPolicy):
+    """A fitted policy (so the engine consults the lookup gate) whose rounds follow a script:
+    round n (from 1) is ``rounds(n)``."""
+
+    def __init__(self, config, rounds):
+        super().__init__(_tables(), LinearCost(), config)
+        self.rounds, self.n = rounds, 0
+
+    def plan(self, batch_size, context=None):
+        return self.rounds(max(self.n, 1))
+
+    def needs_draft(self, batch_size):
+        return True
+
+    def round_plan(self, batch_size, context=None):
+        self.n += 1
+        return self.rounds(self.n)
+
+    def observe(self, *args, **kwargs):
+        pass
+
+    def save_state(self):
+        pass
+
+
+CFG = SpecConfig(top_k=4, depth=1, total_tokens=4)
+SPEC = Plan("spec", decide_depth=1, entropy_k=4, edges=[], depth=[2], budget=[4])
+PLAIN = Plan("plain", speculate=False, decide_depth=0, entropy_k=4, edges=[], depth=[0], budget=[0], binned=False)
+
+
+def _repetitive_prompts(vocab, n, seed):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        motif = torch.randint(0, vocab, (3 + i % 3,), generator=g).tolist()
+        out.append((motif * 4)[: 7 + 2 * i])          # different lengths, plenty to copy
+    return out
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_lookup_rounds_mixed_with_trees_and_plain_steps_are_greedy_lossless(batch):
+    hf = tiny_hf_llama(seed=11, vocab=16)   # its greedy text falls into loops: lookup chains are accepted
+    draft = OracleDraft(hf, noise=0.8, seed=5)
+    engine = Engine(hf, draft, config=CFG)
+    engine.target.config.eos_token_ids = ()     # 40 tokens each: time to fall into a loop
+    prompts = _repetitive_prompts(hf.config.vocab_size, batch, seed=batch)
+    draft.set_prompts(prompts)
+    ar = engine.generate_batch(prompts, max_new_tokens=40, method="autoregressive", chat=False)
+    # rounds: lookup, tree, plain, lookup, lookup, tree ... (the gate's turn comes first)
+    engine.lookup_gate = ForcedGate(5, when=lambda n: n % 3 != 2)
+    script = ScriptedFitted(CFG, lambda n: SPEC if n % 2 else PLAIN)
+    draft.set_prompts(prompts)
+    hs = engine.generate_batch(prompts, max_new_tokens=40, method="heterospec", policy=script, config=CFG,
+                               chat=False)
+    assert [r.token_ids for r in hs] == [r.token_ids for r in ar]
+    recs = [r for x in hs for r in x.stats.records]
+    assert any(r.lookup and r.accept_len > 0 for r in recs)
+    assert any(r.lookup and r.verified > 1 and r.accept_len < r.verified - 1 for r in recs)   # rejections too
+    assert any(not r.lookup and not r.plain and r.accept_len > 0 for r in recs)               # drafted trees
+    assert any(r.plain for r in recs)
+    # the same calls without lookup, and with the engine's own gate: the same tokens
+    for lookup in (False, None):
+        engine.lookup_gate = LookupGate()
+        draft.set_prompts(prompts)
+        out = engine.generate_batch(prompts, max_new_tokens=40, method="heterospec", config=CFG, chat=False,
+                                    policy=ScriptedFitted(CFG, lambda n: SPEC if n % 2 else PLAIN), lookup=lookup)
+        assert [r.token_ids for r in out] == [r.token_ids for r in ar]
+        assert lookup is not False or not any(r.lookup for x in out for r in x.stats.records)
+
+
+def test_lookup_is_only_for_the_fitted_policy_and_can_be_turned_off():
+    hf = tiny_hf_llama(seed=54)
+    draft = OracleDraft(hf, noise=0.8, seed=5)
+    prompts = _repetitive_prompts(hf.config.vocab_size, 2, seed=3)
+    engine = Engine(hf, draft, config=CFG, lookup=False)
+    assert engine.lookup_gate is None
+    engine.lookup_gate = ForcedGate(4)
+    for method in ("eagle3", "heterospec"):            # eagle3; heterospec without tables: the paper's policy
+        draft.set_prompts(prompts)
+        with pytest.warns(UserWarning) if method == "heterospec" else _nothing():
+            res = engine.generate_batch(prompts, max_new_tokens=12, method=method, chat=False)
+        assert not any(r.lookup for x in res for r in x.stats.records)
+    with pytest.raises(ValueError, match="lookup"):
+        Engine(hf, draft, config=CFG, lookup="yes")
+    with pytest.raises(ValueError, match="lookup"):
+        engine.generate(prompts[0], max_new_tokens=4, chat=False, lookup=1)
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_lookup_rounds_keep_the_sampling_law():
+    from tests.test_sampling_lossless import PROMPT, REQUESTS, _engine, assert_samples_follow_law, exact_law
+
+    engine, hf = _engine("eagle3")
+    engine.lookup_gate = ForcedGate(2, when=lambda n: n % 2 == 1)
+    params = SamplingParams(temperature=0.8, top_k=6)
+    res = engine.generate_batch([PROMPT] * REQUESTS, max_new_tokens=3, method="heterospec", chat=False,
+                                temperature=params.temperature, top_k=params.top_k, seed=77, config=CFG,
+                                policy=ScriptedFitted(CFG, lambda n: SPEC))
+    recs = [r for x in res for r in x.stats.records]
+    assert sum(r.lookup for r in recs) > REQUESTS // 4
+    assert any(r.lookup and r.accept_len > 0 for r in recs) and any(r.lookup and r.accept_len == 0 for r in recs)
+    assert_samples_follow_law(res, exact_law(hf, params))
+
+
+def test_gate_state_round_trips_and_a_foreign_state_is_ignored(tmp_path):
+    from heterospec.engine import _load_json_state, _lookup_state_path, _save_json_state
+
+    gate = _taught(LookupGate(kmax=4), match_bucket(8), 0.7)
+    gate.observe_plain(0.01, 9.0)
+    policy = FittedPolicy(_tables(), LinearCost(), CFG, state_path=str(tmp_path / "m.online-abc.json"))
+    path = _lookup_state_path(policy)
+    assert path == str(tmp_path / "m.online-abc.lookup.json")
+    _save_json_state(gate, path)
+    again = LookupGate(kmax=4)
+    _load_json_state(again, path)
+    assert again.accept(match_bucket(8)) == gate.accept(match_bucket(8)) and again._time == gate._time
+    for bad in ({}, dict(gate.state(), kmax=5), dict(gate.state(), hit=[[9.0] * 4] * len(MATCH_BUCKETS)),
+                dict(gate.state(), buckets=[1, 2]), dict(gate.state(), time={"lookup": [1, 2], "plain": [1, 2]})):
+        fresh = LookupGate(kmax=4)
+        assert fresh.load_state(bad) is False and fresh.accept(0) == [LookupGate.PRIOR] * 4
+    (tmp_path / "junk.json").write_text("{not json")
+    _load_json_state(LookupGate(), str(tmp_path / "junk.json"))          # ignored, no error
+    assert _lookup_state_path(ScriptedFitted(CFG, lambda n: PLAIN)) is None
