@@ -469,7 +469,8 @@ def batch_sweep(engine, prompts: Sequence[str], batch_sizes: Sequence[int] = (1,
                 calls.append({"repeat": rep, "batch_size": B, "method": m, "tokens": toks, "wall_s": wall,
                               "tokens_per_s": toks / wall,
                               "tau": sum(r.accept_len + 1 for r in recs) / len(recs) if recs else 1.0,
-                              "plain_rounds": sum(r.plain for r in recs), "rounds": len(recs)})
+                              "plain_rounds": sum(r.plain for r in recs), "lookup_rounds": sum(r.lookup for r in recs),
+                              "rounds": len(recs)})
                 outs[m] = [r.token_ids for r in res]
                 bar.update(1)
             if "autoregressive" in outs:
@@ -486,7 +487,9 @@ def batch_sweep(engine, prompts: Sequence[str], batch_sizes: Sequence[int] = (1,
                          "tokens": mine[0]["tokens"], "wall_s": statistics.median(c["wall_s"] for c in mine),
                          "tokens_per_s": statistics.median(c["tokens_per_s"] for c in mine),
                          "tau": statistics.mean(c["tau"] for c in mine),
-                         "plain_rounds": sum(c["plain_rounds"] for c in mine), "rounds": sum(c["rounds"] for c in mine),
+                         "plain_rounds": sum(c["plain_rounds"] for c in mine),
+                         "lookup_rounds": sum(c.get("lookup_rounds", 0) for c in mine),
+                         "rounds": sum(c["rounds"] for c in mine),
                          "vs_autoregressive": statistics.median(ratios) if ratios else None})
     by = {(r["method"], r["batch_size"]): r for r in rows}
     plans = {}
