@@ -215,15 +215,17 @@ def cmd_generate(args) -> int:
                 state["text"] = text
         res = engine.generate(args.prompt, max_new_tokens=args.max_new_tokens, method=method,
                               temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
-                              chat=not args.no_chat, stream=stream)
+                              chat=not args.no_chat, stream=stream, lookup=False if args.no_lookup else None)
         if stream is not None:
             print()
         else:
             print(res.text if res.text is not None else res.token_ids)
         s = res.stats
+        lookups = sum(r.lookup for r in s.records)
         print(f"[{method}] {s.new_tokens} tokens in {s.total_s:.2f} s ({s.tokens_per_s:.1f} tok/s), "
               f"tau {s.tau:.2f}, target calls {s.target_calls}, verified tokens {s.verified_tokens}, "
-              f"finish: {res.finish_reason}", file=sys.stderr, flush=True)
+              + (f"context-lookup calls {lookups}, " if lookups else "")
+              + f"finish: {res.finish_reason}", file=sys.stderr, flush=True)
     return 0
 
 
@@ -407,6 +409,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=_seed, default=None,
                    help="sampling seed in [0, 2**63-1] (only with --temperature > 0; default: unseeded)")
     g.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
+    g.add_argument("--no-lookup", action="store_true",
+                   help="heterospec: no context-lookup rounds (chains copied from the context; heterospec/lookup.py)")
     g.add_argument("--stream", action="store_true", help="print tokens as they are accepted")
     _add_model_args(g)
     g.set_defaults(func=cmd_generate)

@@ -50,6 +50,8 @@ def test_generate_stream_and_sampling(pair_dirs, capsys):
     rc = main(["generate", "Count to three.", "--target", t, "--draft", d, "--stream", "--temperature", "0.8",
                "--seed", "1", "--max-new-tokens", "5"])
     assert rc == 0 and "[heterospec] 5 tokens" in capsys.readouterr().err
+    rc = main(["generate", "Count to three.", "--target", t, "--draft", d, "--max-new-tokens", "5", "--no-lookup"])
+    assert rc == 0 and "context-lookup" not in capsys.readouterr().err
 
 
 def test_calibrate_writes_bins(pair_dirs, tmp_path, capsys):
@@ -511,7 +513,7 @@ def test_batch_sweep_repeats_report_paired_medians(monkeypatch):
         rep = sum(1 for m in seen if m == method)
         seen.append(method)
         clock[0] += secs[(method, rep)] * len(prompts)
-        rec = types.SimpleNamespace(accept_len=1 if method == "eagle3" else 0, plain=False)
+        rec = types.SimpleNamespace(accept_len=1 if method == "eagle3" else 0, plain=False, lookup=False)
         return [types.SimpleNamespace(token_ids=[1] * 10, stats=types.SimpleNamespace(records=[rec]))
                 for _ in prompts]
 
