@@ -435,6 +435,7 @@ class Engine:
         # length varies round by round; CUDA graphs are captured per shape).
         self.lookup_gate: Optional[LookupGate] = LookupGate() if lookup else None
         self._lookup_state_read: Optional[str] = None     # the gate's saved state taken up (path)
+        self._call_gate: Optional[LookupGate] = None       # generate(lookup=True) on such an engine
         # batch size -> SplitTreeAttention (graph_attention "split", or a factory set by tests)
         self.split_attention_factory, self._split = None, {}
         self._graph_sdpa = None
@@ -628,11 +629,11 @@ class Engine:
         speculative = pol is not None and pol.needs_draft(B)
         tree_cap = pol.max_tree_nodes(B) + 1 if speculative else 1
         # Context lookup: the fitted policy's rounds may verify chains copied from the context.
-        gate = self.lookup_gate if isinstance(pol, FittedPolicy) and not self.static_rounds else None
-        if lookup is not None:
-            if lookup and self.lookup_gate is None:
-                self.lookup_gate = LookupGate()
-            gate = gate if lookup else None
+        gate = None
+        if isinstance(pol, FittedPolicy) and not self.static_rounds and lookup is not False:
+            gate = self.lookup_gate
+            if gate is None and lookup:      # asked for by this call on an engine built without it
+                gate = self._call_gate = self._call_gate or LookupGate()
         gate_path = _lookup_state_path(pol) if gate is not None else None
         if gate_path is not None and self._lookup_state_read != gate_path:
             self._lookup_state_read = gate_path       # what an earlier process learned here, once

@@ -237,6 +237,12 @@ def test_lookup_is_only_for_the_fitted_policy_and_can_be_turned_off():
         with pytest.warns(UserWarning) if method == "heterospec" else _nothing():
             res = engine.generate_batch(prompts, max_new_tokens=12, method=method, chat=False)
         assert not any(r.lookup for x in res for r in x.stats.records)
+    # an engine built without lookup: a call may still ask for it (the engine's setting stays off)
+    engine.lookup_gate = None
+    draft.set_prompts(prompts)
+    res = engine.generate_batch(prompts, max_new_tokens=12, method="heterospec", config=CFG, chat=False,
+                                policy=ScriptedFitted(CFG, lambda n: PLAIN), lookup=True)
+    assert engine.lookup_gate is None and engine._call_gate is not None and len(res) == 2
     with pytest.raises(ValueError, match="lookup"):
         Engine(hf, draft, config=CFG, lookup="yes")
     with pytest.raises(ValueError, match="lookup"):
