@@ -637,7 +637,7 @@ class Engine:
         gate_path = _lookup_state_path(pol) if gate is not None else None
         if gate_path is not None and self._lookup_state_read != gate_path:
             self._lookup_state_read = gate_path       # what an earlier process learned here, once
-            _load_json_state(gate, gate_path)
+            gate.load(gate_path)
         if gate is not None:
             tree_cap = max(tree_cap, gate.kmax + 1)
         for i, p in enumerate(ids):
@@ -704,7 +704,7 @@ class Engine:
                         tp = time.perf_counter()
                         pol.observe(plan, [], [], seconds, progress=_progress(st, behind, least))
                         if gate is not None:
-                            gate.observe_plain(seconds, pol.costs.plain_ms(len(active), _context_bucket(context)),
+                            gate.observe_plain(seconds, pol.costs.plain_ms(len(active), FittedPolicy.context_bucket(context)),
                                                FittedPolicy.bucket(len(active)))
                         policy_s += time.perf_counter() - tp
                 else:
@@ -730,7 +730,7 @@ class Engine:
         if isinstance(pol, FittedPolicy):
             pol.save_state()            # what it learned about this workload, for the next process
         if gate_path is not None:
-            _save_json_state(gate, gate_path)
+            gate.save(gate_path)
         results = []
         for out, s, reason in zip(st.all_outputs, st.all_stats, st.all_finished):
             s.total_s, s.policy_s = total, policy_s
@@ -1087,7 +1087,7 @@ class Engine:
             proposals[b], weights[b] = idx.propose(gate.kmax), 1.0
         if not any(c for c, _ in proposals):
             return None
-        B, c = len(active), _context_bucket(context)
+        B, c = len(active), FittedPolicy.context_bucket(context)
         costs, bucket = pol.costs, FittedPolicy.bucket(B)
 
         def alternative() -> float:
@@ -1566,28 +1566,6 @@ def _lookup_state_path(pol) -> Optional[str]:
     (``*.online-<key>.lookup.json``: cleared with it when the cost model is measured again)."""
     path = getattr(pol, "state_path", None)
     return None if path is None else path.removesuffix(".json") + ".lookup.json"
-
-
-def _load_json_state(obj, path: str) -> None:
-    """``obj.load_state`` from ``path`` if it exists and reads; a bad file is ignored."""
-    try:
-        with open(path) as f:
-            obj.load_state(json.load(f))
-    except (OSError, ValueError):
-        pass
-
-
-def _save_json_state(obj, path: str) -> None:
-    from ._io import write_json_atomic
-    try:
-        write_json_atomic(path, obj.state())
-    except OSError:
-        pass
-
-
-def _context_bucket(context: int) -> int:
-    """The context length the cost model is asked about: powers of two from 256 (as the policy's plans)."""
-    return 1 << max(8, int(max(context, 1) - 1).bit_length())
 
 
 # Tokens the longest-running request must still have to come before finished requests are

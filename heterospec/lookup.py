@@ -22,6 +22,7 @@ gate per engine.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -167,8 +168,8 @@ class LookupGate:
         be faster. ``verify_ms(mean_nodes, max_nodes)``: the cost model's verify of a batch whose
         requests verify those many nodes (root included), ragged or padded as the engine
         verifies; ``alternative_tokens_per_s``: the plan's predicted rate, batch tokens per
-        second (or a function returning it, asked only if a chain could pay); ``room``: per request, tokens it may still emit (0: finished, not counted);
-        ``batch_bucket``: the batch-size bucket whose time ratio prices the round; ``weights``:
+        second (or a function returning it, asked only if a chain could pay); ``room``: per
+        request, tokens it may still emit (0: finished, not counted); ``batch_bucket``: the batch-size bucket whose time ratio prices the round; ``weights``:
         what a token of each request is worth (default 1 each). A static batch ends with its
         slowest request, so the engine weighs only the requests furthest behind: a copied chain
         that only moves a request already ahead makes the batch no shorter. The alternative's
@@ -199,7 +200,7 @@ class LookupGate:
         ratio = self.time_scale(batch_bucket)
         ks = dict.fromkeys(running, 0)
         tokens, longest = sum(w.values()), 0
-        weight = tokens
+        total_weight = tokens
         prev = verify_ms(1.0, 1)
         best = (1e3 * tokens / (prev * ratio), dict(ks), None, tokens)    # roots only
         for t, (value, b, _) in enumerate(items, 1):
@@ -218,7 +219,7 @@ class LookupGate:
             return None            # not even a chain of one token pays for its row
         if callable(alternative_tokens_per_s):
             alternative_tokens_per_s = alternative_tokens_per_s()
-        if rate < self.MARGIN * alternative_tokens_per_s * weight / B:
+        if rate < self.MARGIN * alternative_tokens_per_s * total_weight / B:
             return None
         chains = [proposals[b][0][:ks.get(b, 0)] for b in range(len(proposals))]
         buckets = [match_bucket(proposals[b][1]) if ks.get(b, 0) > 0 else -1 for b in range(len(proposals))]
@@ -270,6 +271,22 @@ class LookupGate:
         if ok:
             self._tried, self._hit, self._time, self._accept = tried, hit, time_, {}
         return ok
+
+    def load(self, path: str) -> bool:
+        """:meth:`load_state` from the JSON file at ``path``; a missing or unreadable file is ignored."""
+        try:
+            with open(path) as f:
+                return self.load_state(json.load(f))
+        except (OSError, ValueError):
+            return False
+
+    def save(self, path: str) -> None:
+        """Write :meth:`state` to ``path``; a failed write is not an error (the next process learns again)."""
+        from ._io import write_json_atomic
+        try:
+            write_json_atomic(path, self.state())
+        except OSError:
+            pass
 
     def _add_time(self, kind: str, batch_bucket: int, measured_ms: float, predicted_ms: float) -> None:
         m, p = self._time[kind].get(batch_bucket, (0.0, 0.0))

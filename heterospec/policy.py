@@ -754,6 +754,11 @@ class FittedPolicy(Policy):
             b = nxt
         return b  # pragma: no cover - _buckets is unbounded
 
+    @staticmethod
+    def context_bucket(context: int) -> int:
+        """The context length plans are fitted for: powers of two from 256."""
+        return 1 << max(8, int(max(context, 1) - 1).bit_length())
+
     def plan(self, batch_size: int, context: Optional[int] = None) -> Plan:
         plan = self.fitted_plan(batch_size, context)
         if plan.speculate and self.realized_loses(self.bucket(batch_size)):
@@ -779,7 +784,7 @@ class FittedPolicy(Policy):
         """The plan the model fits (with the online corrections), before the guard. A bucket
         keeps its last plan while the fit budget (``FIT_SHARE``, ``REFIT_GAP``) says wait."""
         b = self.bucket(batch_size)
-        c = self.context if context is None else 1 << max(8, int(max(context, 1) - 1).bit_length())
+        c = self.context if context is None else self.context_bucket(context)
         s, t, q, f = self.position_scale(), self.time_scale(b), self.plain_scale(b), self.bin_frequencies()
         g = self.bin_scale()
         key = (b, c, s, t, q, tuple(sorted(f.items())), tuple(sorted(g.items())))

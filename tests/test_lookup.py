@@ -273,21 +273,21 @@ def test_lookup_rounds_keep_the_sampling_law():
 
 
 def test_gate_state_round_trips_and_a_foreign_state_is_ignored(tmp_path):
-    from heterospec.engine import _load_json_state, _lookup_state_path, _save_json_state
+    from heterospec.engine import _lookup_state_path
 
     gate = _taught(LookupGate(kmax=4), match_bucket(8), 0.7)
     gate.observe_plain(0.01, 9.0)
     policy = FittedPolicy(_tables(), LinearCost(), CFG, state_path=str(tmp_path / "m.online-abc.json"))
     path = _lookup_state_path(policy)
     assert path == str(tmp_path / "m.online-abc.lookup.json")
-    _save_json_state(gate, path)
+    gate.save(path)
     again = LookupGate(kmax=4)
-    _load_json_state(again, path)
+    again.load(path)
     assert again.accept(match_bucket(8)) == gate.accept(match_bucket(8)) and again._time == gate._time
     for bad in ({}, dict(gate.state(), kmax=5), dict(gate.state(), hit=[[9.0] * 4] * len(MATCH_BUCKETS)),
                 dict(gate.state(), buckets=[1, 2]), dict(gate.state(), time={"lookup": [1, 2], "plain": [1, 2]})):
         fresh = LookupGate(kmax=4)
         assert fresh.load_state(bad) is False and fresh.accept(0) == [LookupGate.PRIOR] * 4
     (tmp_path / "junk.json").write_text("{not json")
-    _load_json_state(LookupGate(), str(tmp_path / "junk.json"))          # ignored, no error
+    LookupGate().load(str(tmp_path / "junk.json"))          # ignored, no error
     assert _lookup_state_path(ScriptedFitted(CFG, lambda n: PLAIN)) is None
