@@ -185,7 +185,9 @@ def _ours(texts, args) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--n", type=int, default=8, help="MT-bench questions (first turns)")
+    p.add_argument("--n", type=int, default=8, help="prompts of the set (MT-bench: first turns)")
+    p.add_argument("--set", default="mtbench", choices=["mtbench", "humaneval", "gsm", "alpaca", "cnndm"],
+                   help="prompt set (heterospec.datasets)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     p.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3, 4, 5], help="fixed K of vLLM eagle3")
@@ -216,12 +218,14 @@ def main() -> int:
                    help="with --interleave: also run each plugin engine of this checkout with lean_steps off "
                         "(vLLM's own step path: the rejection sampler on steps without drafts, drafts fetched "
                         "from the worker in a second round trip)")
+    p.add_argument("--lookup-ab", action="store_true",
+                   help="with --interleave: also run this checkout's plugin with context lookup off")
     p.add_argument("--baseline", nargs="+", default=[], metavar="DIR",
                    help="with --interleave: also run the HeteroSpec plugin of each heterospec checkout DIR")
     args = p.parse_args()
-    if (args.baseline or args.path_stop_ab or args.never_drafts or args.lean_steps_ab or args.repeats != 1) \
-            and not args.interleave:
-        p.error("--baseline, --path-stop-ab, --never-drafts, --lean-steps-ab and --repeats need --interleave")
+    if (args.baseline or args.path_stop_ab or args.never_drafts or args.lean_steps_ab or args.lookup_ab
+            or args.repeats != 1) and not args.interleave:
+        p.error("--baseline, --path-stop-ab, --never-drafts, --lean-steps-ab, --lookup-ab and --repeats need --interleave")
     if args.temperature < 0:
         p.error("--temperature must be >= 0")
     if args.seed is not None and args.temperature == 0:
@@ -234,7 +238,7 @@ def main() -> int:
     from heterospec.datasets import load_prompts
 
     os.makedirs(args.out, exist_ok=True)
-    texts = [pr.text for pr in load_prompts("mtbench", n=args.n, seed=0)]
+    texts = [pr.text for pr in load_prompts(args.set, n=args.n, seed=0)]
     prompts_file = os.path.join(args.out, "prompts.json")
     with open(prompts_file, "w") as f:
         json.dump(texts, f)
@@ -248,6 +252,9 @@ def main() -> int:
     if args.path_stop_ab:
         runs.append((f"vllm heterospec (K<={args.heterospec_k}), path stop off", "heterospec", args.heterospec_k,
                      env_here, {"path_stop": False}))
+    if args.lookup_ab:
+        runs.append((f"vllm heterospec (K<={args.heterospec_k}), lookup off", "heterospec", args.heterospec_k,
+                     env_here, {"lookup": False}))
     if args.never_drafts:
         runs.append((f"vllm heterospec (K<={args.heterospec_k}), never drafts", "heterospec", args.heterospec_k,
                      env_here, {"costs": _never_drafting_costs(args.out), "learn": False}))
@@ -271,7 +278,7 @@ def main() -> int:
     labels = list(dict.fromkeys(lab for lab, _ in results))
     from heterospec.costmodel import _cpu_info
     lines = [f"machine: {machine_description('cpu')}, CPU flags: {' '.join(_cpu_info()['cpu_flags'])}", f"vLLM LD_PRELOAD: {args.preload or 'none'}",
-             f"MT-bench first {args.n} questions, {args.max_new_tokens} new tokens, "
+             f"{args.set} first {args.n} prompts, {args.max_new_tokens} new tokens, "
              + ("greedy" if args.temperature == 0 else f"temperature {args.temperature}"
                 + (f", seeds {args.seed}.." if args.seed is not None else ", no seeds (texts not compared)"))
              + ", float32"

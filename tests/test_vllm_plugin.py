@@ -233,6 +233,9 @@ def test_requested_options():
     with pytest.raises(HeteroSpecSetupError, match="path_stop.*true or false"):
         requested(_Cfg({"heterospec": {"path_stop": 1}}))
     assert requested(_Cfg({"heterospec": {"path_stop": False}})) == {"path_stop": False}
+    assert requested(_Cfg({"heterospec": {"lookup": False}})) == {"lookup": False}
+    with pytest.raises(HeteroSpecSetupError, match="lookup.*true or false"):
+        requested(_Cfg({"heterospec": {"lookup": "off"}}))
 
 
 def test_load_chain_tables_errors(tmp_path):
@@ -723,6 +726,10 @@ def test_vllm_heterospec_greedy_equals_autoregressive(autoregressive, tmp_path, 
     stopped = [s for s in steps if s["path_stop"]]
     # the path stop decided chains, and ended some between one token and the limit
     assert stopped and any(1 < k < 6 for s in stopped for k in s["k"]), steps[:20]
+    # context lookup proposed copied chains in some steps, and the target accepted some of them
+    looked = [(k, r) for s in steps if s["lookup"] is not None and s["rejected"] is not None
+              for k, r in zip(s["lookup"], s["rejected"]) if k]
+    assert looked and sum(k - r for k, r in looked) > 0, [s for s in steps if s["lookup"]][:10]
     learned = _generate(tmp_path, "--method", "heterospec", "--k", "6", "--batch", "1", "8", "--max-new-tokens", "48",
                         "--warmup", "16", "--options", json.dumps({"costs": str(tmp_path / "learned.json")}))
     for b in (1, 8):

@@ -24,6 +24,10 @@ decides, once per step, between the first forward and the loop:
    its token is worth verifying and whether another forward pays at this step's measured
    tokens per ms. vLLM's loop runs a fixed number of forwards; an early stop leaves it by an
    exception that :meth:`HeteroSpecProposer.propose` catches with the tokens drafted so far.
+4. **Context lookup** (``lookup``, on by default; TP 1). Before the plan's step, each request's
+   chain copied from its own context (:mod:`.lookup`) is weighed by a :class:`LookupGate`; where
+   the copied chains are expected to beat the plan, the step verifies them instead, running only
+   the draft's warm first forward (where the drafter would have run) and no draft loop.
 
 The per-bin actions come from :class:`heterospec.policy.FittedPolicy` (the policy of our own
 engine) with the draft's chain acceptance tables (``acceptance_tables_chain.json``) and a cost
@@ -51,6 +55,7 @@ from .. import ops
 from ..config import SpecConfig
 from ..policy import FittedPolicy, Plan
 from .costs import StepCosts
+from .lookup import LookupSteps
 from .options import HeteroSpecSetupError, default_costs_path, load_chain_tables
 from .pathstop import ConfidenceCalibration, LookaheadCalibration, PathStop
 
@@ -125,10 +130,17 @@ class HeteroSpecProposer(EagleProposer):
         self._path: Optional[PathStop] = None
         self._chain: List[torch.Tensor] = []
         self._prev_conf: Dict[str, List[float]] = {}  # req id -> confidences of its kept drafts
+        # context lookup (.lookup): chains copied from each request's tokens, when they pay (TP 1:
+        # a lookup step skips the draft loop, a choice every rank would have to share)
+        self.lookup = LookupSteps(self.max_draft) if options.get("lookup", True) and self.tp_group is None else None
+        self._sampled = None                          # this step's sampled rows and discard mask
+        if self.lookup is not None:
+            self.lookup.gate.load(self._lookup_path())
         self._trace = open(os.environ[TRACE_ENV], "a") if os.environ.get(TRACE_ENV) else None
-        logger.info("HeteroSpec: per-request draft lengths 0..%d from %d-bin chain tables (%s)%s; step costs %s (%s)",
+        logger.info("HeteroSpec: per-request draft lengths 0..%d from %d-bin chain tables (%s)%s%s; step costs %s (%s)",
                     self.max_draft, len(self.tables.options[0].edges) + 1, self.tables.provenance.get("date", "?"),
-                    ", path stop" if self.path_stop else "", self.costs_path, "learning" if self.learn else "frozen")
+                    ", path stop" if self.path_stop else "", ", context lookup" if self.lookup is not None else "",
+                    self.costs_path, "learning" if self.learn else "frozen")
 
     # -- the plan of this step ---------------------------------------------------------------
     def _explore_plan(self, b: int) -> Optional[Plan]:
@@ -181,12 +193,20 @@ class HeteroSpecProposer(EagleProposer):
             self.costs.save(self.costs_path)
         except OSError:
             pass                       # a read-only cache costs the next process an exploration
+        if self.lookup is not None:
+            self.lookup.gate.save(self._lookup_path())
+
+    def _lookup_path(self) -> str:
+        """The lookup gate's learned state, beside the step costs (``<costs>.lookup.json``)."""
+        return self.costs_path.removesuffix(".json") + ".lookup.json"
 
     # -- timing and acceptance of the step that just ran -------------------------------------
     def _observe_step(self, batch_size: int, num_tokens: int, max_query_len: int,
                       num_rejected: Optional[torch.Tensor], now: float) -> None:
         # the previous step's requests, once: (req id, bin, drafts, accepted drafts)
-        rejected = num_rejected.tolist() if num_rejected is not None and self._prev else None
+        lookup_step = self.lookup is not None and self.lookup.pending
+        rejected = num_rejected.tolist() if num_rejected is not None and (self._prev or lookup_step) else None
+        step_ids = self.hs_runner.input_batch.req_ids[:batch_size]
         outcome = [] if rejected is None else \
             [(rid, *self._prev[rid], max(0, self._prev[rid][1] - int(rej)))
              for rid, rej in zip(self.hs_runner.input_batch.req_ids[:len(rejected)], rejected) if rid in self._prev]
@@ -198,6 +218,8 @@ class HeteroSpecProposer(EagleProposer):
             self.calibration.observe(confs, acc)
             self.lookahead.observe(confs, acc)
         if not self.learn:                 # frozen: plans depend on the batch, the entropies and the texts
+            if lookup_step:
+                self.lookup.observe(step_ids, rejected, None)
             return
         step_s = None                      # the whole previous step (draft + target), if clean
         # No prefill in it, and not the first plain step after a speculative one: that step runs
@@ -216,6 +238,9 @@ class HeteroSpecProposer(EagleProposer):
                 # step costs wherever the plan may speculate, see StepCosts). In normalized
                 # milliseconds, as every cost the policy compares it with (StepCosts.normalize).
                 step_s = 1e-3 * self.costs.normalize(ms + self._prev_draft_ms + self._prev_warm_charged)
+        if lookup_step:                    # the gate's step, not the plan's: its acceptance and time
+            self.lookup.observe(step_ids, rejected, step_s)
+            return
         plan = self._prev_plan
         if plan is not None and not plan.speculate:     # a plain step: timed for the policy's guard
             if step_s is not None:
@@ -240,7 +265,7 @@ class HeteroSpecProposer(EagleProposer):
                "k": [k for _, k in self._prev.values()], "draft_ms": round(self._prev_draft_ms, 3),
                "target_ms": None if self._step_end is None else round(1e3 * (now - self._step_end), 3),
                "warm_ms": round(self._prev_warm_ms, 3), "ours_ms": round(self._prev_ours_ms, 3),
-               "rejected": rejected,
+               "rejected": rejected, "lookup": self.lookup.pending_lengths() if self.lookup is not None else None,
                "path_stop": bool(self._prev_conf), "speed": round(self.costs.speed, 4)}
         b = self.costs.bucket(batch_size)
         if b in self.planned:       # the policy's view: the model's verdict, the guard's, its corrections
@@ -264,10 +289,21 @@ class HeteroSpecProposer(EagleProposer):
                            num_rejected_tokens_gpu, now)
         req_ids = list(self.hs_runner.input_batch.req_ids[:batch_size])
         limit = min(int(num_speculative_tokens), self.max_draft)
+        prefill = max_query_len > 1 + self.max_draft
+        forward = dict(target_token_ids=target_token_ids, target_positions=target_positions,
+                       target_hidden_states=target_hidden_states, next_token_ids=next_token_ids,
+                       token_indices_to_sample=token_indices_to_sample, common_attn_metadata=common_attn_metadata,
+                       sampling_metadata=sampling_metadata, mm_embed_inputs=mm_embed_inputs,
+                       num_rejected_tokens_gpu=num_rejected_tokens_gpu, slot_mappings=slot_mappings)
+        if self.lookup is not None:        # context lookup first: copied chains, where they pay
+            self._feed_lookup(req_ids)
+            chosen = None if prefill or limit < 1 else self._lookup_choice(batch_size, req_ids, limit)
+            if chosen is not None:
+                return self._lookup_step(req_ids, *chosen, forward, now)
+            self.lookup.forget_step()
         plan = self._plan(batch_size)
         if plan.speculate and self._after_switch and self._prev_plan is not None and not self._prev_plan.speculate:
             plan = self._prev_plan            # a plain probe's second step (the one that is timed)
-        prefill = max_query_len > 1 + self.max_draft
         mode = SPECULATE if plan.speculate and limit > 0 else \
             WARM if limit > 0 and (prefill or self._keep_warm(batch_size, plan)) else PLAIN
         if self.tp_group is not None:            # every rank runs rank 0's forwards
@@ -280,11 +316,7 @@ class HeteroSpecProposer(EagleProposer):
         if mode != SPECULATE:
             t0 = time.perf_counter()
             if mode == WARM:   # the draft's KV cache gets this step's tokens; the step stays plain
-                super().propose(0, target_token_ids, target_positions, target_hidden_states, next_token_ids,
-                                token_indices_to_sample, common_attn_metadata, sampling_metadata,
-                                mm_embed_inputs=mm_embed_inputs, num_rejected_tokens_gpu=num_rejected_tokens_gpu,
-                                slot_mappings=slot_mappings)
-                self.num_speculative_tokens = self.max_draft
+                self._first_forward_only(forward)
             self._prev, self._prev_plan, self._prev_draft_ms, self._prev_conf = {}, plan, 0.0, {}
             self._step_end = time.perf_counter()
             self._prev_warm_ms = 1e3 * (self._step_end - t0)
@@ -324,6 +356,87 @@ class HeteroSpecProposer(EagleProposer):
         self._prev_warm_ms, self._prev_warm_charged = 0.0, 0.0
         self._prev_ours_ms = 1e3 * (self._step_end - now) - draft_ms
         return out
+
+    def _first_forward_only(self, forward: dict) -> None:
+        """The draft's first forward over the step's tokens, no drafts (``WARM``): the draft's KV
+        cache gets this step's entries."""
+        EagleProposer.propose(self, 0, **forward)
+        self.num_speculative_tokens = self.max_draft
+
+    # -- context lookup (.lookup) ------------------------------------------------------------
+    def prepare_next_token_ids_padded(self, sampled_token_ids, requests, gpu_input_batch, discard_request_mask):
+        """vLLM's, unchanged; the step's sampled rows (rejected positions -1) and discard mask are
+        kept for the context indices (this runs right before :meth:`propose`, which runs before the
+        runner's bookkeeping of the step)."""
+        out = super().prepare_next_token_ids_padded(sampled_token_ids, requests, gpu_input_batch, discard_request_mask)
+        if getattr(self, "lookup", None) is not None:
+            n = gpu_input_batch.num_reqs
+            self._sampled = (sampled_token_ids[:n], discard_request_mask[:n])
+        return out
+
+    def _feed_lookup(self, req_ids: List[str]) -> None:
+        got, self._sampled = self._sampled, None
+        requests = self.hs_runner.requests
+
+        def committed(rid):
+            req = requests.get(rid)
+            if req is None or req.prompt_token_ids is None:
+                return None
+            return req.prompt_token_ids, req.output_token_ids
+        if got is None:         # (vLLM's unpadded drafter batch: the step's tokens are not at hand)
+            self.lookup.feed(req_ids, None, None, committed, 0)
+            return
+        sampled, discard = got
+        self.lookup.feed(req_ids, sampled.tolist(), discard.tolist(), committed,
+                         int(self.hs_runner.input_batch.vocab_size))
+
+    def _room(self, rid: str) -> int:
+        """Tokens request ``rid`` may still emit after this step (max_tokens, max_model_len)."""
+        n, req = self.lookup.length(rid), self.hs_runner.requests.get(rid)
+        if n is None or req is None:
+            return 0
+        end = int(self.vllm_config.model_config.max_model_len)
+        sp = getattr(req, "sampling_params", None)
+        if sp is not None and sp.max_tokens is not None:
+            end = min(end, len(req.prompt_token_ids) + int(sp.max_tokens))
+        return max(0, end - n)
+
+    def _lookup_choice(self, batch_size: int, req_ids: List[str], limit: int):
+        """``(chosen LookupRound, run the warm forward)`` for this step, or None (the plan's step).
+
+        Only in a bucket whose costs are explored (exploration steps time the plan's kinds of
+        step). The alternative is the fitted plan's (guard included): a speculative plan's
+        predicted tokens per second, or a plain step, warm where the plan keeps the draft warm.
+        The lookup step runs the warm forward where the drafter would have run."""
+        b = self.costs.bucket(batch_size)
+        if b not in self.planned or self._explore_plan(b) is not None:
+            return None
+        fitted = self.policy.plan(batch_size)
+        keep_warm = self._keep_warm(batch_size, fitted)
+        warm = self.costs.warm_ms(batch_size) if keep_warm else 0.0
+
+        def alternative() -> float:
+            if fitted.speculate:
+                return ((fitted.expected or {}).get("speculative") or {}).get("tokens_per_s", 0.0)
+            return 1e3 * batch_size / (self.costs.plain_level(batch_size) + warm)
+        room = [self._room(rid) for rid in req_ids]
+        chosen = self.lookup.choose(req_ids, limit, room, self.costs, batch_size, warm, alternative)
+        return None if chosen is None else (chosen, keep_warm)
+
+    def _lookup_step(self, req_ids: List[str], chosen, warm: bool, forward: dict, now: float) -> List[List[int]]:
+        """Propose the copied chains (after the draft's warm forward where the drafter would have run)."""
+        t0 = time.perf_counter()
+        if warm:
+            self._first_forward_only(forward)
+        warm_ms = 1e3 * (time.perf_counter() - t0)
+        self.lookup.ran(req_ids, chosen)
+        self._prev, self._prev_conf, self._prev_plan = {}, {}, self._chain_plan("lookup", 1)
+        self._after_switch = False
+        # (the warm forward is part of the step's time, as a drafted step's draft time is)
+        self._prev_draft_ms, self._prev_warm_ms, self._prev_warm_charged = warm_ms, warm_ms, 0.0
+        self._step_end = time.perf_counter()
+        self._prev_ours_ms = 1e3 * (self._step_end - now) - warm_ms
+        return [list(c) for c in chosen.chains]
 
     def _keep_warm(self, batch_size: int, plan: Plan) -> bool:
         """Whether a plain step runs the draft's first forward anyway (``WARM``).
