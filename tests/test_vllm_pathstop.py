@@ -70,11 +70,38 @@ def test_expensive_draft_forwards_stop_after_the_first():
     assert _run(stop, [2], [[0.99]] * 6) == ([1], 1)
 
 
+def _brute_force_costs(p, plain_ms, step_ms, draft_ms, limit):
+    """As _brute_force, with a measured step cost per chain length (``step_ms[j]``: j drafts)."""
+    def rate(j):
+        return (1 + sum(p ** i for i in range(1, j + 1))) / (step_ms[j] + (j - 1) * draft_ms)
+    best = max(range(1, limit + 1), key=rate)
+    return best, rate(best)
+
+
+@pytest.mark.parametrize("p", [0.3, 0.5, 0.8])
+def test_a_longer_chain_measured_cheaper_is_drafted_and_the_chain_is_the_optimum(p):
+    """Batch 1 on the Zen 4 box: a step verifying one draft token cost more than one verifying
+    2-5. With per-position marginal costs the second token is drafted even where it adds little,
+    and the chain is still the throughput optimum (brute force over the measured costs)."""
+    limit = 6
+    step_ms = [40.0, 46.0, 40.0, 40.5, 41.0, 41.5, 42.0]         # j drafts (j = 0: plain)
+    draft_ms = 2.5
+    best, rate = _brute_force_costs(p, 40.0, step_ms, draft_ms, limit)
+    marginal = [0.5] + [step_ms[j] - step_ms[j - 1] for j in range(2, limit + 1)]
+    stop = PathStop(ConfidenceCalibration(), rate, marginal, draft_ms, batch_size=1, limit=limit)
+    lengths, _ = _run(stop, [limit], [[p]] * limit)
+    assert lengths == [best] and best >= 2
+
+
 def test_path_stop_rejects_bad_settings():
     with pytest.raises(ValueError, match="rate"):
         PathStop(ConfidenceCalibration(), rate=0.0, verify_ms=1.0, draft_ms=1.0, batch_size=1, limit=2)
     with pytest.raises(ValueError, match="limit"):
         PathStop(ConfidenceCalibration(), rate=1.0, verify_ms=1.0, draft_ms=1.0, batch_size=1, limit=0)
+    with pytest.raises(ValueError, match="one per position"):
+        PathStop(ConfidenceCalibration(), rate=1.0, verify_ms=[1.0], draft_ms=1.0, batch_size=1, limit=3)
+    with pytest.raises(ValueError, match="one per position"):
+        PathStop(ConfidenceCalibration(), rate=1.0, verify_ms=[1.0, float("nan")], draft_ms=1.0, batch_size=1, limit=2)
 
 
 def test_non_finite_confidences_are_not_trusted():

@@ -120,6 +120,28 @@ def test_speculation_is_weighed_against_a_warm_plain_step():
     assert not fit_plan(_chain_tables(0.15, 0.15), warm, 1, ragged=True, max_nodes=4).speculate
 
 
+def test_a_draft_count_measured_often_is_priced_at_its_own_mean():
+    """A step verifying one draft token per request measured dearer than one verifying two (batch
+    1, Zen 4): once each count has MEASURED_POINTS steps, verify_ms and the path stop's marginal
+    costs follow the measured means, not the line through them."""
+    costs = StepCosts()
+    for i in range(StepCosts.MEASURED_POINTS + 2):
+        costs.add_target(1, 1, 40.0)
+        costs.add_target(1, 2, 46.0)
+        costs.add_target(1, 3, 40.0)
+        if i < 3:
+            costs.add_target(1, 5, 41.0)       # four drafts: measured rarely, the line prices it
+    s = costs.speed
+    assert costs.verify_ms(1, 2.0) * s == pytest.approx(46.0, rel=0.02)
+    assert costs.verify_ms(1, 3.0) * s == pytest.approx(40.0, rel=0.02)
+    line = costs.target[1]
+    assert costs.verify_ms(1, 5.0) == pytest.approx(line.at(4.0))
+    assert costs.verify_ms(1, 2.5) == pytest.approx(line.at(1.5))           # off the grid: the line
+    marginal = costs.marginal_verify_ms(1, 4)
+    assert len(marginal) == 4 and marginal[1] * s == pytest.approx(-6.0, abs=0.5)
+    assert StepCosts().marginal_verify_ms(1, 4) is None                      # before any slope
+
+
 def test_step_cost_slopes_for_the_path_stop():
     costs = StepCosts()
     assert costs.slopes(1) is None                     # nothing measured: the path stop stays off

@@ -44,7 +44,7 @@ so a comparison is between kinds of step at one moment's speed.
 from __future__ import annotations
 
 import json
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from ..policy import FittedPolicy
 
@@ -75,6 +75,12 @@ class _Line:
 
     def key(self, x: float) -> float:
         return round(float(x) / self.RESOLUTION) * self.RESOLUTION
+
+    def measured(self, x: float, points: int) -> Optional[float]:
+        """The mean at ``x`` itself (``x`` on the grid) once ``points`` steps were measured there, else None."""
+        key = self.key(x)
+        m = self.means.get(key) if abs(key - float(x)) < 1e-9 else None
+        return m[0] if m is not None and m[1] >= points and m[0] > 0 else None
 
     def settled(self, x: float) -> Optional[float]:
         """The mean at ``x`` once it has its ``FIRST`` points, else None."""
@@ -151,6 +157,11 @@ class StepCosts:
     MEAN_WEIGHT = 0.1
     SPEED_STEP = 1.25      # one step moves the speed by at most this factor ** (1 - SPEED_KEEP): an
                            # outlier (a collection, a hiccup of the host) moves it 7 %
+    # A draft count per request measured in this many steps is priced at its own mean rather than
+    # the line's: a step's cost need not rise with its drafts (at batch 1 on the Zen 4 box one
+    # draft token cost 5-7 ms more than 2-5, in three runs: bench/RESULTS.md, thirty-seventh
+    # session), and a line through such means prices every chain at their average.
+    MEASURED_POINTS = 24
 
     def __init__(self) -> None:
         self.speed = 1.0                        # raw ms / normalized ms (see the module)
@@ -287,10 +298,26 @@ class StepCosts:
         return self.plain_level(batch_size) + self.warm_ms(batch_size)
 
     def verify_ms(self, batch_size: int, nodes: float, context: int = 0) -> float:
-        """Target step with ``nodes`` tokens per request (root included) on average."""
+        """Target step with ``nodes`` tokens per request (root included) on average: the measured
+        mean of that many drafts per request where it was measured in ``MEASURED_POINTS`` steps,
+        else the speculative line."""
         if nodes <= 1.0:
             return self.plain_level(batch_size)
-        return self._line(self.target, batch_size).at(float(nodes) - 1.0) or self.plain_level(batch_size)
+        line, x = self._line(self.target, batch_size), float(nodes) - 1.0
+        return line.measured(x, self.MEASURED_POINTS) or line.at(x) or self.plain_level(batch_size)
+
+    def marginal_verify_ms(self, batch_size: int, limit: int) -> Optional[List[float]]:
+        """Per draft position ``j = 1..limit``: what its token adds to the target step, ms per draft
+        token per request (:mod:`.pathstop`): ``verify(j + 1) - verify(j)`` nodes, position 1 the
+        speculative slope (its token's worth is decided by the bins). None until the slope was
+        measured. Negative where a longer chain was measured cheaper."""
+        target = self._line(self.target, batch_size)
+        if not target.ready:
+            return None
+        out = [float(target.slope)]
+        for j in range(2, int(limit) + 1):
+            out.append(self.verify_ms(batch_size, j + 1.0) - self.verify_ms(batch_size, float(j)))
+        return out
 
     def draft_ms(self, batch_size: int, steps: float, extend_tokens: float = 1.0) -> float:
         return self._line(self.draft, batch_size).at(float(steps)) or 0.0

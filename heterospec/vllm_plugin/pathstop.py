@@ -30,8 +30,16 @@ draft token per request, the step-cost model's speculative slope); one more draf
 * the loop runs another forward iff ``sum_alive S_j * n(c_j) >= rate * (g + s * n_alive / B)``:
   the expected tokens of one more forward, per ms, beat what a step makes per ms on average.
 
+``s`` may differ per position: a step's measured cost need not rise with its draft tokens (at
+batch 1 on the Zen 4 box a step verifying one draft token cost 5-7 ms *more* than one verifying
+2-5: bench/RESULTS.md, thirty-seventh session), so the step-cost model gives each position ``j``
+its own marginal cost ``s_j = T(j) - T(j - 1)`` where the steps of those draft counts were
+measured often enough (:meth:`.StepCosts.marginal_verify_ms`), the line's slope elsewhere. A
+negative ``s_j`` makes token ``j`` worth drafting whatever it adds.
+
 Gains fall along a chain (``S`` only shrinks), so stopping at the first step that does not pay
-is the greedy optimum of tokens per ms. No vLLM import here: the rule is tested on its own.
+is the greedy optimum of tokens per ms (with one slope ``s``). No vLLM import here: the rule is
+tested on its own.
 """
 
 from __future__ import annotations
@@ -121,16 +129,22 @@ class PathStop:
     returns whether the loop should run another forward. :attr:`lengths` are the tokens each
     request keeps."""
 
-    def __init__(self, calibration: ConfidenceCalibration, rate: float, verify_ms: float, draft_ms: float,
+    def __init__(self, calibration: ConfidenceCalibration, rate: float, verify_ms, draft_ms: float,
                  batch_size: int, limit: int, lookahead: Optional[ConfidenceCalibration] = None) -> None:
-        if rate <= 0 or verify_ms < 0 or draft_ms < 0 or batch_size < 1 or limit < 1:
-            raise ValueError(f"PathStop: rate {rate} must be > 0, verify_ms {verify_ms} and draft_ms {draft_ms} "
-                             f">= 0, batch_size {batch_size} and limit {limit} >= 1")
+        # verify_ms: ms per draft token per request, one number or one per position 1..limit
+        per = [float(verify_ms)] * max(int(limit), 1) if isinstance(verify_ms, (int, float)) \
+            else [float(v) for v in verify_ms]
+        if rate <= 0 or draft_ms < 0 or batch_size < 1 or limit < 1 or len(per) < limit \
+                or not all(math.isfinite(v) for v in per) or (isinstance(verify_ms, (int, float)) and verify_ms < 0):
+            raise ValueError(f"PathStop: rate {rate} must be > 0, draft_ms {draft_ms} >= 0, verify_ms {verify_ms} "
+                             f">= 0 (or finite, one per position 1..limit), batch_size {batch_size} and limit {limit} >= 1")
         self.calibration = calibration
         self.lookahead = lookahead if lookahead is not None else calibration     # n(c); a(c) without one
-        self.rate, self.verify_ms, self.draft_ms = float(rate), float(verify_ms), float(draft_ms)
+        self.rate, self.draft_ms = float(rate), float(draft_ms)
+        self.verify_ms = per[:int(limit)]
         self.batch_size, self.limit = int(batch_size), int(limit)
-        self.keep_at = self.rate * self.verify_ms / self.batch_size     # expected tokens a kept token must add
+        # per position j = 1..limit (index j - 1): the expected tokens a kept token j must add
+        self.keep_at = [self.rate * v / self.batch_size for v in self.verify_ms] + [math.inf]
         self.survival: Optional[torch.Tensor] = None
         self.alive: Optional[torch.Tensor] = None
         self.lengths: List[int] = []
@@ -154,15 +168,15 @@ class PathStop:
         conf = confidence.detach().double().cpu()
         a = self.calibration(conf)
         survival = self.survival * a
-        keep = self.alive & ((survival >= self.keep_at) | (j == 1))
+        keep = self.alive & ((survival >= self.keep_at[j - 1]) | (j == 1))
         for r in torch.nonzero(keep).flatten().tolist():
             self.lengths[r] = j
             self.confidences[r].append(float(conf[r]))
         self.survival = torch.where(keep, survival, torch.zeros_like(survival))
         nxt = self.survival * self.lookahead(conf)    # the next token's expected gain, per request
-        self.alive = keep & (nxt >= self.keep_at)
+        self.alive = keep & (nxt >= self.keep_at[j])
         if j >= self.limit or not bool(self.alive.any()):
             return False
         n_alive = int(self.alive.sum())
         gain = float(nxt[self.alive].sum())
-        return gain >= self.rate * (self.draft_ms + self.verify_ms * n_alive / self.batch_size)
+        return gain >= self.rate * (self.draft_ms + self.verify_ms[j] * n_alive / self.batch_size)

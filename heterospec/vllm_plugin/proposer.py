@@ -491,7 +491,8 @@ class HeteroSpecProposer(EagleProposer):
         slopes = self.costs.slopes(batch_size)
         if slopes is None:
             return None
-        verify_ms, draft_ms = slopes
+        _, draft_ms = slopes
+        verify_ms = self.costs.marginal_verify_ms(batch_size, limit)    # per position (measured means)
         # tokens per ms: measured speculative steps (learning), else what plain steps make
         rate = self.rate.get(self.costs.bucket(batch_size)) if self.learn else None
         rate = rate or batch_size / self.costs.plain_ms(batch_size)
