@@ -134,6 +134,7 @@ class HeteroSpecProposer(EagleProposer):
         # a lookup step skips the draft loop, a choice every rank would have to share)
         self.lookup = LookupSteps(self.max_draft) if options.get("lookup", True) and self.tp_group is None else None
         self._sampled = None                          # this step's sampled rows and discard mask
+        self._lookup_plan = self._chain_plan("lookup", 1)   # what a lookup step leaves as the previous plan
         if self.lookup is not None:
             self.lookup.gate.load(self._lookup_path())
         self._trace = open(os.environ[TRACE_ENV], "a") if os.environ.get(TRACE_ENV) else None
@@ -209,7 +210,7 @@ class HeteroSpecProposer(EagleProposer):
         step_ids = self.hs_runner.input_batch.req_ids[:batch_size]
         outcome = [] if rejected is None else \
             [(rid, *self._prev[rid], max(0, self._prev[rid][1] - int(rej)))
-             for rid, rej in zip(self.hs_runner.input_batch.req_ids[:len(rejected)], rejected) if rid in self._prev]
+             for rid, rej in zip(step_ids, rejected) if rid in self._prev]
         if self._trace is not None:
             self._trace_step(batch_size, num_tokens, max_query_len, rejected, now)
         if outcome and self._prev_conf:    # the path stop's confidence calibration (in frozen mode
@@ -430,7 +431,7 @@ class HeteroSpecProposer(EagleProposer):
             self._first_forward_only(forward)
         warm_ms = 1e3 * (time.perf_counter() - t0)
         self.lookup.ran(req_ids, chosen)
-        self._prev, self._prev_conf, self._prev_plan = {}, {}, self._chain_plan("lookup", 1)
+        self._prev, self._prev_conf, self._prev_plan = {}, {}, self._lookup_plan
         self._after_switch = False
         # (the warm forward is part of the step's time, as a drafted step's draft time is)
         self._prev_draft_ms, self._prev_warm_ms, self._prev_warm_charged = warm_ms, warm_ms, 0.0
