@@ -14,6 +14,10 @@ engines (the same vLLM configuration measured 15.8 and 20.6 tok/s in two runs mi
 the AVX-512 box). ``--interleave`` keeps every vLLM engine up at once (``generate --serve``, each
 with ``--memory-gib`` of memory) and lets them take turns on each group of prompts, the order
 rotating from group to group, ``--repeats`` times: ratios from one interleaved run.
+``--continuous`` runs the largest batch size B as a server under load runs: all N prompts in one
+call, vLLM keeping B of them running and starting the next as one ends. By default each group of
+B prompts runs to its last request's end (a static batch): its tail runs fewer than B requests,
+and a method that speeds some requests more than others gains nothing there.
 ``--in-process`` runs each vLLM engine's core in its engine's process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, as offline ``LLM(...)`` can; ``vllm serve`` always splits):
 on a CPU with few cores the split engine's two processes contend for them (docs/vllm.md). Each
@@ -62,7 +66,7 @@ def _core_env(args) -> dict:
 def _vllm_run(method: str, k: int, prompts_file: str, args) -> dict:
     cmd = [sys.executable, "-m", "heterospec.vllm_plugin", "generate", "--method", method, "--k", str(k),
            "--prompts", prompts_file, "--batch", *map(str, args.batch), "--max-new-tokens", str(args.max_new_tokens),
-           "--warmup", "16", *_sampling_args(args)]
+           "--warmup", "16", *_sampling_args(args), *(["--continuous"] if args.continuous else [])]
     env = dict(os.environ, VLLM_LOGGING_LEVEL="WARNING", **_core_env(args))
     if args.preload:
         env["LD_PRELOAD"] = args.preload
@@ -70,6 +74,18 @@ def _vllm_run(method: str, k: int, prompts_file: str, args) -> dict:
     if r.returncode != 0:
         raise SystemExit(f"vLLM run {method} k={k} failed:\n{r.stderr[-3000:]}")
     return {o["batch"]: o for o in (json.loads(line) for line in r.stdout.splitlines() if line.startswith("{"))}
+
+
+def _groups(batch, n: int, continuous: bool) -> list:
+    """``(b, prompt indices)`` of each call: groups of ``b`` prompts, or with ``continuous`` all ``n``
+    in one call at the largest ``b`` (vLLM keeps ``b`` running, max_num_seqs)."""
+    out = []
+    for b in batch:
+        if continuous and b == max(batch) and b > 1:
+            out.append((b, list(range(n))))
+        else:
+            out += [(b, list(range(s, min(s + b, n)))) for s in range(0, n, b)]
+    return out
 
 
 def _vllm_interleaved(runs, prompts_file: str, n: int, args) -> dict:
@@ -110,7 +126,7 @@ def _vllm_interleaved(runs, prompts_file: str, n: int, args) -> dict:
         labels = [r[0] for r in runs]
         results = {(lab, b): {"seconds": 0.0, "tokens": 0, "token_ids": [], "passes": [[0, 0.0] for _ in range(args.repeats)]}
                    for lab in labels for b in args.batch}
-        groups = [(b, list(range(s, min(s + b, n)))) for b in args.batch for s in range(0, n, b)]
+        groups = _groups(args.batch, n, args.continuous)
         turns = [(rep, gi) for rep in range(args.repeats) for gi in range(len(groups))]
         for t, (rep, gi) in enumerate(tqdm(turns, desc="interleaved prompt groups", unit="group")):
             b, idx = groups[gi]
@@ -206,6 +222,10 @@ def main() -> int:
     p.add_argument("--in-process", action="store_true",
                    help="run each vLLM engine's core in the engine's process (VLLM_ENABLE_V1_MULTIPROCESSING=0), "
                         "as offline LLM(...) can; default: vLLM's split engine, as `vllm serve` runs")
+    p.add_argument("--continuous", action="store_true",
+                   help="the largest batch size B runs all N prompts in one call, vLLM keeping B of them running "
+                        "(continuous batching, as `vllm serve` under load); default: groups of B prompts, each run "
+                        "to its last request's end (static batches, whose tail runs below B)")
     p.add_argument("--repeats", type=int, default=1, help="with --interleave: passes over the prompts")
     p.add_argument("--memory-gib", type=float, default=1.5, help="with --interleave: memory of each vLLM engine")
     p.add_argument("--path-stop-ab", action="store_true",
@@ -226,6 +246,8 @@ def main() -> int:
     if (args.baseline or args.path_stop_ab or args.never_drafts or args.lean_steps_ab or args.lookup_ab
             or args.repeats != 1) and not args.interleave:
         p.error("--baseline, --path-stop-ab, --never-drafts, --lean-steps-ab, --lookup-ab and --repeats need --interleave")
+    if args.continuous and any(1 < b < max(args.batch) for b in args.batch):
+        p.error("--continuous runs the largest batch size continuously; other batch sizes must be 1")
     if args.temperature < 0:
         p.error("--temperature must be >= 0")
     if args.seed is not None and args.temperature == 0:
@@ -283,7 +305,9 @@ def main() -> int:
                 + (f", seeds {args.seed}.." if args.seed is not None else ", no seeds (texts not compared)"))
              + ", float32"
              + ("; vLLM engine cores in-process" if args.in_process else "; vLLM engine cores split (own process)")
-             + (f"; vLLM engines interleaved, {args.repeats} pass(es)" if args.interleave else ""), "",
+             + (f"; vLLM engines interleaved, {args.repeats} pass(es)" if args.interleave else "")
+             + (f"; batch {max(args.batch)}: all prompts in one call, {max(args.batch)} running at once (continuous)"
+                if args.continuous else ""), "",
              "| system | " + " | ".join(f"batch {b} tok/s | vs vLLM AR" for b in args.batch) + " | same text |",
              "|---|" + "---|---|" * len(args.batch) + "---|"]
     rows = []

@@ -112,6 +112,12 @@ class LookupGate:
     TIME_FORGET = 0.9
     # A lookup round must beat the alternative by this factor (the model's prices are estimates).
     MARGIN = 1.02
+    # A bucket's counts also fade by this factor in every round in which it proposed and was not
+    # verified: without it one unlucky first round (five copied tokens, none accepted) kept a
+    # bucket untried for ~360 steps of a batch-8 run whose other engine's copies paid
+    # (bench/RESULTS.md, thirty-eighth session). Half of a bucket's evidence is gone after ~70
+    # such rounds, so a bucket that keeps losing is retried about as often.
+    IDLE_FORGET = 0.99
 
     def __init__(self, kmax: int = LOOKUP_KMAX) -> None:
         if kmax < 1:
@@ -196,6 +202,7 @@ class LookupGate:
                 items.append((w[b] * alive, b, j))
         if not items:
             return None
+        proposed = {match_bucket(proposals[b][1]) for _, b, _ in items}
         items.sort(key=lambda it: -it[0])          # stable: equal worths keep chain order
         ratio = self.time_scale(batch_bucket)
         ks = dict.fromkeys(running, 0)
@@ -216,14 +223,24 @@ class LookupGate:
             prev = model
         rate, ks, model, tokens = best
         if model is None:
+            self._fade(proposed)
             return None            # not even a chain of one token pays for its row
         if callable(alternative_tokens_per_s):
             alternative_tokens_per_s = alternative_tokens_per_s()
         if rate < self.MARGIN * alternative_tokens_per_s * total_weight / B:
+            self._fade(proposed)
             return None
         chains = [proposals[b][0][:ks.get(b, 0)] for b in range(len(proposals))]
         buckets = [match_bucket(proposals[b][1]) if ks.get(b, 0) > 0 else -1 for b in range(len(proposals))]
+        self._fade(proposed - set(buckets))
         return LookupRound(chains, buckets, model * ratio, tokens, model, batch_bucket)
+
+    def _fade(self, buckets) -> None:
+        """``IDLE_FORGET`` on the counts of match buckets that proposed and were not verified."""
+        for row in buckets:
+            self._tried[row] = [x * self.IDLE_FORGET for x in self._tried[row]]
+            self._hit[row] = [x * self.IDLE_FORGET for x in self._hit[row]]
+            self._accept.pop(row, None)
 
     # -- learning ----------------------------------------------------------------------------
     def observe(self, chosen: LookupRound, accept_lens: Sequence[int], seconds: Optional[float]) -> None:

@@ -893,6 +893,12 @@ class FittedPolicy(Policy):
         r = self._own_or_below(bucket, self.realized)
         return r is not None and r[0] < r[1]
 
+    def held_plain(self, bucket: int) -> bool:
+        """Whether the guard holds this bucket plain (:meth:`realized_loses`) and the bucket's
+        last speculative rounds (its last probe burst, or the rounds that turned it) lost to its
+        plain steps too: speculation measured losing, not just predicted to."""
+        return self.realized_loses(bucket) and self._last_probe_lost(bucket)
+
     def _own_or_below(self, bucket: int, measure):
         """``measure(bucket)``, or where that is None, ``measure`` of the largest smaller bucket
         with realized sums where it is not None (None if none is)."""

@@ -117,6 +117,28 @@ def test_gate_picks_the_known_optimum_and_declines_when_plain_is_faster(slope):
     assert gate.choose([([], 0), ([], 0)], verify_ms, 0.0) is None
 
 
+def test_gate_retries_a_bucket_after_an_unlucky_round():
+    """One round of a match bucket accepting nothing stops its lookups; its counts fade in the
+    rounds it proposes and is not verified (IDLE_FORGET), so it is tried again later."""
+    gate, n = LookupGate(kmax=4), match_bucket(8)
+    proposals = [([5] * 4, 8)] * 4
+
+    def verify_ms(mean, most):
+        return 10.0 + 0.5 * 4 * (mean - 1)
+    plain = 1e3 * 4 / 10.0
+    first = gate.choose(proposals, verify_ms, plain)            # the prior pays
+    assert first is not None and all(first.chains)
+    gate.observe(first, [0] * 4, None)                           # none accepted
+    assert gate.accept(n)[0] < 0.2
+    rounds = 1
+    while gate.choose(proposals, verify_ms, plain) is None:
+        rounds += 1
+        assert rounds < 1000
+    assert 20 < rounds < 200                                     # (~49 at IDLE_FORGET 0.99)
+    taught = _taught(LookupGate(kmax=4), n, 0.05)               # a bucket that keeps losing stays off for longer
+    assert all(taught.choose(proposals, verify_ms, plain) is None for _ in range(rounds))
+
+
 def test_gate_prices_lookup_rounds_by_what_they_measured():
     gate = LookupGate()
     assert gate.time_scale() == 1.0

@@ -973,8 +973,10 @@ def test_realized_throughput_guard_falls_back_to_plain_steps():
     fitted = policy.fitted_plan(1)
     assert not guarded.speculate and fitted.speculate and guarded.alternative is fitted
     assert policy.needs_draft(1)                                         # the draft stays loaded
+    assert policy.held_plain(1)            # measured losing, its last speculative rounds too
     # A larger bucket not measured yet inherits the loss; one measured itself has its own verdict.
     assert not policy.plan(2).speculate and policy.fitted_plan(2).speculate
+    assert not policy.held_plain(2)        # an inherited verdict: no rounds of its own lost
     for _ in range(5):
         policy.observe(policy.fitted_plan(2), [0, 0], [3, 3], seconds=0.015)
         policy.observe(policy.fitted_plan(2).alternative, [], [], seconds=0.010)
@@ -982,7 +984,7 @@ def test_realized_throughput_guard_falls_back_to_plain_steps():
     # Speculation turns fast (probe rounds): the bucket speculates again.
     for _ in range(60):
         policy.observe(spec, [0], [3], seconds=0.015)
-    assert policy.plan(1).speculate
+    assert policy.plan(1).speculate and not policy.held_plain(1)
 
 
 def test_a_new_request_is_judged_on_its_own_rounds_at_batch_1_only():

@@ -548,6 +548,85 @@ def test_seeded_requests_sample_what_autoregressive_decoding_samples():
     assert seqs[3][:N] == want[3]
 
 
+def _bare_proposer(costs, policy):
+    """A HeteroSpecProposer with only the state its plan of a step reads (no vLLM engine)."""
+    from heterospec.vllm_plugin.proposer import HeteroSpecProposer
+    prop = HeteroSpecProposer.__new__(HeteroSpecProposer)
+    prop.learn, prop.max_draft, prop.costs, prop.policy = True, 6, costs, policy
+    prop.seen, prop.explored, prop.bound_checked, prop.planned = {}, {}, set(), set()
+    return prop
+
+
+class _StubPolicy:
+    """The policy's verdicts, set by the test: the model's plan speculates or not, the guard holds
+    the bucket plain or not."""
+    def __init__(self, speculate=True, held=False):
+        from types import SimpleNamespace
+        self.speculate, self.held, self._plan = speculate, held, SimpleNamespace(speculate=speculate)
+
+    def refit(self):
+        pass
+
+    def plan(self, batch_size):
+        return self._plan
+
+    def fitted_plan(self, batch_size):
+        return self._plan
+
+    def held_plain(self, bucket):
+        return self.held
+
+
+@needs_vllm
+def test_exploration_measures_what_is_missing_and_ends():
+    """Batch 3 in a batch-8 run (bench/RESULTS.md, thirty-eighth session): the speculative line
+    got its points from copied chains and the bucket's first drafting steps were 2-token ones, so
+    the draft's first forward alone was never measured and 2-token exploration ran for the rest
+    of the run. Exploration asks for the step that measures what is missing, and ends after
+    EXPLORE_DRAFTING drafting steps whatever it measured."""
+    from heterospec.vllm_plugin.proposer import EXPLORE_DRAFTING
+    costs = StepCosts()
+    for _ in range(3):
+        costs.add_target(3, 3, 38.0)              # plain: the level
+    costs.add_target(3, 9, 45.0)                  # 2 draft tokens per request (lookup / tail steps)
+    costs.add_target(3, 5, 41.0)
+    costs.add_draft(3, 1, 6.6)                    # the draft's loop measured, its first forward not
+    b = costs.bucket(3)
+    prop = _bare_proposer(costs, _StubPolicy(speculate=True))
+    assert not costs.draft_first_measured(3)
+    plan = prop._explore_plan(b)
+    assert plan is not None and plan.budget == [1]           # (it was [2], for good)
+    costs.add_draft(3, 0, 4.1)
+    assert costs.draft_first_measured(3) and costs.slopes(3) is not None
+    assert prop._explore_plan(b) is None                     # both lines known: exploration over
+    # a bucket whose steps are never timed (e.g. prefills in every one) stops exploring too
+    fresh = StepCosts()
+    for _ in range(3):
+        fresh.add_target(8, 8, 50.0)
+    prop = _bare_proposer(fresh, _StubPolicy(speculate=True))
+    assert prop._explore_plan(8) is not None and prop._explore_plan(8) is not None    # asking runs nothing
+    plans = [prop._plan(8) for _ in range(EXPLORE_DRAFTING)]
+    assert all(p.name == "explore" and p.budget == [1] for p in plans[:EXPLORE_DRAFTING])
+    assert prop._explore_plan(8) is None
+
+
+@needs_vllm
+def test_plain_steps_are_cold_where_the_guard_holds_speculation_off():
+    """A plain step keeps the draft warm inside exploration and where the model speculates; it is
+    cold where the model's plan is plain, and where the guard holds the bucket plain on measured
+    losses (FittedPolicy.held_plain): 556 warm plain steps of ~1,000 at batch 8 cost ~5 % each."""
+    from heterospec.policy import Plan
+    costs = StepCosts()
+    fitted, explore = Plan("fitted", speculate=False, binned=False), Plan("explore-plain", speculate=False, binned=False)
+    for spec, held, planned, want in [(True, False, True, True), (True, True, True, False), (False, False, True, False),
+                                      (True, True, False, True)]:
+        prop = _bare_proposer(costs, _StubPolicy(speculate=spec, held=held))
+        if planned:
+            prop.planned.add(costs.bucket(8))
+        assert prop._keep_warm(8, fitted) is want, (spec, held, planned)
+        assert prop._keep_warm(8, explore)                      # exploration always times warm steps
+
+
 def test_drafts_travel_with_the_step_output():
     """``patch.take_drafts_from_output``: the engine core's ``take_draft_token_ids`` answers with the
     drafts that came with the last ``sample_tokens`` output, once, and asks the worker (vLLM's

@@ -116,8 +116,9 @@ def _generate(args) -> int:
             if line.strip():
                 print(json.dumps(timed([json.loads(line)["prompts"]])), flush=True)
         return 0
-    for b in args.batch:      # batch b: b prompts per call
-        groups = [list(range(s, min(s + b, len(msgs)))) for s in range(0, len(msgs), b)]
+    for b in args.batch:      # batch b: b prompts per call (--continuous: all of them, b running at once)
+        groups = [list(range(len(msgs)))] if args.continuous and b == max_seqs and b > 1 else \
+            [list(range(s, min(s + b, len(msgs)))) for s in range(0, len(msgs), b)]
         print(json.dumps({"method": args.method, "k": args.k if spec else 0, "batch": b, **timed(groups)}), flush=True)
     return 0
 
@@ -138,6 +139,8 @@ def main(argv=None) -> int:
     g.add_argument("--seed", type=int, default=None, help="per-request seeds seed, seed+1, ...")
     g.add_argument("--ignore-eos", action="store_true")
     g.add_argument("--warmup", type=int, default=0, help="tokens of a 2-prompt warm-up (not timed)")
+    g.add_argument("--continuous", action="store_true",
+                   help="the largest --batch B: all prompts in one call, B running at once (default: calls of B)")
     g.add_argument("--serve", action="store_true",
                    help="after the warm-up, run the requests read from stdin (JSON lines {\"prompts\": [i, ...]})")
     g.add_argument("--options", default=None, help="HeteroSpec options as JSON (additional_config['heterospec'])")

@@ -233,6 +233,11 @@ class StepCosts:
         p, t, d = self.plain.get(b), self.target.get(b), self.draft.get(b)
         return (p.n if p else 0, t.n if t else 0, d.n if d else 0, bool(t and t.ready), bool(d and d.ready))
 
+    def draft_first_measured(self, batch_size: int) -> bool:
+        """Whether the draft's first forward alone (a 1-token step, no loop) was measured here."""
+        line = self.draft.get(self.bucket(batch_size))
+        return line is not None and line.key(0.0) in line.means
+
     # -- saved between processes -------------------------------------------------------------
     def to_dict(self) -> dict:
         return {"format": self.FORMAT, "speed": self.speed,

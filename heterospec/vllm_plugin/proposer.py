@@ -8,7 +8,8 @@ decides, once per step, between the first forward and the loop:
 1. **Plain steps.** When the fitted plan for this batch size says speculation does not pay
    (``Plan.speculate`` false), the drafter does not run (except over a prefill) and every
    request gets no draft: the step costs what vLLM's autoregressive step costs. Plain steps
-   inside speculation (probes, the guard) run the draft's first forward only (``WARM``, see
+   inside speculation (probes, exploration, the guard until speculation lost twice) run the
+   draft's first forward only (``WARM``, see
    :meth:`HeteroSpecProposer._keep_warm`). Such a step is what speculation is weighed against
    (:class:`StepCosts` ``plain_ms``, and the guard's timing of plain steps): a speculative step
    pays when it beats a warm plain step, and the drafter goes off only when it does not.
@@ -64,6 +65,7 @@ logger = init_logger("vllm.heterospec")
 REEXPLORE = 256          # steps of a bucket between two short exploration bursts
 EXPLORE_PLAIN = 3        # plain steps timed before a bucket drafts at all
 EXPLORE_SPEC = 2         # 1-token steps timed before the bound check (their median is the level)
+EXPLORE_DRAFTING = 12    # drafting exploration steps of a bucket at most (outside the REEXPLORE refreshes)
 REFIT_EVERY = 32         # timed steps of a bucket between two policy refits
 PLAIN, WARM, SPECULATE = 0, 1, 2   # what a step does with the drafter: skip it, first forward only, draft
 TRACE_ENV = "HETEROSPEC_VLLM_TRACE"   # a file: one JSON line per step (batch, tokens, times, plan)
@@ -111,6 +113,7 @@ class HeteroSpecProposer(EagleProposer):
         self.seen: Dict[int, int] = {}               # bucket -> steps seen
         self.planned = set()                          # buckets with a fitted plan
         self.bound_checked = set()                    # buckets whose optimistic plan was fitted
+        self.explored: Dict[int, int] = {}            # bucket -> drafting exploration steps run
         self.timed_since_fit: Dict[int, int] = {}
         self._step_end: Optional[float] = None        # end of the previous propose call
         self._prev: Dict[str, Tuple[int, int]] = {}   # req id -> (bin, draft tokens) proposed last step
@@ -147,19 +150,27 @@ class HeteroSpecProposer(EagleProposer):
     def _explore_plan(self, b: int) -> Optional[Plan]:
         """The plan of an exploration step at bucket ``b``, or None once its costs are known.
 
-        Cheapest first: plain steps (the plain level, free), one step drafting 1 token per
-        request (the speculative step's level and the draft's first forward), and only if the
-        plan is still worth drafting with the speculative line flat and the draft's loop free (an
+        Cheapest first: plain steps (the plain level, free), steps drafting 1 token per request
+        (the speculative step's level and the draft's first forward), and only if the plan is
+        still worth drafting with the speculative line flat and the draft's loop free (an
         optimistic bound) steps drafting 2 (the slopes of both lines). A bucket where
-        speculation cannot pay is therefore settled after one drafting step. Every ``REEXPLORE``
-        steps one 1-token step refreshes the low end of the speculative line."""
+        speculation cannot pay is therefore settled after one drafting step. Each kind of step
+        runs while what it measures is missing: a bucket whose speculative line got its points
+        from other steps (copied chains, the tail of a batch) still needs the draft's first
+        forward alone, and 2-token steps never measure it (they ran for the rest of a run at
+        batch 3 before, bench/RESULTS.md, thirty-eighth session). At most ``EXPLORE_DRAFTING``
+        drafting steps per bucket: then the plan uses what was measured (a line without a slope
+        is flat). Every ``REEXPLORE`` steps one 1-token step refreshes the low end of the line."""
         if not self.learn:
             return None
         n_plain, n_spec, _, t_ready, d_ready = self.costs.state(b)
-        seen = self.seen.get(b, 0)
         if n_plain < EXPLORE_PLAIN:
             return Plan("explore-plain", speculate=False, binned=False)
-        if n_spec < EXPLORE_SPEC or (seen >= REEXPLORE and seen % REEXPLORE == 0):
+        if self._refresh(b):
+            return self._chain_plan("explore", 1)
+        if self.explored.get(b, 0) >= EXPLORE_DRAFTING:
+            return None
+        if n_spec < EXPLORE_SPEC or not self.costs.draft_first_measured(b):
             return self._chain_plan("explore", 1)
         if not (t_ready and d_ready) and self.max_draft >= 2:     # (with K = 1 the slopes never matter)
             if b not in self.bound_checked:
@@ -168,6 +179,11 @@ class HeteroSpecProposer(EagleProposer):
             if self.policy.plan(b).speculate:      # worth drafting even if longer chains were free
                 return self._chain_plan("explore", 2)
         return None
+
+    def _refresh(self, b: int) -> bool:
+        """Whether this step of bucket ``b`` is an every-``REEXPLORE`` refresh of the line's low end."""
+        seen = self.seen.get(b, 0)
+        return seen >= REEXPLORE and seen % REEXPLORE == 0
 
     @staticmethod
     def _chain_plan(name: str, k: int) -> Plan:
@@ -179,6 +195,8 @@ class HeteroSpecProposer(EagleProposer):
         self.seen[b] = self.seen.get(b, 0) + 1
         plan = self._explore_plan(b)
         if plan is not None:
+            if plan.speculate and not self._refresh(b):    # (counted here: _explore_plan is also asked
+                self.explored[b] = self.explored.get(b, 0) + 1   # by the lookup choice, which runs none)
             return plan
         if self.timed_since_fit.get(b, 0) >= REFIT_EVERY or b not in self.planned:
             self.timed_since_fit[b] = 0
@@ -446,17 +464,21 @@ class HeteroSpecProposer(EagleProposer):
         skips the drafter leaves a hole at that step's positions in every request, and the
         draft attends over the holes for the rest of the request (its acceptance fell the
         longer plain stretches lasted). Plain steps inside speculation (the policy's probes,
-        the guard's fallback, exploration) therefore run the first forward. Its cost is part of
-        the plain step the plan weighs speculation against (:class:`StepCosts`), so a bucket's
-        fitted plan is plain only where speculation loses even to a warm plain step; such a
-        bucket decodes as vLLM's autoregressive steps do, drafter off. Steps with a prefill always
-        run it (``propose``): a prompt the draft never saw is a hole of its own."""
+        exploration, the guard's fallback until speculation has lost twice) therefore run the
+        first forward. Its cost is part of the plain step the plan weighs speculation against
+        (:class:`StepCosts`), so a bucket's fitted plan is plain only where speculation loses
+        even to a warm plain step; such a bucket decodes as vLLM's autoregressive steps do,
+        drafter off. So does a bucket the guard holds plain once its last speculative rounds
+        lost as well (``FittedPolicy.held_plain``): a warm forward there costs every step ~5 %
+        (batch 8 on the Zen 4, bench/RESULTS.md, thirty-eighth session) to keep a draft that
+        was measured not to pay. Steps with a prefill always run it (``propose``): a prompt the
+        draft never saw is a hole of its own."""
         if plan.name.startswith("explore"):
             return True
         b = self.costs.bucket(batch_size)
         if b not in self.planned:
             return True
-        return self.policy.fitted_plan(batch_size).speculate
+        return self.policy.fitted_plan(batch_size).speculate and not self.policy.held_plain(b)
 
     def _greedy_logits(self, sampling_metadata) -> bool:
         """Whether vLLM's draft sampling is the argmax of ``compute_logits`` (then we compute
