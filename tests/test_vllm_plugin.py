@@ -627,6 +627,49 @@ def test_plain_steps_are_cold_where_the_guard_holds_speculation_off():
         assert prop._keep_warm(8, explore)                      # exploration always times warm steps
 
 
+@needs_vllm
+@pytest.mark.parametrize("rising", [True, False])
+def test_greedy_draft_tokens_from_the_drafts_own_vocabulary(rising):
+    """The plugin's greedy draft sampling skips vLLM's spreading of the draft's logits over the
+    target's vocabulary: the same tokens as vLLM's argmax over compute_logits' row, ties included
+    (integer logits make many), and its softmax the same; a map that does not rise falls back."""
+    import torch
+    from types import SimpleNamespace
+    from vllm.model_executor.models.llama_eagle3 import Eagle3LlamaForCausalLM
+    from heterospec import ops
+    from heterospec.vllm_plugin.proposer import HeteroSpecProposer
+
+    g = torch.Generator().manual_seed(0)
+    draft_v, target_v = 64, 300
+    targets = torch.randperm(target_v, generator=g)[:draft_v]
+    targets = targets.sort().values if rising else targets
+    d2t = targets - torch.arange(draft_v)
+
+    class _Draft(torch.nn.Module):          # Eagle3LlamaForCausalLM's logits path, nothing else
+        compute_logits = Eagle3LlamaForCausalLM.compute_logits
+
+        def __init__(self):
+            super().__init__()
+            self.draft_id_to_target_id = d2t
+            self.config = SimpleNamespace(draft_vocab_size=draft_v, vocab_size=target_v)
+            self.lm_head = torch.randint(-2, 3, (draft_v, 16), generator=g).float()
+
+        def logits_processor(self, head, hidden):
+            return hidden @ head.T
+
+    prop = HeteroSpecProposer.__new__(HeteroSpecProposer)
+    prop.model, prop.tp_group = _Draft(), None
+    hidden = torch.randint(-1, 2, (40, 16), generator=g).float()
+    row = prop.model.compute_logits(hidden)
+    assert (prop._draft_vocab_map() is not None) == rising
+    assert torch.equal(prop._greedy_sample(hidden), row.argmax(dim=-1))
+    logits, vocab_map = prop._draft_logits(hidden)
+    want_top, _, want_h = ops.topk_entropy(row.contiguous(), 4)
+    top, _, h = ops.topk_entropy(logits.contiguous(), 4)
+    torch.testing.assert_close(top, want_top)
+    torch.testing.assert_close(h, want_h)
+
+
 def test_drafts_travel_with_the_step_output():
     """``patch.take_drafts_from_output``: the engine core's ``take_draft_token_ids`` answers with the
     drafts that came with the last ``sample_tokens`` output, once, and asks the worker (vLLM's

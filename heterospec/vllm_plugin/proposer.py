@@ -487,13 +487,51 @@ class HeteroSpecProposer(EagleProposer):
             not getattr(self, "use_heterogeneous_vocab", False) and \
             (not getattr(self, "_enable_probabilistic_draft_probs", False) or sampling_metadata.all_greedy)
 
+    def _draft_vocab_map(self) -> Optional[torch.Tensor]:
+        """The target ids of the draft's own vocabulary, where it has one (EAGLE-3's ``d2t``) and
+        they rise with the draft's ids; else None (also with TP, whose logits are gathered)."""
+        cached = getattr(self, "_vocab_map", False)
+        if cached is not False:
+            return cached
+        out, d2t = None, getattr(self.model, "draft_id_to_target_id", None)
+        if d2t is not None and getattr(self, "tp_group", None) is None:
+            targets = torch.arange(d2t.shape[0], device=d2t.device) + d2t.detach().long()
+            if targets.numel() < 2 or bool((targets[1:] > targets[:-1]).all()):
+                out = targets
+        self._vocab_map = out
+        return out
+
+    def _draft_logits(self, hidden_states: torch.Tensor) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """``(logits, map)``: the draft's logits over its own vocabulary and the map of its ids to
+        the target's, or ``compute_logits``' row over the target's vocabulary and None.
+
+        vLLM's ``Eagle3LlamaForCausalLM.compute_logits`` spreads the draft's 8,192 logits over
+        the target's 49,152 ids (-inf elsewhere) for every draft forward, and greedy sampling
+        takes the argmax of that row: ~1 ms of each ~3 ms draft forward at batch 1 on the Zen 4
+        (py-spy, bench/RESULTS.md, thirty-eighth session). With the map rising, the argmax over
+        the draft's own logits, mapped, is the same token (ties too: the first of them in either
+        order), and their softmax is the row's (its -inf entries weigh nothing)."""
+        vocab_map = self._draft_vocab_map()
+        if vocab_map is None:
+            return self.model.compute_logits(hidden_states), None
+        return self.model.logits_processor(self.model.lm_head, hidden_states), vocab_map
+
+    def _greedy_sample(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """vLLM's greedy draft sampling, from the draft's own logits (:meth:`_draft_logits`)."""
+        if getattr(self, "use_local_argmax_reduction", False) or getattr(self, "use_heterogeneous_vocab", False):
+            return super()._greedy_sample(hidden_states)
+        logits, vocab_map = self._draft_logits(hidden_states)
+        ids = logits.argmax(dim=-1)
+        return ids if vocab_map is None else vocab_map[ids]
+
     def _sample_draft_tokens(self, hidden_states, sampling_metadata):
         if self._decision is None:
             return super()._sample_draft_tokens(hidden_states, sampling_metadata)
         logits = None
         if self._greedy_logits(sampling_metadata):
-            logits = self.model.compute_logits(hidden_states)
-            tokens, probs = logits.argmax(dim=-1), None      # what vLLM's greedy draft sampling does
+            logits, vocab_map = self._draft_logits(hidden_states)
+            ids = logits.argmax(dim=-1)                      # what vLLM's greedy draft sampling does
+            tokens, probs = (ids if vocab_map is None else vocab_map[ids]), None
         else:
             tokens, probs = super()._sample_draft_tokens(hidden_states, sampling_metadata)
         self._chain.append(tokens)
@@ -531,7 +569,7 @@ class HeteroSpecProposer(EagleProposer):
         top1 = None
         if plan.binned and plan.num_bins > 1:
             if logits is None:
-                logits = self.model.compute_logits(hidden_states)
+                logits, _ = self._draft_logits(hidden_states)
             top, _, entropy = ops.topk_entropy(logits.float().contiguous(), plan.entropy_k)
             top1 = top[:, 0]
             bins_t, _, budget_t = plan.decide(entropy.contiguous())
