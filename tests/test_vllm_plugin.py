@@ -256,6 +256,9 @@ def test_requested_options():
         requested(_Cfg({"heterospec": {"path_stop": 1}}))
     assert requested(_Cfg({"heterospec": {"path_stop": False}})) == {"path_stop": False}
     assert requested(_Cfg({"heterospec": {"lookup": False}})) == {"lookup": False}
+    assert requested(_Cfg({"heterospec": {"draft_stream": False}})) == {"draft_stream": False}
+    with pytest.raises(HeteroSpecSetupError, match="draft_stream.*true or false"):
+        requested(_Cfg({"heterospec": {"draft_stream": 1}}))
     with pytest.raises(HeteroSpecSetupError, match="lookup.*true or false"):
         requested(_Cfg({"heterospec": {"lookup": "off"}}))
 
@@ -670,6 +673,52 @@ def test_greedy_draft_tokens_from_the_drafts_own_vocabulary(rising):
     torch.testing.assert_close(h, want_h)
 
 
+@needs_vllm
+def test_draft_linears_stream_their_float16_copies_on_decode_steps():
+    """patch.streamed_draft_linears: a float16-valued float32 weight gets our stream path for up
+    to STREAM_ROWS rows (the same values as F.linear up to rounding) and keeps vLLM's path for
+    more; a weight with float32-only values, or an input embedding, is left to vLLM; vLLM's
+    dispatch is restored afterwards."""
+    import torch
+    from vllm.model_executor.layers import utils
+    from heterospec.vllm_plugin.patch import STREAM_ROWS, _stream_copy, _streamed, streamed_draft_linears
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(96, 64, generator=g).half().float()
+    calls = []
+
+    def vllm_linear(x, weight, bias):
+        calls.append(x.shape)
+        return torch.nn.functional.linear(x, weight, bias)
+    layer = torch.nn.Linear(64, 96)
+    layer.weight.data, layer.bias.data = w, torch.randn(96, generator=g)
+    copy = _stream_copy(layer)
+    assert copy is not None and copy[1:] == (96, 64)
+    fn = _streamed(*copy, vllm_linear)
+    for shape in [(1, 64), (3, 64), (2, 8, 64), (STREAM_ROWS, 64)]:
+        x = torch.randn(*shape, generator=g)
+        torch.testing.assert_close(fn(x, w, layer.bias), torch.nn.functional.linear(x, w, layer.bias),
+                                   rtol=1e-4, atol=1e-4)
+    assert calls == []
+    x = torch.randn(STREAM_ROWS + 1, 64, generator=g)
+    fn(x, w, None)
+    assert calls == [x.shape]                       # a prompt's rows: vLLM's path
+    layer.weight.data = w + 1e-4                    # float32-only values: not streamed
+    assert _stream_copy(layer) is None
+    original = utils.dispatch_cpu_unquantized_gemm
+    with streamed_draft_linears():
+        assert utils.dispatch_cpu_unquantized_gemm is not original
+        layer.weight.data = w.clone()
+        utils.dispatch_cpu_unquantized_gemm(layer, remove_weight=True)
+        assert getattr(layer.cpu_linear, "_heterospec_stream", False) and layer.weight.numel() == 0
+        x = torch.randn(2, 64, generator=g)
+        torch.testing.assert_close(layer.cpu_linear(x, layer.weight, None), torch.nn.functional.linear(x, w),
+                                   rtol=1e-4, atol=1e-4)
+    assert utils.dispatch_cpu_unquantized_gemm is original
+    with streamed_draft_linears(enabled=False):
+        assert utils.dispatch_cpu_unquantized_gemm is original
+
+
 def test_drafts_travel_with_the_step_output():
     """``patch.take_drafts_from_output``: the engine core's ``take_draft_token_ids`` answers with the
     drafts that came with the last ``sample_tokens`` output, once, and asks the worker (vLLM's
@@ -874,6 +923,8 @@ def test_vllm_heterospec_greedy_equals_autoregressive(autoregressive, tmp_path, 
     looked = [(k, r) for s in steps if s["lookup"] is not None and s["rejected"] is not None
               for k, r in zip(s["lookup"], s["rejected"]) if k]
     assert looked and sum(k - r for k, r in looked) > 0, [s for s in steps if s["lookup"]][:10]
+    # the draft's float16-valued linears (layer, fc, lm_head) streamed on decode steps
+    assert all(s["draft_streamed"] >= 5 for s in steps), steps[0]
     learned = _generate(tmp_path, "--method", "heterospec", "--k", "6", "--batch", "1", "8", "--max-new-tokens", "48",
                         "--warmup", "16", "--options", json.dumps({"costs": str(tmp_path / "learned.json")}))
     for b in (1, 8):

@@ -27,12 +27,21 @@ decodes many steps plainly, and a plain step should cost what vLLM's autoregress
   the step's draft tokens travel with its output, instead of in a second round trip between the
   engine core and the worker (``EngineCore.post_step`` -> ``take_draft_token_ids``).
 
+One makes the draft's own forwards cheaper (CPU; option ``draft_stream``):
+
+- :func:`streamed_draft_linears`: while the drafter loads its model, the linear layers whose
+  float32 weights hold float16 values exactly (the shipped draft is stored in float16) also get
+  our ``torch.ops.heterospec.stream_linear`` on a float16 copy, used for inputs of up to
+  ``STREAM_ROWS`` rows (decode steps); longer inputs (a prompt) keep vLLM's oneDNN path. Only
+  the draft's layers: the target's GEMMs, hence vLLM's output, are vLLM's.
+
 Nothing else of vLLM is touched; without the ``heterospec`` key vLLM runs unchanged, that bug
 included.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -244,6 +253,74 @@ def _wrap_runner_init(original):
 
     __init__._heterospec = True
     return __init__
+
+
+# Rows up to which a draft linear streams its float16 copy: on the Zen 4 box that path took
+# 0.24-0.41x vLLM's oneDNN time at 1 row and 0.55-0.67x at 8 (bench/RESULTS.md, thirty-eighth
+# session); a prompt's rows keep oneDNN.
+STREAM_ROWS = 16
+
+
+def _stream_copy(layer):
+    """``(packed, n, k)``: a float16 copy of ``layer``'s weight packed for our ``stream_linear``,
+    where the weight is a float32 CPU matrix holding float16 values exactly; else None (also
+    for an input embedding, and without our op)."""
+    w = getattr(layer, "weight", None)
+    if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.dtype != torch.float32 or w.device.type != "cpu" \
+            or w.numel() == 0 or type(layer).__name__ == "VocabParallelEmbedding":
+        return None
+    from .. import ops  # noqa: F401  (registers torch.ops.heterospec)
+    if not hasattr(torch.ops.heterospec, "stream_linear_pack"):
+        return None
+    with torch.no_grad():
+        half = w.detach().half()
+        if not torch.equal(half.float(), w):
+            return None
+        return torch.ops.heterospec.stream_linear_pack.default(half), int(w.shape[0]), int(w.shape[1])
+
+
+def _streamed(packed, n: int, k: int, vllm_linear):
+    """A ``cpu_linear(x, weight, bias)`` that streams ``packed`` for inputs of up to
+    ``STREAM_ROWS`` float32 rows and calls ``vllm_linear`` otherwise."""
+    op = torch.ops.heterospec.stream_linear.default
+
+    def cpu_linear(x, weight, bias):
+        rows = x.numel() // k if x.dim() >= 1 and x.shape[-1] == k else 0
+        if 0 < rows <= STREAM_ROWS and x.dtype == torch.float32:
+            return op(x.reshape(rows, k).contiguous(), packed, bias, n).reshape(*x.shape[:-1], n)
+        return vllm_linear(x, weight, bias)
+    cpu_linear._heterospec_stream = True
+    return cpu_linear
+
+
+@contextlib.contextmanager
+def streamed_draft_linears(enabled: bool = True):
+    """While the drafter loads its model: every layer vLLM's CPU GEMM dispatch prepares whose
+    weight allows it (:func:`_stream_copy`) streams decode-sized inputs (:func:`_streamed`) on
+    top of vLLM's path. A no-op off CPU or with ``enabled`` false."""
+    from vllm.model_executor.layers import utils
+    from vllm.platforms import current_platform
+    if not enabled or not current_platform.is_cpu():
+        yield
+        return
+    original = utils.dispatch_cpu_unquantized_gemm
+
+    @functools.wraps(original)
+    def dispatch(layer, remove_weight):
+        try:
+            copy = _stream_copy(layer)               # (before vLLM may drop the weight)
+        except RuntimeError as e:                    # our op refused it: vLLM's path alone
+            _log.debug("HeteroSpec: draft layer not streamed: %s", e)
+            copy = None
+        original(layer, remove_weight)
+        if copy is not None and getattr(layer, "cpu_linear", None) is not None:
+            layer.cpu_linear = _streamed(*copy, layer.cpu_linear)
+
+    utils.dispatch_cpu_unquantized_gemm = dispatch
+    try:
+        yield
+    finally:
+        utils.dispatch_cpu_unquantized_gemm = original
 
 
 def _wrong_version_guard(original, found: str):

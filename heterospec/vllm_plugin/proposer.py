@@ -94,6 +94,7 @@ class HeteroSpecProposer(EagleProposer):
         self.max_draft = int(spec.num_speculative_tokens)
         self.tables = load_chain_tables(spec.model, options)
         self.learn = options.get("learn", True)
+        self.draft_stream = options.get("draft_stream", True)
         self.costs_path = options.get("costs") or default_costs_path(self.vllm_config)
         self.costs = StepCosts()
         if os.path.exists(self.costs_path):
@@ -285,7 +286,8 @@ class HeteroSpecProposer(EagleProposer):
                "target_ms": None if self._step_end is None else round(1e3 * (now - self._step_end), 3),
                "warm_ms": round(self._prev_warm_ms, 3), "ours_ms": round(self._prev_ours_ms, 3),
                "rejected": rejected, "lookup": self.lookup.pending_lengths() if self.lookup is not None else None,
-               "path_stop": bool(self._prev_conf), "speed": round(self.costs.speed, 4)}
+               "path_stop": bool(self._prev_conf), "speed": round(self.costs.speed, 4),
+               "draft_streamed": getattr(self, "draft_streamed", 0)}
         b = self.costs.bucket(batch_size)
         if b in self.planned:       # the policy's view: the model's verdict, the guard's, its corrections
             realized = self.policy.realized(b)
@@ -375,6 +377,16 @@ class HeteroSpecProposer(EagleProposer):
         self._prev_warm_ms, self._prev_warm_charged = 0.0, 0.0
         self._prev_ours_ms = 1e3 * (self._step_end - now) - draft_ms
         return out
+
+    def load_model(self, target_model) -> None:
+        """vLLM's, with the draft's float16-valued linears streamed on decode-sized inputs
+        (:func:`.patch.streamed_draft_linears`, option ``draft_stream``)."""
+        from .patch import streamed_draft_linears
+        with streamed_draft_linears(getattr(self, "draft_stream", True)):
+            super().load_model(target_model)
+        self.draft_streamed = sum(1 for m in self.model.modules()
+                                  if getattr(getattr(m, "cpu_linear", None), "_heterospec_stream", False))
+        logger.info("HeteroSpec: %d draft linears stream their float16 copies on decode steps", self.draft_streamed)
 
     def _first_forward_only(self, forward: dict) -> None:
         """The draft's first forward over the step's tokens, no drafts (``WARM``): the draft's KV

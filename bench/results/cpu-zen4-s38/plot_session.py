@@ -13,8 +13,10 @@ runs = [("static-b8-6p", "MT-bench b8, static\n16 prompts, 6 passes"),
         ("static-b8-ab", "MT-bench b8, static\n16 prompts, 4 passes"),
         ("continuous-b8-ab1", "MT-bench b8, continuous\n32 prompts, 3 passes"),
         ("continuous-b8-ab2", "MT-bench b8, continuous\n32 prompts, 3 passes (final)"),
-        ("b1-ab", "MT-bench b1\n8 prompts, 2 passes")]
-fig, axes = plt.subplots(1, len(runs) + 1, figsize=(19, 4.8), sharey=True)
+        ("b1-ab", "MT-bench b1\n8 prompts, 2 passes"),
+        ("continuous-b8-stream-ab", "b8 continuous, 32 prompts, 3 passes\nbase2 = without draft_stream"),
+        ("b1-stream-ab", "b1, 8 prompts, 2 passes\nbase2 = without draft_stream")]
+fig, axes = plt.subplots(1, len(runs) + 1, figsize=(25, 4.8), sharey=True)
 for ax, (d, title) in zip(axes, runs):
     path = os.path.join(here, d, "vllm_compare.json")
     if not os.path.exists(path):
@@ -40,6 +42,6 @@ ax.axhline(1.0, color="k", lw=0.8)
 ax.set_title("b8, 8 prompts, 16 passes:\nvs a 1st vLLM AR engine", fontsize=9)
 axes[0].set_ylabel("tokens/s / vLLM autoregressive (dots: passes)")
 fig.suptitle("vLLM 0.32.0 CPU + HeteroSpec, 2-core Zen 4 (avx512_bf16, no AMX), float32 greedy; "
-             "base = the plugin before this session")
+             "base = the plugin before this session, base2 = this session before draft_stream")
 fig.tight_layout()
 fig.savefig(os.path.join(here, "session.png"), dpi=100)
