@@ -76,24 +76,12 @@ def _vllm_run(method: str, k: int, prompts_file: str, args) -> dict:
     return {o["batch"]: o for o in (json.loads(line) for line in r.stdout.splitlines() if line.startswith("{"))}
 
 
-def _groups(batch, n: int, continuous: bool) -> list:
-    """``(b, prompt indices)`` of each call: groups of ``b`` prompts, or with ``continuous`` all ``n``
-    in one call at the largest ``b`` (vLLM keeps ``b`` running, max_num_seqs)."""
-    out = []
-    for b in batch:
-        if continuous and b == max(batch) and b > 1:
-            out.append((b, list(range(n))))
-        else:
-            out += [(b, list(range(s, min(s + b, n)))) for s in range(0, n, b)]
-    return out
-
-
 def _vllm_interleaved(runs, prompts_file: str, n: int, args) -> dict:
     """Every engine of ``runs`` (label, method, k, extra env, HeteroSpec options) up at once; each group of prompts
     (b at a time per batch size b) run by every engine in turn, the order rotating."""
     from tqdm.auto import tqdm
 
-    from heterospec.vllm_plugin.__main__ import default_memory_fraction
+    from heterospec.vllm_plugin.__main__ import call_groups, default_memory_fraction
     frac = default_memory_fraction(budget_gib=args.memory_gib)
     procs = {}
     try:
@@ -126,7 +114,7 @@ def _vllm_interleaved(runs, prompts_file: str, n: int, args) -> dict:
         labels = [r[0] for r in runs]
         results = {(lab, b): {"seconds": 0.0, "tokens": 0, "token_ids": [], "passes": [[0, 0.0] for _ in range(args.repeats)]}
                    for lab in labels for b in args.batch}
-        groups = _groups(args.batch, n, args.continuous)
+        groups = call_groups(args.batch, n, args.continuous)
         turns = [(rep, gi) for rep in range(args.repeats) for gi in range(len(groups))]
         for t, (rep, gi) in enumerate(tqdm(turns, desc="interleaved prompt groups", unit="group")):
             b, idx = groups[gi]

@@ -54,6 +54,19 @@ def default_memory_fraction(node_bytes: int | None = None, budget_gib: float = C
     return round(min(0.9, max(0.05, budget_gib * (1 << 30) / node_bytes)), 3)
 
 
+def call_groups(batch_sizes, n: int, continuous: bool = False) -> list:
+    """``(b, prompt indices)`` of each call: groups of ``b`` of the ``n`` prompts per batch size
+    ``b`` (each run to its last request's end), or with ``continuous`` all ``n`` in one call at
+    the largest ``b`` > 1 (vLLM keeps ``b`` running, max_num_seqs)."""
+    out = []
+    for b in batch_sizes:
+        if continuous and b == max(batch_sizes) and b > 1:
+            out.append((b, list(range(n))))
+        else:
+            out += [(b, list(range(s, min(s + b, n)))) for s in range(0, n, b)]
+    return out
+
+
 def _generate(args) -> int:
     from vllm import LLM, SamplingParams
 
@@ -116,10 +129,10 @@ def _generate(args) -> int:
             if line.strip():
                 print(json.dumps(timed([json.loads(line)["prompts"]])), flush=True)
         return 0
+    groups = call_groups(args.batch, len(msgs), args.continuous)
     for b in args.batch:      # batch b: b prompts per call (--continuous: all of them, b running at once)
-        groups = [list(range(len(msgs)))] if args.continuous and b == max_seqs and b > 1 else \
-            [list(range(s, min(s + b, len(msgs)))) for s in range(0, len(msgs), b)]
-        print(json.dumps({"method": args.method, "k": args.k if spec else 0, "batch": b, **timed(groups)}), flush=True)
+        print(json.dumps({"method": args.method, "k": args.k if spec else 0, "batch": b,
+                          **timed([idx for gb, idx in groups if gb == b])}), flush=True)
     return 0
 
 

@@ -31,7 +31,8 @@ One makes the draft's own forwards cheaper (CPU; option ``draft_stream``):
 
 - :func:`streamed_draft_linears`: while the drafter loads its model, the linear layers whose
   float32 weights hold float16 values exactly (the shipped draft is stored in float16) also get
-  our ``torch.ops.heterospec.stream_linear`` on a float16 copy, used for inputs of up to
+  our ``torch.ops.heterospec.stream_linear`` on a float16 copy (the engine's own
+  :func:`heterospec.models.linear.block_codes`), used for inputs of up to
   ``STREAM_ROWS`` rows (decode steps); longer inputs (a prompt) keep vLLM's oneDNN path. Only
   the draft's layers: the target's GEMMs, hence vLLM's output, are vLLM's.
 
@@ -262,32 +263,28 @@ STREAM_ROWS = 16
 
 
 def _stream_copy(layer):
-    """``(packed, n, k)``: a float16 copy of ``layer``'s weight packed for our ``stream_linear``,
-    where the weight is a float32 CPU matrix holding float16 values exactly; else None (also
-    for an input embedding, and without our op)."""
-    w = getattr(layer, "weight", None)
-    if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.dtype != torch.float32 or w.device.type != "cpu" \
-            or w.numel() == 0 or type(layer).__name__ == "VocabParallelEmbedding":
-        return None
+    """``(packed, n, k)``: ``layer``'s weight in the narrow form it holds exactly, packed for our
+    stream kernels (:func:`heterospec.models.linear.block_codes`: float16 values, as the shipped
+    draft's, or a GGUF block format); None for any other weight and for an input embedding."""
     from .. import ops  # noqa: F401  (registers torch.ops.heterospec)
-    if not hasattr(torch.ops.heterospec, "stream_linear_pack"):
+    from ..models.linear import block_codes
+    w = getattr(layer, "weight", None)
+    if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.numel() == 0 \
+            or type(layer).__name__ == "VocabParallelEmbedding":
         return None
-    with torch.no_grad():
-        half = w.detach().half()
-        if not torch.equal(half.float(), w):
-            return None
-        return torch.ops.heterospec.stream_linear_pack.default(half), int(w.shape[0]), int(w.shape[1])
+    found = block_codes(layer)
+    return None if found is None else (found[1], int(w.shape[0]), int(w.shape[1]))
 
 
 def _streamed(packed, n: int, k: int, vllm_linear):
     """A ``cpu_linear(x, weight, bias)`` that streams ``packed`` for inputs of up to
     ``STREAM_ROWS`` float32 rows and calls ``vllm_linear`` otherwise."""
-    op = torch.ops.heterospec.stream_linear.default
+    from ..models.linear import _stream_forward
 
     def cpu_linear(x, weight, bias):
         rows = x.numel() // k if x.dim() >= 1 and x.shape[-1] == k else 0
         if 0 < rows <= STREAM_ROWS and x.dtype == torch.float32:
-            return op(x.reshape(rows, k).contiguous(), packed, bias, n).reshape(*x.shape[:-1], n)
+            return _stream_forward(x.reshape(rows, k).contiguous(), packed, bias, n).reshape(*x.shape[:-1], n)
         return vllm_linear(x, weight, bias)
     cpu_linear._heterospec_stream = True
     return cpu_linear
@@ -309,7 +306,7 @@ def streamed_draft_linears(enabled: bool = True):
     def dispatch(layer, remove_weight):
         try:
             copy = _stream_copy(layer)               # (before vLLM may drop the weight)
-        except RuntimeError as e:                    # our op refused it: vLLM's path alone
+        except (RuntimeError, ValueError) as e:      # our packing refused it: vLLM's path alone
             _log.debug("HeteroSpec: draft layer not streamed: %s", e)
             copy = None
         original(layer, remove_weight)

@@ -382,7 +382,7 @@ class HeteroSpecProposer(EagleProposer):
         """vLLM's, with the draft's float16-valued linears streamed on decode-sized inputs
         (:func:`.patch.streamed_draft_linears`, option ``draft_stream``)."""
         from .patch import streamed_draft_linears
-        with streamed_draft_linears(getattr(self, "draft_stream", True)):
+        with streamed_draft_linears(self.draft_stream):
             super().load_model(target_model)
         self.draft_streamed = sum(1 for m in self.model.modules()
                                   if getattr(getattr(m, "cpu_linear", None), "_heterospec_stream", False))
@@ -528,22 +528,25 @@ class HeteroSpecProposer(EagleProposer):
             return self.model.compute_logits(hidden_states), None
         return self.model.logits_processor(self.model.lm_head, hidden_states), vocab_map
 
+    def _greedy_tokens(self, hidden_states: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``(tokens, logits)``: vLLM's greedy draft tokens, from :meth:`_draft_logits`."""
+        logits, vocab_map = self._draft_logits(hidden_states)
+        ids = logits.argmax(dim=-1)
+        return (ids if vocab_map is None else vocab_map[ids]), logits
+
     def _greedy_sample(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """vLLM's greedy draft sampling, from the draft's own logits (:meth:`_draft_logits`)."""
         if getattr(self, "use_local_argmax_reduction", False) or getattr(self, "use_heterogeneous_vocab", False):
             return super()._greedy_sample(hidden_states)
-        logits, vocab_map = self._draft_logits(hidden_states)
-        ids = logits.argmax(dim=-1)
-        return ids if vocab_map is None else vocab_map[ids]
+        return self._greedy_tokens(hidden_states)[0]
 
     def _sample_draft_tokens(self, hidden_states, sampling_metadata):
         if self._decision is None:
             return super()._sample_draft_tokens(hidden_states, sampling_metadata)
         logits = None
         if self._greedy_logits(sampling_metadata):
-            logits, vocab_map = self._draft_logits(hidden_states)
-            ids = logits.argmax(dim=-1)                      # what vLLM's greedy draft sampling does
-            tokens, probs = (ids if vocab_map is None else vocab_map[ids]), None
+            tokens, logits = self._greedy_tokens(hidden_states)   # what vLLM's greedy draft sampling does
+            probs = None
         else:
             tokens, probs = super()._sample_draft_tokens(hidden_states, sampling_metadata)
         self._chain.append(tokens)
