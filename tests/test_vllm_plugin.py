@@ -870,9 +870,10 @@ PROMPTS = [
 ]
 
 
-def _generate(tmp_path, *args, check=True):
-    prompts = tmp_path / "prompts.json"
-    prompts.write_text(json.dumps(PROMPTS))
+def _generate(tmp_path, *args, check=True, prompts=PROMPTS):
+    path = tmp_path / "prompts.json"
+    path.write_text(json.dumps(prompts))
+    prompts = path
     cmd = [sys.executable, "-m", "heterospec.vllm_plugin", "generate", "--prompts", str(prompts), *args]
     env = dict(os.environ, VLLM_LOGGING_LEVEL="WARNING", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)

@@ -2,6 +2,9 @@
 
     paths       the built-in pair's target and draft directories (the target is fetched and
                 converted on first use), as JSON
+    tp-draft    a copy of an EAGLE-3 draft whose vocabulary vLLM can shard across --tp
+                tensor-parallel ranks (the shipped draft's 8,192 rows do not split in 3, the
+                built-in target's 9 heads split in 3 only; see tp_draft.py)
     generate    one vLLM engine (autoregressive, eagle3 with K draft tokens, or HeteroSpec) on a
                 JSON list of prompts at one or more batch sizes; prints one JSON line per batch
                 size: token ids, tokens, seconds. Used by the tests and bench/vllm_compare.py,
@@ -87,6 +90,7 @@ def _generate(args) -> int:
         extra["heterospec"] = json.loads(args.options)
     llm = LLM(model=target, speculative_config=spec, additional_config=extra, dtype=args.dtype,
               max_model_len=args.max_model_len, max_num_seqs=max_seqs, enforce_eager=True, seed=0,
+              tensor_parallel_size=args.tp,
               gpu_memory_utilization=(args.memory_fraction if args.memory_fraction is not None
                                       else default_memory_fraction()),
               async_scheduling=False, disable_log_stats=False)
@@ -160,17 +164,40 @@ def main(argv=None) -> int:
     g.add_argument("--target", default=None)
     g.add_argument("--draft", default=None)
     g.add_argument("--dtype", default="float32")
+    g.add_argument("--tp", type=int, default=1,
+                   help="tensor_parallel_size (the built-in target splits in 3; the draft then needs `tp-draft`)")
     g.add_argument("--max-model-len", type=int, default=2048)
     g.add_argument("--memory-fraction", type=float, default=None,
                    help="vLLM's gpu_memory_utilization (on CPU: the fraction of NUMA node 0's memory "
                         f"for the engine; default: {CPU_MEMORY_BUDGET_GIB} GiB of it)")
+    t = sub.add_parser("tp-draft", help="write a copy of an EAGLE-3 draft whose vocabulary vLLM can shard across "
+                                         "--tp tensor-parallel ranks")
+    t.add_argument("--tp", type=int, required=True, help="tensor_parallel_size the draft will run at")
+    t.add_argument("--out", required=True, help="the new draft directory")
+    t.add_argument("--draft", default=None, help="the draft to copy (default: the built-in one)")
+    t.add_argument("--target", default=None, help="its target (default: the built-in one)")
     args = p.parse_args(argv)
+    if args.command == "tp-draft":
+        from .tp_draft import write_tp_draft
+        paths = _paths() if args.draft is None or args.target is None else {}
+        try:
+            info = write_tp_draft(args.draft or paths["draft"], args.target or paths["target"], args.out, args.tp)
+        except ValueError as e:
+            p.error(f"tp-draft: {e}")
+        print(json.dumps({k: v for k, v in info.items() if k != "added_target_ids"}))
+        return 0
     if args.command == "paths":
         paths = _paths()
         print(paths[args.which] if args.which else json.dumps(paths))
         return 0
     if args.k < 1:
         p.error("--k must be >= 1")
+    if args.tp < 1:
+        p.error("--tp must be >= 1")
+    if args.tp > 1 and (os.cpu_count() or 1) < args.tp:
+        # vLLM's CPU workers pin their OpenMP threads to cores of their own by default; with more
+        # ranks than cores they share the cores instead
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     return _generate(args)
 
 

@@ -50,6 +50,7 @@ import logging
 import torch
 
 from .options import HeteroSpecSetupError, requested
+from .tp_draft import vocab_error
 
 SUPPORTED_VLLM = "0.32.0"
 EXPAND_KERNEL = "vllm.v1.sample.rejection_sampler.expand_kernel"
@@ -72,6 +73,12 @@ def check_config(vllm_config) -> None:
         raise HeteroSpecSetupError("HeteroSpec in vLLM does not support parallel_drafting")
     if getattr(spec, "speculative_token_tree", None):
         raise HeteroSpecSetupError("HeteroSpec in vLLM drafts chains: leave speculative_token_tree unset")
+    tp = int(getattr(vllm_config.parallel_config, "tensor_parallel_size", 1) or 1)
+    draft_hf = getattr(getattr(spec, "draft_model_config", None), "hf_config", None)
+    rows = getattr(draft_hf, "draft_vocab_size", None) or getattr(draft_hf, "vocab_size", None)
+    message = vocab_error(rows, tp, spec.model)
+    if message:                      # (else vLLM's worker stops on "8192 is not divisible by 3")
+        raise HeteroSpecSetupError(message)
     if vllm_config.scheduler_config.async_scheduling:
         raise HeteroSpecSetupError(
             "HeteroSpec in vLLM gives each request its own number of draft tokens, which vLLM schedules only "

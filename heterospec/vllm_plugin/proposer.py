@@ -19,13 +19,13 @@ decides, once per step, between the first forward and the loop:
    ``num_speculative_tokens``). The loop runs until the longest request is done; each request's
    chain is cut to its ``k``. vLLM's scheduler schedules exactly those tokens and vLLM's rejection
    sampler verifies them, so the output is vLLM's.
-3. **Path stop** (``path_stop``, on by default; fitted plans, TP 1, greedy drafts). Where the
+3. **Path stop** (``path_stop``, on by default; fitted plans, greedy drafts). Where the
    bin drafts, the chain's length is decided step by step instead of at the first forward: after
    every draft forward each request's cumulative path survival (:mod:`.pathstop`) says whether
    its token is worth verifying and whether another forward pays at this step's measured
    tokens per ms. vLLM's loop runs a fixed number of forwards; an early stop leaves it by an
    exception that :meth:`HeteroSpecProposer.propose` catches with the tokens drafted so far.
-4. **Context lookup** (``lookup``, on by default; TP 1). Before the plan's step, each request's
+4. **Context lookup** (``lookup``, on by default). Before the plan's step, each request's
    chain copied from its own context (:mod:`.lookup`) is weighed by a :class:`LookupGate`; where
    the copied chains are expected to beat the plan, the step verifies them instead, running only
    the draft's warm first forward (where the drafter would have run) and no draft loop.
@@ -35,6 +35,10 @@ engine) with the draft's chain acceptance tables (``acceptance_tables_chain.json
 model learned from vLLM's own steps (:class:`StepCosts`). A batch-size bucket is explored first,
 cheapest steps first (:meth:`HeteroSpecProposer._explore_plan`), and briefly again every
 ``REEXPLORE`` steps.
+
+With tensor parallelism every rank runs this proposer; rank 0 decides each step's kind, the draft
+lengths and the path stop's forwards, and the other ranks run the same forwards
+(:meth:`HeteroSpecProposer._follow_rank0`; vLLM's scheduler takes rank 0's drafts only).
 
 A step whose drafter does not run leaves the draft's KV cache without the entries of that
 step's tokens; acceptance stays lower for the rest of those requests. That is why plain steps
@@ -68,6 +72,7 @@ EXPLORE_SPEC = 2         # 1-token steps timed before the bound check (their med
 EXPLORE_DRAFTING = 12    # drafting exploration steps of a bucket at most (outside the REEXPLORE refreshes)
 REFIT_EVERY = 32         # timed steps of a bucket between two policy refits
 PLAIN, WARM, SPECULATE = 0, 1, 2   # what a step does with the drafter: skip it, first forward only, draft
+LOOKUP, LOOKUP_WARM = 3, 4         # a context-lookup step: copied chains (after the warm forward)
 TRACE_ENV = "HETEROSPEC_VLLM_TRACE"   # a file: one JSON line per step (batch, tokens, times, plan)
 RATE_KEEP = 0.8          # exponential memory of the tokens per ms of speculative steps (path stop)
 
@@ -87,9 +92,10 @@ class HeteroSpecProposer(EagleProposer):
         self.hs_runner = runner
         # With TP the draft's forwards hold collectives, so every rank must run the same loop:
         # the per-request lengths (entropy bins are identical on every rank, the timed plans need
-        # not be) come from TP rank 0. None at TP 1.
+        # not be) come from TP rank 0 (_follow_rank0, _decide). None at TP 1.
         group = get_tp_group()
         self.tp_group = group if group.world_size > 1 else None
+        self.tp_follower = self.tp_group is not None and group.rank_in_group != 0
         spec = self.vllm_config.speculative_config
         self.max_draft = int(spec.num_speculative_tokens)
         self.tables = load_chain_tables(spec.model, options)
@@ -127,16 +133,17 @@ class HeteroSpecProposer(EagleProposer):
         self._decision = None
         # path stop: per device-independent confidence bucket, what the target accepted; per
         # batch bucket, the tokens per ms of speculative steps; this call's chain
-        self.path_stop = bool(options.get("path_stop", True)) and self.tp_group is None
+        self.path_stop = bool(options.get("path_stop", True))
         self.calibration = ConfidenceCalibration()
         self.lookahead = LookaheadCalibration(self.calibration)
         self.rate: Dict[int, float] = {}
         self._path: Optional[PathStop] = None
+        self._path_follow = False                     # TP: rank 0 runs a path stop this call
         self._chain: List[torch.Tensor] = []
         self._prev_conf: Dict[str, List[float]] = {}  # req id -> confidences of its kept drafts
-        # context lookup (.lookup): chains copied from each request's tokens, when they pay (TP 1:
-        # a lookup step skips the draft loop, a choice every rank would have to share)
-        self.lookup = LookupSteps(self.max_draft) if options.get("lookup", True) and self.tp_group is None else None
+        # context lookup (.lookup): chains copied from each request's tokens, when they pay (with
+        # TP, rank 0's choice: a lookup step skips the draft loop on every rank)
+        self.lookup = LookupSteps(self.max_draft) if options.get("lookup", True) else None
         self._sampled = None                          # this step's sampled rows and discard mask
         self._lookup_plan = self._chain_plan("lookup", 1)   # what a lookup step leaves as the previous plan
         if self.lookup is not None:
@@ -316,22 +323,24 @@ class HeteroSpecProposer(EagleProposer):
                        token_indices_to_sample=token_indices_to_sample, common_attn_metadata=common_attn_metadata,
                        sampling_metadata=sampling_metadata, mm_embed_inputs=mm_embed_inputs,
                        num_rejected_tokens_gpu=num_rejected_tokens_gpu, slot_mappings=slot_mappings)
+        chosen, plan = None, None
         if self.lookup is not None:        # context lookup first: copied chains, where they pay
             self._feed_lookup(req_ids)
             chosen = None if prefill or limit < 1 else self._lookup_choice(batch_size, req_ids, limit)
-            if chosen is not None:
-                return self._lookup_step(req_ids, *chosen, forward, now)
-            self.lookup.forget_step()
-        plan = self._plan(batch_size)
-        if plan.speculate and self._after_switch and self._prev_plan is not None and not self._prev_plan.speculate:
-            plan = self._prev_plan            # a plain probe's second step (the one that is timed)
-        mode = SPECULATE if plan.speculate and limit > 0 else \
-            WARM if limit > 0 and (prefill or self._keep_warm(batch_size, plan)) else PLAIN
+        if chosen is not None:
+            mode = LOOKUP_WARM if chosen[1] else LOOKUP
+        else:
+            plan = self._plan(batch_size)
+            if plan.speculate and self._after_switch and self._prev_plan is not None and not self._prev_plan.speculate:
+                plan = self._prev_plan            # a plain probe's second step (the one that is timed)
+            mode = SPECULATE if plan.speculate and limit > 0 else \
+                WARM if limit > 0 and (prefill or self._keep_warm(batch_size, plan)) else PLAIN
         if self.tp_group is not None:            # every rank runs rank 0's forwards
-            flag = torch.tensor([mode], device=self.device)
-            mode = int(self.tp_group.broadcast(flag, src=0)[0].item())
-        if mode == SPECULATE and not plan.speculate:     # another TP rank's plan: this rank follows rank 0
-            plan = self._chain_plan("follow", 1)
+            mode, chosen, plan = self._follow_rank0(mode, chosen, plan)
+        if chosen is not None:
+            return self._lookup_step(req_ids, *chosen, forward, now)
+        if self.lookup is not None:
+            self.lookup.forget_step()
         # this step: the first plain one after a speculative step (untimed; the next is plain too)
         self._after_switch = mode != SPECULATE and self._prev_plan is not None and self._prev_plan.speculate
         if mode != SPECULATE:
@@ -349,7 +358,7 @@ class HeteroSpecProposer(EagleProposer):
             self._prev_ours_ms = 1e3 * (t0 - now)
             return [[] for _ in range(batch_size)]
         self._decision = (plan, limit, None)
-        self._path, self._chain = None, []
+        self._path, self._chain, self._path_follow = None, [], False
         t0 = time.perf_counter()
         try:
             drafts = super().propose(max(limit, 1), target_token_ids, target_positions, target_hidden_states,
@@ -377,6 +386,24 @@ class HeteroSpecProposer(EagleProposer):
         self._prev_warm_ms, self._prev_warm_charged = 0.0, 0.0
         self._prev_ours_ms = 1e3 * (self._step_end - now) - draft_ms
         return out
+
+    def _follow_rank0(self, mode: int, chosen, plan: Optional[Plan]):
+        """With tensor parallelism: ``(mode, chosen, plan)`` of this step on this rank, rank 0's kind
+        of step. The draft's forwards hold collectives, so every rank runs the forwards rank 0 runs;
+        plans use measured times, which differ per rank. vLLM's scheduler takes rank 0's drafts
+        only, so another rank's lookup step proposes nothing and learns nothing (``chosen`` with
+        no round), and its speculative step drafts rank 0's number of tokens (:meth:`_decide`)."""
+        flag = torch.tensor([mode], device=self.device)
+        mode = int(self.tp_group.broadcast(flag, src=0)[0].item())
+        if not self.tp_follower:
+            return mode, chosen, plan
+        if mode in (LOOKUP, LOOKUP_WARM):
+            return mode, (None, mode == LOOKUP_WARM), plan
+        if mode == SPECULATE and (plan is None or not plan.speculate):
+            plan = self._chain_plan("follow", 1)
+        elif plan is None:
+            plan = Plan("follow-plain", speculate=False, binned=False)
+        return mode, None, plan
 
     def load_model(self, target_model) -> None:
         """vLLM's, with the draft's float16-valued linears streamed on decode-sized inputs
@@ -455,19 +482,23 @@ class HeteroSpecProposer(EagleProposer):
         return None if chosen is None else (chosen, keep_warm)
 
     def _lookup_step(self, req_ids: List[str], chosen, warm: bool, forward: dict, now: float) -> List[List[int]]:
-        """Propose the copied chains (after the draft's warm forward where the drafter would have run)."""
+        """Propose the copied chains (after the draft's warm forward where the drafter would have
+        run). ``chosen`` None: another TP rank's part of rank 0's lookup step (its forwards only)."""
         t0 = time.perf_counter()
         if warm:
             self._first_forward_only(forward)
         warm_ms = 1e3 * (time.perf_counter() - t0)
-        self.lookup.ran(req_ids, chosen)
+        if chosen is None:
+            self.lookup.forget_step()
+        else:
+            self.lookup.ran(req_ids, chosen)
         self._prev, self._prev_conf, self._prev_plan = {}, {}, self._lookup_plan
         self._after_switch = False
         # (the warm forward is part of the step's time, as a drafted step's draft time is)
         self._prev_draft_ms, self._prev_warm_ms, self._prev_warm_charged = warm_ms, warm_ms, 0.0
         self._step_end = time.perf_counter()
         self._prev_ours_ms = 1e3 * (self._step_end - now) - warm_ms
-        return [list(c) for c in chosen.chains]
+        return [[] for _ in req_ids] if chosen is None else [list(c) for c in chosen.chains]
 
     def _keep_warm(self, batch_size: int, plan: Plan) -> bool:
         """Whether a plain step runs the draft's first forward anyway (``WARM``).
@@ -552,9 +583,14 @@ class HeteroSpecProposer(EagleProposer):
         self._chain.append(tokens)
         if self._decision[2] is None:
             self._decide(hidden_states, logits)
-        elif self._path is not None:
-            top1, _, _ = ops.topk_entropy(logits.float().contiguous(), 1)
-            if not self._path.step(top1[:, 0].exp()) and len(self._chain) < self.num_speculative_tokens:
+        elif self._path is not None or self._path_follow:
+            go = True
+            if self._path is not None:
+                top1, _, _ = ops.topk_entropy(logits.float().contiguous(), 1)
+                go = self._path.step(top1[:, 0].exp())
+            if self.tp_group is not None:          # one flag per draft forward: rank 0's stop
+                go = bool(self.tp_group.broadcast(torch.tensor([int(go)], device=hidden_states.device), src=0)[0].item())
+            if not go and len(self._chain) < self.num_speculative_tokens:
                 raise _ChainStop
         return tokens, probs
 
@@ -592,15 +628,18 @@ class HeteroSpecProposer(EagleProposer):
             bins_t = torch.zeros(B, dtype=torch.int64, device=hidden_states.device)
             budget_t = torch.full((B,), plan.budget[0], dtype=torch.int64, device=hidden_states.device)
         budget_t = budget_t.clamp(max=limit)
-        if self.tp_group is not None:                      # every TP rank runs rank 0's loop
-            budget_t = self.tp_group.broadcast(budget_t.contiguous(), src=0)
-        bins, ks = bins_t.tolist(), budget_t.tolist()
-        self._decision = (plan, limit, (bins, ks))
+        ks = budget_t.tolist()
         self.num_speculative_tokens = max(1, max(ks) if ks else 1)
-        path = self._start_path(plan, B, limit) if logits is not None else None
+        path = None if self.tp_follower or logits is None else self._start_path(plan, B, limit)
         if path is not None and any(ks):
             if top1 is None:
                 top1 = ops.topk_entropy(logits.float().contiguous(), 1)[0][:, 0]
             path.begin(ks)
             self._path = path
             self.num_speculative_tokens = limit if path.step(top1.exp()) else 1
+        if self.tp_group is not None:      # every TP rank runs rank 0's loop: its lengths, forwards, path stop
+            loop = torch.tensor([self.num_speculative_tokens, int(self._path is not None)], device=budget_t.device)
+            got = self.tp_group.broadcast(torch.cat([budget_t.long(), loop.long()]).contiguous(), src=0).tolist()
+            ks, (self.num_speculative_tokens, follow) = got[:B], got[B:]
+            self._path_follow = bool(follow) and self._path is None
+        self._decision = (plan, limit, (bins_t.tolist(), ks))
