@@ -153,14 +153,18 @@ TP_PROMPTS = ["Repeat this line three times: the quick brown fox jumps over the 
 @needs_vllm
 @pytest.mark.slow
 def test_vllm_heterospec_at_tp3_greedy_equals_autoregressive(tmp_path, monkeypatch):
-    """vLLM at tensor_parallel_size=3 on the CPU (gloo; three ranks share the cores), the TP draft
-    of the shipped one (8,256 rows), frozen costs that speculate: every rank runs rank 0's steps
-    (lookup, drafting with the path stop, plain), and the greedy output is vLLM autoregressive's at
-    TP 3."""
+    """vLLM at tensor_parallel_size=3 on the CPU (gloo; three ranks share the cores). The shipped
+    draft (8,192 rows) stops at start with a message naming ``tp-draft``; its TP copy (8,256 rows)
+    with frozen costs that speculate runs: every rank runs rank 0's steps (lookup, drafting with
+    the path stop, plain), and the greedy output is vLLM autoregressive's at TP 3."""
     from heterospec.defaults import default_draft_dir, default_target_dir
     draft = tmp_path / "draft-tp3"
     write_tp_draft(default_draft_dir(), default_target_dir(), draft, 3)
     common = ["--tp", "3", "--batch", "4", "--max-new-tokens", "32", "--max-model-len", "512"]
+    r = _generate(tmp_path, "--method", "heterospec", "--k", "4", *common, check=False)   # the shipped draft
+    assert r.returncode != 0
+    out = r.stdout + r.stderr          # vLLM's workers log their errors to stdout
+    assert "8192-token vocabulary does not split across 3" in out and "tp-draft --tp 3" in out, out[-3000:]
     ar = _generate(tmp_path, "--method", "autoregressive", *common, prompts=TP_PROMPTS)
     trace = tmp_path / "trace.jsonl"
     monkeypatch.setenv("HETEROSPEC_VLLM_TRACE", str(trace))

@@ -532,12 +532,13 @@ class HeteroSpecProposer(EagleProposer):
 
     def _draft_vocab_map(self) -> Optional[torch.Tensor]:
         """The target ids of the draft's own vocabulary, where it has one (EAGLE-3's ``d2t``) and
-        they rise with the draft's ids; else None (also with TP, whose logits are gathered)."""
+        they rise with the draft's ids; else None. (With TP, vLLM's logits processor all-gathers
+        the draft's logits to every rank, as ``compute_logits`` does.)"""
         cached = getattr(self, "_vocab_map", False)
         if cached is not False:
             return cached
         out, d2t = None, getattr(self.model, "draft_id_to_target_id", None)
-        if d2t is not None and getattr(self, "tp_group", None) is None:
+        if d2t is not None:
             targets = torch.arange(d2t.shape[0], device=d2t.device) + d2t.detach().long()
             if targets.numel() < 2 or bool((targets[1:] > targets[:-1]).all()):
                 out = targets
