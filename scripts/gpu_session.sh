@@ -249,7 +249,8 @@ stage_e2e() {
     --md "$STATE/split_default.md" || echo "per-step split of the default pair failed (e2e figures stand)"
 }
 # Issue 11 (only with GPU_DRAFT_DATA=1): new draft data on the GPU. The target writes user
-# requests (train-draft selfchat, GPU_SELFCHAT_N samples, at most GPU_SELFCHAT_S seconds), then
+# requests (train-draft selfchat, GPU_SELFCHAT_N samples, at most GPU_SELFCHAT_S seconds; each
+# chunk opened with one kind of request, GPU_SELFCHAT_OPENINGS=tasks, or none), then
 # answers a selfchat-heavy mix of prompts into token-only shards ($STATE/distill-v3,
 # GPU_DISTILL_PROMPTS prompts, at most GPU_DISTILL_S seconds). The benchmark sets the host lacks (python3.11-doc, reasoning-gym) are reported, not
 # checked: re-check the returned prompts here before training on them. Returned as
@@ -260,7 +261,8 @@ stage_draft_data() {
   [[ "${GPU_DRAFT_DATA:-0}" == 1 ]] || { echo "not asked for (GPU_DRAFT_DATA=1 runs it)"; exit 75; }
   need_target
   HETEROSPEC_SELFCHAT="$sc" "$PY" -m heterospec.cli train-draft selfchat --target "$target" --out "$sc" \
-    --num-samples "${GPU_SELFCHAT_N:-16384}" --batch 512 --time-budget "${GPU_SELFCHAT_S:-150}" 2>&1 | tr '\r' '\n' | tail -n 8
+    --num-samples "${GPU_SELFCHAT_N:-16384}" --batch 512 --time-budget "${GPU_SELFCHAT_S:-150}" \
+    --openings "${GPU_SELFCHAT_OPENINGS:-tasks}" 2>&1 | tr '\r' '\n' | tail -n 8
   # The distill's --time-budget counts its generation only (loading, building and checking the
   # prompts come first: ~60 s on an H100 on 26 Nov, when the stage's limit cut it before the
   # packing below and nothing came back). So: generation ends 120 s before the deadline, and an

@@ -156,3 +156,56 @@ def test_selfchat_is_a_training_prompt_source(tmp_path, monkeypatch):
     with pytest.warns(UserWarning, match="selfchat"):
         only_math = TP.build_training_prompts(4, seed=0, mix={"selfchat": 0.5, "math": 0.5})
     assert {p.source.split(":")[0] for p in only_math} == {"math"}
+
+
+def test_task_openings_cycle_through_every_kind_and_its_phrases():
+    kinds = list(S.TASK_OPENINGS)
+    assert S.chunk_opening(5) == (None, "")
+    got = [S.chunk_opening(c, "tasks") for c in range(len(kinds) * 2)]
+    assert [k for k, _ in got[:len(kinds)]] == kinds            # one kind per chunk, in turn
+    for kind, phrase in got:
+        assert phrase in S.TASK_OPENINGS[kind]
+    assert got[0][1] != got[len(kinds)][1]                       # the next round takes the next phrase
+    with pytest.raises(ValueError, match="openings"):
+        S.chunk_opening(0, "topics")
+
+
+def test_a_turn_under_an_opening_starts_with_it_and_continues_from_it(model):
+    """The opening is part of the prefix the model continues (the same tokens as sampling from
+    prefix + opening directly), and the kept text is the opening plus the continuation."""
+    tok = ChatTokenizer()
+    opening = "Write a"
+    turns = S.sample_user_turns(model, tok, 6, max_new_tokens=8, generator=torch.Generator().manual_seed(4),
+                                opening=opening)
+    assert all(t.startswith(opening + "w") or t == opening for t, _ in turns)
+
+    class Prefixed(ChatTokenizer):                # the same prefix, written into the template
+        def apply_chat_template(self, messages, tokenize=False):
+            return "<sys> be helpful <end> <user> Write a" + " ".join(m["content"] for m in messages) + " <end>"
+
+    plain = S.sample_user_turns(model, Prefixed(), 6, max_new_tokens=8, generator=torch.Generator().manual_seed(4))
+    assert [opening + t for t, _ in plain] == [t for t, _ in turns]
+
+
+def test_a_run_with_openings_tags_its_turns_and_keeps_its_setting(model, tmp_path, monkeypatch):
+    monkeypatch.setattr(S, "MIN_WORDS", 1)
+    tok = ChatTokenizer()
+    kw = dict(batch=8, max_new_tokens=16, model=model, tokenizer=tok, log=lambda *a: None)
+    out = tmp_path / "tasks.jsonl"
+    S.run_selfchat(out, 24, openings="tasks", **kw)
+    rows, done = S.read_user_turns(out)
+    assert done == {0, 1, 2} and rows
+    for r in rows:
+        kind, opening = S.chunk_opening(r["chunk"], "tasks")
+        assert r["kind"] == kind and r["text"].startswith(opening.strip())
+    with pytest.raises(ValueError, match="openings"):          # one setting per file
+        S.run_selfchat(out, 32, **kw)
+    plain = tmp_path / "plain.jsonl"
+    S.run_selfchat(plain, 8, **kw)
+    with pytest.raises(ValueError, match="openings"):
+        S.run_selfchat(plain, 16, openings="tasks", **kw)
+    with pytest.raises(ValueError, match="openings"):
+        S.run_selfchat(tmp_path / "x.jsonl", 4, openings="topics", **kw)
+    monkeypatch.setenv("HETEROSPEC_SELFCHAT", str(out))
+    got = TP._selfchat_prompts(100, random.Random(0))
+    assert {p.source for p in got} == {f"selfchat:{r['kind']}" for r in rows}

@@ -248,6 +248,9 @@ def test_simulate_and_export(tmp_path, target):
     assert cfg["draft_vocab_size"] == 32 and cfg["vocab_size"] == VOCAB
     info = json.loads((dest / "training_info.json").read_text())
     assert info["ttt_steps"] == 2 and info["ttt_history"] == [[0, 2]]
+    [[first, machine]] = info["machines"]                 # where it trained (issue 11 asks)
+    assert first == 0 and machine["device"] == "cpu" and machine["threads"] == tr.cfg.threads
+    assert machine["torch"] == torch.__version__ and "cpu_flags" in machine
     assert info["data"]["response_tokens"] > 0 and info["data"]["shards"] == 2
     assert all(v["licence"] for v in info["data"]["sources"].values())
     # re-export over a larger vocabulary (frozen lm_head = the target's rows)

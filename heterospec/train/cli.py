@@ -94,6 +94,11 @@ def build_parser(prog: str = "heterospec train-draft") -> argparse.ArgumentParse
     p.add_argument("--top-p", type=fraction, default=0.95)
     p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--time-budget", type=positive_float, default=None, help="seconds; stop starting chunks after")
+    p.add_argument("--openings", choices=("none", "tasks"), default="none",
+                   help="tasks: each chunk's turns start with the first words of one kind of request "
+                        "(writing, roleplay, reasoning, math, coding, extraction, STEM, humanities, "
+                        "summarisation) and the target writes the rest (default: none, the target "
+                        "writes the whole request)")
 
     p = sub.add_parser("pack", help="token-only copies of distilled shards (for git: the taps "
                                     "are recomputed when training)")
@@ -220,7 +225,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
         res = run_selfchat(args.out or default_selfchat_path(), args.num_samples, batch=args.batch, seed=args.seed,
                            max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                           target_dir=args.target, time_budget=args.time_budget)
+                           target_dir=args.target, time_budget=args.time_budget, openings=args.openings)
         print(json.dumps(res, indent=1), flush=True)
         return 0
     if args.cmd == "pack":

@@ -514,7 +514,7 @@ def _selfchat_prompts(n: int, rng: random.Random) -> list[Prompt]:
         raise MissingDataError(f"no self-written user turns at {path}; run: heterospec train-draft selfchat")
     rows, _ = read_user_turns(path)
     rng.shuffle(rows)
-    return [Prompt(id=r["id"], text=r["text"], source="selfchat:target") for r in rows[:n]]
+    return [Prompt(id=r["id"], text=r["text"], source=f"selfchat:{r.get('kind', 'target')}") for r in rows[:n]]
 
 
 SOURCES = {"instruct": _instruct_prompts, "code": _code_prompts, "docs": _docs_prompts,

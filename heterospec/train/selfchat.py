@@ -14,9 +14,18 @@ that :func:`clean_user_turn` accepts, and appends them to a JSONL file, one chun
 split. ``heterospec.train.prompts`` reads the file as the ``selfchat`` source; the prompts then
 pass the disjointness check against the benchmark sets like every other source.
 
+Task openings (``openings="tasks"``). Left alone, the target writes the requests it finds most
+likely, which are not spread like the kinds of request a benchmark asks (writing, roleplay,
+reasoning, math, coding, extraction, STEM, humanities, summarisation). With task openings chunk
+``c`` starts every user turn with the first words of one kind of request (``TASK_OPENINGS``, in
+turn by chunk: kind ``c mod 9``, then the kind's phrases in turn), and the target writes the
+rest; the kept turn is the opening plus what it wrote. Every sample of a chunk shares the same
+prefix, so batches stay unpadded. A file holds one setting: resuming with another is refused.
+
 File lines: ``{"id": "selfchat/<seed>/<chunk>/<j>", "chunk": c, "text": ...}`` for kept turns
-and one ``{"chunk": c, "done": true, "seed": s, "samples": n, "kept": k}`` line closing each chunk (a chunk
-without it was interrupted and is drawn again).
+(with ``"kind"`` under task openings) and one ``{"chunk": c, "done": true, "seed": s, "samples": n,
+"kept": k}`` line closing each chunk (plus ``"openings"`` under task openings; a chunk without its
+done line was interrupted and is drawn again).
 """
 
 from __future__ import annotations
@@ -30,12 +39,41 @@ from pathlib import Path
 import torch
 
 __all__ = ["user_turn_prefix", "sample_user_turns", "clean_user_turn", "run_selfchat",
-           "read_user_turns", "default_selfchat_path"]
+           "read_user_turns", "default_selfchat_path", "TASK_OPENINGS", "chunk_opening"]
 
 _SENTINEL = "\u2063HETEROSPEC\u2063"
 # "[book_title]", "{name}": template slots a generated request sometimes leaves unfilled
 _PLACEHOLDER = re.compile(r"\[[a-z_]+\]|\{[a-z_]+\}")
 MIN_WORDS, MAX_WORDS = 4, 250
+
+# First words of a user request, per kind of request a benchmark asks (our own text). Generic on
+# purpose: the target writes the request, these only choose its kind.
+TASK_OPENINGS: dict[str, tuple[str, ...]] = {
+    "writing": ("Write a", "Compose a", "Draft an email", "Write a short story about"),
+    "roleplay": ("Pretend you are", "Imagine you are", "Act as", "You are a"),
+    "reasoning": ("Explain why", "If", "Which is more likely", "Think step by step:"),
+    "math": ("Solve:", "Calculate", "A store sells", "What is the value of"),
+    "coding": ("Write a Python function that", "How do I", "Fix this code:", "Write a program that"),
+    "extraction": ("Extract", "List all the", "From the following text,", "Identify the"),
+    "stem": ("How does", "What is the difference between", "Describe the process of", "Why do"),
+    "humanities": ("Discuss", "What were the causes of", "Compare", "What is the role of"),
+    "summarisation": ("Summarize the following article:\n\n", "Summarize this text in two sentences:\n\n",
+                      "Give a brief summary of the following:\n\n", "TL;DR:\n\n"),
+}
+OPENINGS = ("none", "tasks")
+
+
+def chunk_opening(chunk: int, openings: str = "none") -> tuple[str | None, str]:
+    """``(kind, opening)`` of chunk ``chunk``: ``(None, "")`` without openings; under task openings
+    kind ``chunk mod 9`` of ``TASK_OPENINGS`` and that kind's phrases in turn."""
+    if openings not in OPENINGS:
+        raise ValueError(f"selfchat openings must be one of {', '.join(OPENINGS)}; got {openings!r}")
+    if openings == "none":
+        return None, ""
+    kinds = list(TASK_OPENINGS)
+    kind = kinds[chunk % len(kinds)]
+    phrases = TASK_OPENINGS[kind]
+    return kind, phrases[(chunk // len(kinds)) % len(phrases)]
 
 
 def default_selfchat_path() -> Path:
@@ -69,9 +107,11 @@ def clean_user_turn(text: str, finished: bool) -> str | None:
 
 @torch.inference_mode()
 def sample_user_turns(model, tokenizer, n: int, max_new_tokens: int = 160, temperature: float = 1.0,
-                      top_p: float = 1.0, generator: torch.Generator | None = None) -> list[tuple[str, bool]]:
-    """``n`` user turns sampled after :func:`user_turn_prefix`, as ``(text, finished)``: finished
-    when the model closed the turn (an end-of-turn or EOS token) within ``max_new_tokens``."""
+                      top_p: float = 1.0, generator: torch.Generator | None = None,
+                      opening: str = "") -> list[tuple[str, bool]]:
+    """``n`` user turns sampled after :func:`user_turn_prefix` (and ``opening``, the turn's first
+    words, which start every returned text), as ``(text, finished)``: finished when the model
+    closed the turn (an end-of-turn or EOS token) within ``max_new_tokens``."""
     from transformers import DynamicCache
 
     from ..config import SamplingParams
@@ -83,7 +123,7 @@ def sample_user_turns(model, tokenizer, n: int, max_new_tokens: int = 160, tempe
     params = SamplingParams(temperature, top_p, 0, None)
     dev = next(model.parameters()).device
     gen = generator if generator is not None else torch.Generator(device=dev)
-    prefix = tokenizer(user_turn_prefix(tokenizer), add_special_tokens=False)["input_ids"]
+    prefix = tokenizer(user_turn_prefix(tokenizer) + opening, add_special_tokens=False)["input_ids"]
     stop = {i for i in (tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id)
             if isinstance(i, int) and i >= 0}
     stop_t = torch.tensor(sorted(stop), device=dev)
@@ -111,7 +151,7 @@ def sample_user_turns(model, tokenizer, n: int, max_new_tokens: int = 160, tempe
         pos = torch.full((len(active), 1), len(prefix) + step, device=dev)
         logits = model(input_ids=tok.unsqueeze(-1), position_ids=pos, past_key_values=cache,
                        use_cache=True).logits[:, -1]
-    return [(tokenizer.decode(o, skip_special_tokens=True), f) for o, f in zip(out, finished)]
+    return [(opening + tokenizer.decode(o, skip_special_tokens=True), f) for o, f in zip(out, finished)]
 
 
 def read_user_turns(path: str | os.PathLike) -> tuple[list[dict], set[int]]:
@@ -135,6 +175,19 @@ def read_user_turns(path: str | os.PathLike) -> tuple[list[dict], set[int]]:
     return rows, done
 
 
+def _openings_of(path: Path) -> set[str]:
+    """The openings settings the completed chunks of a selfchat file were drawn with."""
+    held = set()
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if '"done": true' in line:
+                try:
+                    held.add(json.loads(line).get("openings", "none"))
+                except ValueError:
+                    continue
+    return held
+
+
 def _drop_interrupted_tail(path: Path) -> None:
     """Cut the lines an interrupted run wrote after the last completed chunk (kept atomic)."""
     lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
@@ -148,11 +201,14 @@ def _drop_interrupted_tail(path: Path) -> None:
 def run_selfchat(out: str | os.PathLike, num_samples: int, batch: int = 64, seed: int = 0,
                  max_new_tokens: int = 160, temperature: float = 1.0, top_p: float = 0.95,
                  model=None, tokenizer=None, target_dir: str | None = None, time_budget: float | None = None,
-                 log=print) -> dict:
+                 openings: str = "none", log=print) -> dict:
     """Sample until ``num_samples`` turns were drawn (kept or not), resuming ``out``; returns
     counts. ``model``/``tokenizer`` default to the built-in target (bfloat16 where the CPU has
-    native bf16: the turns only need to be the kind the target writes)."""
+    native bf16: the turns only need to be the kind the target writes). ``openings="tasks"``
+    starts each chunk's turns with one kind's opening (:func:`chunk_opening`)."""
     from tqdm import tqdm
+
+    chunk_opening(0, openings)                  # a clear error before any model is loaded
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -173,6 +229,10 @@ def run_selfchat(out: str | os.PathLike, num_samples: int, batch: int = 64, seed
     if other:
         raise ValueError(f"{out} holds turns drawn with seed {sorted(other)[0]}, not {seed}: "
                          f"pass another --out for another seed")
+    held = _openings_of(out) if out.exists() else set()
+    if held - {openings}:
+        raise ValueError(f"{out} holds turns drawn with openings {sorted(held)[0]!r}, not {openings!r}: "
+                         f"pass another --out for another setting")
     seen = {" ".join(r["text"].lower().split()) for r in rows}
     chunks = -(-num_samples // batch)
     todo = [c for c in range(chunks) if c not in done]
@@ -186,7 +246,9 @@ def run_selfchat(out: str | os.PathLike, num_samples: int, batch: int = 64, seed
             break
         # on the model's device (a CUDA run draws other turns than a CPU run: both are seeded)
         gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed * 1_000_003 + c)
-        turns = sample_user_turns(model, tokenizer, batch, max_new_tokens, temperature, top_p, gen)
+        kind, opening = chunk_opening(c, openings)
+        turns = sample_user_turns(model, tokenizer, batch, max_new_tokens, temperature, top_p, gen, opening)
+        tag = {} if kind is None else {"kind": kind}
         lines, kept = [], 0
         for j, (text, fin) in enumerate(turns):
             text = clean_user_turn(text, fin)
@@ -195,8 +257,9 @@ def run_selfchat(out: str | os.PathLike, num_samples: int, batch: int = 64, seed
                 continue
             seen.add(key)
             kept += 1
-            lines.append(json.dumps({"id": f"selfchat/{seed}/{c}/{j}", "chunk": c, "text": text}))
-        lines.append(json.dumps({"chunk": c, "done": True, "seed": seed, "samples": batch, "kept": kept}))
+            lines.append(json.dumps({"id": f"selfchat/{seed}/{c}/{j}", "chunk": c, "text": text, **tag}))
+        lines.append(json.dumps({"chunk": c, "done": True, "seed": seed, "samples": batch, "kept": kept,
+                                 **({} if kind is None else {"openings": openings})}))
         with open(out, "a", encoding="utf-8") as f:   # one write per chunk; its "done" line last
             f.write("\n".join(lines) + "\n")
         kept_now += kept

@@ -644,6 +644,7 @@ class Trainer:
         self.train_seconds = 0.0          # cumulative over resumes (drives the time schedule)
         self.history: list[dict] = []
         self.ttt_history: list[list[int]] = []   # [first step, ttt_steps] per change
+        self.machines: list[list] = []           # [first step, training_machine()] per change
         self.val_refs = None
         self._tap_model = None
         if ck.exists():
@@ -651,6 +652,9 @@ class Trainer:
             log(f"resumed from {ck} at step {self.step}")
         if not self.ttt_history or self.ttt_history[-1][1] != cfg.ttt_steps:
             self.ttt_history.append([self.step, cfg.ttt_steps])
+        here = training_machine(self.device, cfg.threads)
+        if not self.machines or self.machines[-1][1] != here:    # a run resumed elsewhere
+            self.machines.append([self.step, here])
         if self.val_refs is None:
             self.val_refs = validation_sequences(cfg.data_dir, cfg.val_seqs)
         (self.run / "train_config.json").write_text(json.dumps(asdict(cfg), indent=1))
@@ -661,7 +665,7 @@ class Trainer:
         return {"draft": self.draft.state_dict(), "opt": self.opt.state_dict(), "step": self.step,
                 "tokens_seen": self.tokens_seen, "train_seconds": self.train_seconds, "stream": self.stream.state_dict(),
                 "history": self.history, "val_refs": self.val_refs, "config": asdict(self.cfg),
-                "ttt_history": self.ttt_history,
+                "ttt_history": self.ttt_history, "machines": self.machines,
                 "rng": torch.get_rng_state()}
 
     def save_checkpoint(self, name: str = "ckpt_latest.pt") -> Path:
@@ -689,6 +693,7 @@ class Trainer:
         self.train_seconds = st.get("train_seconds", 0.0)
         self.stream.load_state_dict(st["stream"])
         self.history = st.get("history", [])
+        self.machines = list(st.get("machines") or [])
         self.val_refs = [tuple(r) for r in st["val_refs"]] if st.get("val_refs") else None
         torch.set_rng_state(st["rng"])
 
@@ -1067,6 +1072,17 @@ def revocab(draft, target, kept_new: torch.Tensor):
     return new
 
 
+def training_machine(device, threads: int) -> dict:
+    """Where a run trains, for ``training_info.json``: the GPU's name, or the CPU's model and
+    the flags its speed depends on (``costmodel.CPU_FLAGS``), the threads and torch."""
+    from ..costmodel import _cpu_info
+
+    dev = torch.device(device)
+    where = ({"device": "cuda", "gpu": torch.cuda.get_device_name(dev)} if dev.type == "cuda"
+             else {"device": dev.type, **_cpu_info(), "threads": int(threads)})
+    return {**where, "torch": torch.__version__}
+
+
 def export_draft(checkpoint, dest, target=None, vocab_file=None) -> Path:
     """Load a training checkpoint (``ckpt_*.pt``) and write the draft with ``save_pretrained``
     (public EAGLE-3 layout, fp16) to ``dest``; also writes ``training_info.json``.
@@ -1101,6 +1117,7 @@ def export_draft(checkpoint, dest, target=None, vocab_file=None) -> Path:
     info = {"step": st["step"], "tokens_seen": st.get("tokens_seen"),
             "ttt_steps": cfg.get("ttt_steps"), "ttt_history": st.get("ttt_history"),
             "train_seconds": st.get("train_seconds"),
+            "machines": st.get("machines"), "warm_start": cfg.get("init_from"),
             "data": training_data_info(cfg.get("data_dir")),
             "trained_draft_vocab": trained_vocab, "draft_vocab": int(draft.config.draft_vocab_size),
             "vocab_file": str(vocab_file) if vocab_file else None,
