@@ -889,9 +889,12 @@ def autoregressive(tmp_path_factory):
                      "--max-new-tokens", "48")
 
 
-def _speculating_costs(path):
+def _speculating_costs(path, copies_paid=False):
     """Frozen step costs of a device where verifying costs little: the plan drafts at every batch
-    size, with per-bin lengths, so the identity and sampling checks see mixed draft lengths."""
+    size, with per-bin lengths, so the identity and sampling checks see mixed draft lengths.
+    ``copies_paid``: the context-lookup gate starts as on a device where chains copied after a
+    match of 4 or more tokens were accepted 90 % of the time, so lookup steps run beside the
+    drafted ones whatever the shipped draft's chain tables predict for drafting."""
     costs = StepCosts()
     for b in (1, 8):
         for x in (0, 1, 6):
@@ -899,6 +902,15 @@ def _speculating_costs(path):
         for steps in (0, 5):
             costs.add_draft(b, steps, 2.0 + 1.0 * steps)
     costs.save(str(path))
+    if copies_paid:
+        from heterospec.lookup import MATCH_BUCKETS, LookupGate
+
+        gate = LookupGate(6)
+        for row in range(len(MATCH_BUCKETS)):
+            if MATCH_BUCKETS[row] >= 4:
+                gate._tried[row] = [10.0] * gate.kmax
+                gate._hit[row] = [9.0] * gate.kmax
+        gate.save(str(path).removesuffix(".json") + ".lookup.json")
     return json.dumps({"costs": str(path), "learn": False})
 
 
@@ -914,7 +926,7 @@ def test_vllm_heterospec_greedy_equals_autoregressive(autoregressive, tmp_path, 
     trace = tmp_path / "trace.jsonl"
     monkeypatch.setenv("HETEROSPEC_VLLM_TRACE", str(trace))
     frozen = _generate(tmp_path, "--method", "heterospec", "--k", "6", "--batch", "1", "8", "--max-new-tokens", "48",
-                       "--options", _speculating_costs(tmp_path / "costs.json"))
+                       "--options", _speculating_costs(tmp_path / "costs.json", copies_paid=True))
     monkeypatch.delenv("HETEROSPEC_VLLM_TRACE")
     steps = [json.loads(line) for line in trace.read_text().splitlines()]
     stopped = [s for s in steps if s["path_stop"]]
