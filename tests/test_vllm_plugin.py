@@ -906,10 +906,10 @@ def _speculating_costs(path, copies_paid=False):
         from heterospec.lookup import MATCH_BUCKETS, LookupGate
 
         gate = LookupGate(6)
-        for row in range(len(MATCH_BUCKETS)):
-            if MATCH_BUCKETS[row] >= 4:
-                gate._tried[row] = [10.0] * gate.kmax
-                gate._hit[row] = [9.0] * gate.kmax
+        state = gate.state()
+        state["tried"] = [[10.0 if m >= 4 else 0.0] * gate.kmax for m in MATCH_BUCKETS]
+        state["hit"] = [[9.0 if m >= 4 else 0.0] * gate.kmax for m in MATCH_BUCKETS]
+        assert gate.load_state(state)
         gate.save(str(path).removesuffix(".json") + ".lookup.json")
     return json.dumps({"costs": str(path), "learn": False})
 

@@ -154,11 +154,11 @@ def sample_user_turns(model, tokenizer, n: int, max_new_tokens: int = 160, tempe
     return [(opening + tokenizer.decode(o, skip_special_tokens=True), f) for o, f in zip(out, finished)]
 
 
-def read_user_turns(path: str | os.PathLike) -> tuple[list[dict], set[int]]:
-    """(kept turns of the completed chunks, completed chunk indices) of a selfchat file. A chunk's
-    turns are the lines between the previous "done" line and its own; lines after the last
-    "done" line belong to an interrupted chunk and are not read."""
-    rows, done, block = [], set(), []
+def read_user_turns(path: str | os.PathLike) -> tuple[list[dict], dict[int, str]]:
+    """(kept turns of the completed chunks, {completed chunk: the openings setting it was drawn
+    with}) of a selfchat file. A chunk's turns are the lines between the previous "done" line and
+    its own; lines after the last "done" line belong to an interrupted chunk and are not read."""
+    rows, done, block = [], {}, []
     with open(path, encoding="utf-8") as f:
         for line in f:
             try:
@@ -167,25 +167,12 @@ def read_user_turns(path: str | os.PathLike) -> tuple[list[dict], set[int]]:
                 continue                        # a line cut by a killed run
             if d.get("done"):
                 c = int(d["chunk"])
-                done.add(c)
+                done[c] = d.get("openings", "none")
                 rows.extend(r for r in block if int(r["chunk"]) == c)
                 block = []
             elif "text" in d:
                 block.append(d)
     return rows, done
-
-
-def _openings_of(path: Path) -> set[str]:
-    """The openings settings the completed chunks of a selfchat file were drawn with."""
-    held = set()
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if '"done": true' in line:
-                try:
-                    held.add(json.loads(line).get("openings", "none"))
-                except ValueError:
-                    continue
-    return held
 
 
 def _drop_interrupted_tail(path: Path) -> None:
@@ -208,7 +195,8 @@ def run_selfchat(out: str | os.PathLike, num_samples: int, batch: int = 64, seed
     starts each chunk's turns with one kind's opening (:func:`chunk_opening`)."""
     from tqdm import tqdm
 
-    chunk_opening(0, openings)                  # a clear error before any model is loaded
+    if openings not in OPENINGS:                # a clear error before any model is loaded
+        raise ValueError(f"selfchat openings must be one of {', '.join(OPENINGS)}; got {openings!r}")
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -224,12 +212,12 @@ def run_selfchat(out: str | os.PathLike, num_samples: int, batch: int = 64, seed
         model = LlamaForCausalLM.from_pretrained(target_dir, dtype=dt).to(dev).eval()
     if out.exists():
         _drop_interrupted_tail(out)
-    rows, done = read_user_turns(out) if out.exists() else ([], set())
+    rows, done = read_user_turns(out) if out.exists() else ([], {})
     other = {r["id"].split("/")[1] for r in rows} - {str(seed)}
     if other:
         raise ValueError(f"{out} holds turns drawn with seed {sorted(other)[0]}, not {seed}: "
                          f"pass another --out for another seed")
-    held = _openings_of(out) if out.exists() else set()
+    held = set(done.values())
     if held - {openings}:
         raise ValueError(f"{out} holds turns drawn with openings {sorted(held)[0]!r}, not {openings!r}: "
                          f"pass another --out for another setting")
