@@ -251,13 +251,13 @@ stage_e2e() {
 # Issue 11 (only with GPU_DRAFT_DATA=1): new draft data on the GPU. The target writes user
 # requests (train-draft selfchat, GPU_SELFCHAT_N samples, at most GPU_SELFCHAT_S seconds; each
 # chunk opened with one kind of request, GPU_SELFCHAT_OPENINGS=tasks, or none), then
-# answers a selfchat-heavy mix of prompts into token-only shards ($STATE/distill-v3,
+# answers a selfchat-heavy mix of prompts into token-only shards ($STATE/distill-gpu,
 # GPU_DISTILL_PROMPTS prompts, at most GPU_DISTILL_S seconds). The benchmark sets the host lacks (python3.11-doc, reasoning-gym) are reported, not
 # checked: re-check the returned prompts here before training on them. Returned as
-# $OUT/draft_data.tar.gz (selfchat.jsonl + distill-v3/), and train_draft trains on it.
+# $OUT/draft_data.tar.gz (selfchat.jsonl + distill-gpu/), and train_draft trains on it.
 stage_draft_data() {
   set -e
-  local target="$HETEROSPEC_CACHE/smollm2-135m-instruct" sc="$STATE/selfchat.jsonl" data="$STATE/distill-v3"
+  local target="$HETEROSPEC_CACHE/smollm2-135m-instruct" sc="$STATE/selfchat.jsonl" data="$STATE/distill-gpu"
   [[ "${GPU_DRAFT_DATA:-0}" == 1 ]] || { echo "not asked for (GPU_DRAFT_DATA=1 runs it)"; exit 75; }
   need_target
   HETEROSPEC_SELFCHAT="$sc" "$PY" -m heterospec.cli train-draft selfchat --target "$target" --out "$sc" \
@@ -275,7 +275,7 @@ stage_draft_data() {
     --seed 1 --mix selfchat=0.6,code=0.15,docs=0.1,math=0.1,instruct=0.05 --shard-size 256 --no-taps \
     --allow-missing-references --time-budget "$left" 2>&1 | tr '\r' '\n' | grep -v '^distill: *[0-9]*%' | tail -n 20 || true
   # one file (the device returns at most 8): ~2 bytes a token before gzip, ~11 MB for 12,000 prompts
-  tar -C "$STATE" -czf "$OUT/draft_data.tar.gz" selfchat.jsonl distill-v3
+  tar -C "$STATE" -czf "$OUT/draft_data.tar.gz" selfchat.jsonl distill-gpu
   ls -l "$OUT/draft_data.tar.gz"
 }
 # Issue 11: continue the shipped draft's training on the GPU for the time left (GPU_TRAIN_S at
@@ -291,7 +291,7 @@ stage_train_draft() {
   # the draft_data stage's new ones, each set under a prefix of its own (the trainer globs shard_*).
   rm -rf "$data" && mkdir -p "$data"
   local set_dir f prefix=1
-  for set_dir in "$ROOT"/data/distill-* "$STATE/distill-v3"; do
+  for set_dir in "$ROOT"/data/distill-* "$STATE/distill-gpu"; do
     for f in "$set_dir"/shard_*.safetensors; do
       [[ -f "$f" ]] && ln -s "$f" "$data/shard_${prefix}$(basename "$f" | sed 's/^shard_//')"
     done

@@ -3,8 +3,9 @@
 # lacks and cut it into per-call parts that fit the device tool's 64 MiB per call (working tree
 # + carried paths). The GPU host cannot reach any registry, so everything travels with the calls.
 #
-# The working tree is ~20 MiB (the trained draft, 18.8 MiB, is tracked and travels in every call),
-# which leaves ~44 MiB per call for carried files. The payload (~158 MiB) is two bundles:
+# The working tree travels in every call: the trained draft (18.8 MiB), the draft data and the code,
+# ~33 MiB with the archive of CPU results left behind (`bash scripts/gpu_travel.sh light` first;
+# ~49 MiB with it, which leaves too little room). The payload (~158 MiB) is two bundles:
 #   fi.tar   flashinfer-python (59 MiB) + apache-tvm-ffi (3 MiB) wheels         ~62 MiB
 #   e2e.tar  SmolLM2-135M-Instruct GGUF (94 MiB) + sha256, gguf / prompt-set wheels ~96 MiB
 # laid end to end as one byte stream and cut into CHUNK_MIB (default 32) parts, one per call:
@@ -35,7 +36,10 @@ LIMIT_MIB=64
 tree_bytes="$(git ls-files -co --exclude-standard -z | du -cb --files0-from=- 2> /dev/null | tail -1 | cut -f1)"
 room=$(((LIMIT_MIB * 1048576 - 262144 - tree_bytes) / 1048576))
 CHUNK_MIB="${CHUNK_MIB:-$((room < 32 ? room : 32))}"
-((CHUNK_MIB >= 8)) || { echo "the working tree leaves ${room} MiB per call: too little for the payload" >&2; exit 1; }
+((CHUNK_MIB >= 8)) || { echo "the working tree leaves ${room} MiB per call: too little for the payload;" \
+  "leave the results archive behind first: bash scripts/gpu_travel.sh light" >&2; exit 1; }
+((CHUNK_MIB >= 24)) || echo "note: the working tree leaves ${room} MiB per call, so the payload needs many calls;" \
+  "bash scripts/gpu_travel.sh light leaves the results archive behind" >&2
 
 PY="${PYTHON:-python}"
 # Python 3.12, manylinux x86-64 (the GPU host); pure-Python wheels match too.

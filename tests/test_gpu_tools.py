@@ -72,8 +72,49 @@ def test_gpu_summary_reports_goals(smoke, tmp_path):
 
 
 def test_shell_scripts_parse():
-    for f in ("scripts/gpu_session.sh", "scripts/gpu_wheels.sh", "scripts/gpu_chain.sh"):
+    for f in ("scripts/gpu_session.sh", "scripts/gpu_wheels.sh", "scripts/gpu_chain.sh", "scripts/gpu_travel.sh"):
         subprocess.run(["bash", "-n", os.path.join(ROOT, f)], check=True)
+
+
+def test_gpu_travel_light_leaves_the_archive_behind_and_restores_it(tmp_path):
+    """scripts/gpu_travel.sh: `light` takes bench/results out of what travels (neither tracked nor
+    untracked-not-ignored, files kept on disk), `restore` tracks it again as HEAD has it; an archive
+    with uncommitted changes is refused."""
+    def git(*a):
+        return subprocess.run(["git", *a], cwd=tmp_path, check=True, capture_output=True, text=True).stdout
+
+    def travel(cmd):
+        return subprocess.run(["bash", os.path.join(ROOT, "scripts/gpu_travel.sh"), cmd], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=60)
+
+    def travelling():
+        return set(git("ls-files", "-co", "--exclude-standard").split())
+
+    git("init", "-q")
+    (tmp_path / "bench" / "results" / "s1").mkdir(parents=True)
+    (tmp_path / "bench" / "results" / "s1" / "e2e.md").write_text("x" * 4096)
+    (tmp_path / "bench" / "RESULTS.md").write_text("table\n")
+    (tmp_path / "code.py").write_text("print(1)\n")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "init")
+    everything = travelling()
+    assert "bench/results/s1/e2e.md" in everything
+
+    p = travel("light")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert travelling() == everything - {"bench/results/s1/e2e.md"}
+    assert (tmp_path / "bench" / "results" / "s1" / "e2e.md").is_file()          # still on disk
+    assert "(light)" in travel("size").stdout and "already light" in travel("light").stdout
+
+    p = travel("restore")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert travelling() == everything and git("status", "--porcelain") == ""
+    assert "not light" in travel("restore").stdout
+
+    (tmp_path / "bench" / "results" / "s2.md").write_text("new\n")              # not yet committed
+    p = travel("light")
+    assert p.returncode == 1 and "uncommitted" in p.stderr
+    assert travelling() == everything | {"bench/results/s2.md"}
 
 
 def test_gpu_chain_dry_run(tmp_path):
