@@ -317,12 +317,20 @@ def test_warm_start_from_exported_draft_and_checkpoint(tmp_path, target):
             torch.testing.assert_close(b.draft.state_dict()[k], a.draft.state_dict()[k], **tol)
         kept = b.draft.to_target_ids(torch.arange(32))   # the run's own vocabulary, head = target rows
         torch.testing.assert_close(b.draft.lm_head.weight, target.get_input_embeddings().weight[kept])
+        # training_info says what the run started from and how that was trained (lineage)
+        b.train_step(b.stream.next_batch())
+        dest = T.export_draft(b.save_checkpoint("ckpt_lineage.pt"), tmp_path / f"exp-b-{exact}", target=target)
+        info = json.loads((dest / "training_info.json").read_text())
+        warm = info["warm_start"]
+        assert warm["from"] == str(src) and warm["step"] == 3 and warm["ttt_steps"] == a.cfg.ttt_steps
+        assert warm["tokens_seen_lineage"] == a.tokens_seen > 0 and warm["machines"] == a.machines
+        assert info["tokens_seen_lineage"] == a.tokens_seen + b.tokens_seen
     # a resumed run keeps its own weights, whatever --init says
     b = _trainer(tmp_path / "b-True", target, data, init_from=str(ck))
     b.train_step(b.stream.next_batch())
     b.save_checkpoint()
     c = _trainer(tmp_path / "b-True", target, data, init_from=str(exported))
-    assert c.step == 1
+    assert c.step == 1 and c.warm_start_from["from"] == str(ck)      # kept by the checkpoint
     for k, v in b.draft.state_dict().items():
         assert torch.equal(v, c.draft.state_dict()[k]), k
     with pytest.raises(FileNotFoundError, match="warm start"):

@@ -31,6 +31,7 @@ import hashlib
 import json
 import math
 import os
+import pickle
 import random
 import time
 from dataclasses import asdict, dataclass, field
@@ -617,8 +618,10 @@ class Trainer:
         if cfg.init_from and cfg.init_layer is not None:
             raise ValueError("--init-layer initialises a new draft and --init warm-starts one from "
                              "an earlier draft: give one of them")
+        self.warm_start_from: dict | None = None   # what a warm-started run started from (training_info)
         if cfg.init_from and not ck.exists():
             warm_start(self.draft, cfg.init_from, self.target)
+            self.warm_start_from = warm_start_info(cfg.init_from)
             log(f"warm start from {cfg.init_from}")
         elif cfg.init_layer is not None and not ck.exists():
             idx = init_layer_from_target(self.draft, self.target, cfg.init_layer)
@@ -666,7 +669,7 @@ class Trainer:
                 "tokens_seen": self.tokens_seen, "train_seconds": self.train_seconds, "stream": self.stream.state_dict(),
                 "history": self.history, "val_refs": self.val_refs, "config": asdict(self.cfg),
                 "ttt_history": self.ttt_history, "machines": self.machines,
-                "rng": torch.get_rng_state()}
+                "warm_start": self.warm_start_from, "rng": torch.get_rng_state()}
 
     def save_checkpoint(self, name: str = "ckpt_latest.pt") -> Path:
         path = self.run / name
@@ -694,6 +697,7 @@ class Trainer:
         self.stream.load_state_dict(st["stream"])
         self.history = st.get("history", [])
         self.machines = list(st.get("machines") or [])
+        self.warm_start_from = st.get("warm_start")
         self.val_refs = [tuple(r) for r in st["val_refs"]] if st.get("val_refs") else None
         torch.set_rng_state(st["rng"])
 
@@ -1083,6 +1087,37 @@ def training_machine(device, threads: int) -> dict:
     return {**where, "torch": torch.__version__}
 
 
+def warm_start_info(src) -> dict | None:
+    """What a warm-started run started from, for ``training_info.json``: the path and, when it is
+    an exported draft (its ``training_info.json``) or a training checkpoint, how that draft was
+    trained: steps, tokens, time, machines and its own ``warm_start`` (nested, so a chain of
+    warm-started runs keeps its whole history). ``tokens_seen_lineage``: the tokens of every run
+    in the chain. Read when the run starts (the source may be overwritten later: the shipped
+    draft's directory is where a better draft is exported to)."""
+    if not src:
+        return None
+    src, info = Path(src), {"from": str(src)}
+    try:
+        if (src / "training_info.json").is_file():
+            prev = json.loads((src / "training_info.json").read_text())
+            data = prev.get("data") or {}
+            info["data"] = [[m.get("dir_name"), m.get("response_tokens")] for m in data.get("mix", [data])
+                            if isinstance(m, dict)]
+        elif src.is_file():
+            prev = torch.load(src, map_location="cpu", weights_only=False)
+            prev = {**prev, "ttt_steps": (prev.get("config") or {}).get("ttt_steps")}
+        else:
+            return info
+    except (OSError, ValueError, RuntimeError, pickle.UnpicklingError):
+        return info
+    for k in ("step", "tokens_seen", "train_seconds", "ttt_steps", "machines", "warm_start"):
+        info[k] = prev.get(k)
+    parent = prev.get("warm_start")
+    before = parent.get("tokens_seen_lineage", 0) if isinstance(parent, dict) else 0
+    info["tokens_seen_lineage"] = int(prev.get("tokens_seen") or 0) + int(before or 0)
+    return info
+
+
 def export_draft(checkpoint, dest, target=None, vocab_file=None) -> Path:
     """Load a training checkpoint (``ckpt_*.pt``) and write the draft with ``save_pretrained``
     (public EAGLE-3 layout, fp16) to ``dest``; also writes ``training_info.json``.
@@ -1114,10 +1149,21 @@ def export_draft(checkpoint, dest, target=None, vocab_file=None) -> Path:
         os.replace(tmp / name, dest / name)
     tmp.rmdir()
     hist = st.get("history") or []
+    warm = st.get("warm_start")
+    if warm is None and cfg.get("init_from"):
+        # a checkpoint from before runs recorded it: read the source now, unless it is the
+        # directory being exported to (it would describe this draft, not its parent)
+        same = Path(cfg["init_from"]).resolve() == dest.resolve()
+        warm = {"from": cfg["init_from"]} if same else warm_start_info(cfg["init_from"])
+    if isinstance(warm, dict):
+        warm_tokens = int(warm.get("tokens_seen_lineage") or 0)
+    else:
+        warm_tokens = 0
     info = {"step": st["step"], "tokens_seen": st.get("tokens_seen"),
+            "tokens_seen_lineage": int(st.get("tokens_seen") or 0) + warm_tokens,
             "ttt_steps": cfg.get("ttt_steps"), "ttt_history": st.get("ttt_history"),
             "train_seconds": st.get("train_seconds"),
-            "machines": st.get("machines"), "warm_start": cfg.get("init_from"),
+            "machines": st.get("machines"), "warm_start": warm,
             "data": training_data_info(cfg.get("data_dir")),
             "trained_draft_vocab": trained_vocab, "draft_vocab": int(draft.config.draft_vocab_size),
             "vocab_file": str(vocab_file) if vocab_file else None,
