@@ -429,20 +429,22 @@ def init_layer_from_target(draft, target, layer: int) -> int:
     return idx
 
 
-def warm_start(draft, src, target) -> None:
+def warm_start(draft, src, target) -> dict | None:
     """Copy every vocabulary-independent weight of an earlier draft ``src`` (an exported draft
     directory or a training checkpoint) into ``draft``, in place. The draft vocabulary may
     differ: ``lm_head`` stays the target's rows of ``draft``'s own vocabulary, which is exactly
     what a frozen-head draft's head is, so nothing learnt is lost. A head that was trained
     (``--train-lm-head``: it differs from the target's rows by more than fp16 rounding) is copied
-    too when the two vocabularies are the same."""
-    src = os.fspath(src)
+    too when the two vocabularies are the same. Returns the loaded checkpoint when ``src`` is one
+    (``warm_start_info`` reads its history from it instead of loading it again), else None."""
+    src, ckpt = os.fspath(src), None
     if os.path.isdir(src):
         from ..models.draft import Eagle3Draft
 
         sd = Eagle3Draft.from_pretrained(src, target=target, dtype=torch.float32).state_dict()
     elif os.path.isfile(src):
-        sd = torch.load(src, map_location="cpu", weights_only=False)["draft"]
+        ckpt = torch.load(src, map_location="cpu", weights_only=False)
+        sd = ckpt["draft"]
     else:
         raise FileNotFoundError(f"warm start: no draft directory or checkpoint at {src}")
     own = draft.state_dict()
@@ -459,6 +461,7 @@ def warm_start(draft, src, target) -> None:
         if (head is not None and same_vocab
                 and not torch.allclose(head.float(), own["lm_head.weight"], rtol=2e-3, atol=2e-3)):
             own["lm_head.weight"].copy_(head.float())
+    return ckpt
 
 
 # ----------------------------------------------------------------------------- loss
@@ -620,8 +623,8 @@ class Trainer:
                              "an earlier draft: give one of them")
         self.warm_start_from: dict | None = None   # what a warm-started run started from (training_info)
         if cfg.init_from and not ck.exists():
-            warm_start(self.draft, cfg.init_from, self.target)
-            self.warm_start_from = warm_start_info(cfg.init_from)
+            ckpt = warm_start(self.draft, cfg.init_from, self.target)
+            self.warm_start_from = warm_start_info(cfg.init_from, ckpt=ckpt)
             log(f"warm start from {cfg.init_from}")
         elif cfg.init_layer is not None and not ck.exists():
             idx = init_layer_from_target(self.draft, self.target, cfg.init_layer)
@@ -1087,13 +1090,21 @@ def training_machine(device, threads: int) -> dict:
     return {**where, "torch": torch.__version__}
 
 
-def warm_start_info(src) -> dict | None:
+def lineage_tokens(tokens_seen, warm) -> int:
+    """The tokens a draft saw in its own run plus those of every run it was warm-started from
+    (``warm``: its ``warm_start`` record, which carries the chain's sum before it)."""
+    before = warm.get("tokens_seen_lineage") if isinstance(warm, dict) else 0
+    return int(tokens_seen or 0) + int(before or 0)
+
+
+def warm_start_info(src, ckpt: dict | None = None) -> dict | None:
     """What a warm-started run started from, for ``training_info.json``: the path and, when it is
     an exported draft (its ``training_info.json``) or a training checkpoint, how that draft was
     trained: steps, tokens, time, machines and its own ``warm_start`` (nested, so a chain of
     warm-started runs keeps its whole history). ``tokens_seen_lineage``: the tokens of every run
     in the chain. Read when the run starts (the source may be overwritten later: the shipped
-    draft's directory is where a better draft is exported to)."""
+    draft's directory is where a better draft is exported to). ``ckpt``: the checkpoint at
+    ``src`` when the caller has already loaded it."""
     if not src:
         return None
     src, info = Path(src), {"from": str(src)}
@@ -1104,7 +1115,7 @@ def warm_start_info(src) -> dict | None:
             info["data"] = [[m.get("dir_name"), m.get("response_tokens")] for m in data.get("mix", [data])
                             if isinstance(m, dict)]
         elif src.is_file():
-            prev = torch.load(src, map_location="cpu", weights_only=False)
+            prev = ckpt if ckpt is not None else torch.load(src, map_location="cpu", weights_only=False)
             prev = {**prev, "ttt_steps": (prev.get("config") or {}).get("ttt_steps")}
         else:
             return info
@@ -1112,9 +1123,7 @@ def warm_start_info(src) -> dict | None:
         return info
     for k in ("step", "tokens_seen", "train_seconds", "ttt_steps", "machines", "warm_start"):
         info[k] = prev.get(k)
-    parent = prev.get("warm_start")
-    before = parent.get("tokens_seen_lineage", 0) if isinstance(parent, dict) else 0
-    info["tokens_seen_lineage"] = int(prev.get("tokens_seen") or 0) + int(before or 0)
+    info["tokens_seen_lineage"] = lineage_tokens(prev.get("tokens_seen"), prev.get("warm_start"))
     return info
 
 
@@ -1155,12 +1164,8 @@ def export_draft(checkpoint, dest, target=None, vocab_file=None) -> Path:
         # directory being exported to (it would describe this draft, not its parent)
         same = Path(cfg["init_from"]).resolve() == dest.resolve()
         warm = {"from": cfg["init_from"]} if same else warm_start_info(cfg["init_from"])
-    if isinstance(warm, dict):
-        warm_tokens = int(warm.get("tokens_seen_lineage") or 0)
-    else:
-        warm_tokens = 0
     info = {"step": st["step"], "tokens_seen": st.get("tokens_seen"),
-            "tokens_seen_lineage": int(st.get("tokens_seen") or 0) + warm_tokens,
+            "tokens_seen_lineage": lineage_tokens(st.get("tokens_seen"), warm),
             "ttt_steps": cfg.get("ttt_steps"), "ttt_history": st.get("ttt_history"),
             "train_seconds": st.get("train_seconds"),
             "machines": st.get("machines"), "warm_start": warm,
