@@ -228,12 +228,16 @@ def main() -> int:
                         "from the worker in a second round trip)")
     p.add_argument("--lookup-ab", action="store_true",
                    help="with --interleave: also run this checkout's plugin with context lookup off")
+    p.add_argument("--history-ab", action="store_true",
+                   help="with --interleave: also run this checkout's plugin without the output history "
+                        "(lookup chains from each request's own context only)")
     p.add_argument("--baseline", nargs="+", default=[], metavar="DIR",
                    help="with --interleave: also run the HeteroSpec plugin of each heterospec checkout DIR")
     args = p.parse_args()
     if (args.baseline or args.path_stop_ab or args.never_drafts or args.lean_steps_ab or args.lookup_ab
-            or args.repeats != 1) and not args.interleave:
-        p.error("--baseline, --path-stop-ab, --never-drafts, --lean-steps-ab, --lookup-ab and --repeats need --interleave")
+            or args.history_ab or args.repeats != 1) and not args.interleave:
+        p.error("--baseline, --path-stop-ab, --never-drafts, --lean-steps-ab, --lookup-ab, --history-ab and "
+                "--repeats need --interleave")
     if args.continuous and any(1 < b < max(args.batch) for b in args.batch):
         p.error("--continuous runs the largest batch size continuously; other batch sizes must be 1")
     if args.temperature < 0:
@@ -265,6 +269,9 @@ def main() -> int:
     if args.lookup_ab:
         runs.append((f"vllm heterospec (K<={args.heterospec_k}), lookup off", "heterospec", args.heterospec_k,
                      env_here, {"lookup": False}))
+    if args.history_ab:
+        runs.append((f"vllm heterospec (K<={args.heterospec_k}), history off", "heterospec", args.heterospec_k,
+                     env_here, {"history": False}))
     if args.never_drafts:
         runs.append((f"vllm heterospec (K<={args.heterospec_k}), never drafts", "heterospec", args.heterospec_k,
                      env_here, {"costs": _never_drafting_costs(args.out), "learn": False}))

@@ -120,6 +120,8 @@ def summarize(runs: List[dict]) -> Dict[str, Dict[str, dict]]:
             "acceptance_rates": _acceptance_rates(recs, max((x["depth"] for x in recs), default=0)),
             # target calls that verified a context-lookup chain (heterospec.lookup)
             "lookup_share": sum(bool(x.get("lookup")) for x in recs) / calls if calls else 0.0,
+            # ... of which the chain was copied from an earlier request (lookup.OutputHistory)
+            "history_share": sum(bool(x.get("history")) for x in recs) / calls if calls else 0.0,
         }
     for name, ms in out.items():
         ar = ms.get("autoregressive")
@@ -136,7 +138,7 @@ def _ratio(x: float, digits: int) -> str:
 
 def markdown_table(summary: Dict[str, Dict[str, dict]], methods: Sequence[str]) -> str:
     head = ("| set | method | tok/s | speedup vs AR | vs eagle3 | tau | target calls | verified/call "
-            "| draft ms/round | verify ms/call | policy ms/call | other ms/call | lookup calls |")
+            "| draft ms/round | verify ms/call | policy ms/call | other ms/call | lookup calls (from history) |")
     lines = [head, "|" + "---|" * 13]
     means = defaultdict(lambda: defaultdict(list))
     for name, ms in summary.items():
@@ -148,7 +150,7 @@ def markdown_table(summary: Dict[str, Dict[str, dict]], methods: Sequence[str]) 
                          f"| {m['tau']:.2f} | {m['target_calls']} | {m['verified_per_call']:.1f} "
                          f"| {m['draft_ms_per_round']:.1f} | {m['verify_ms_per_call']:.1f} "
                          f"| {m.get('policy_ms_per_call', float('nan')):.2f} | {m.get('other_ms_per_call', float('nan')):.2f} "
-                         f"| {100 * m.get('lookup_share', 0.0):.0f} % |")
+                         f"| {100 * m.get('lookup_share', 0.0):.0f} % ({100 * m.get('history_share', 0.0):.0f} %) |")
             for key in ("speedup", "vs_eagle3", "tau", "verified_per_call"):
                 means[method][key].append(m[key])
     for method in methods:

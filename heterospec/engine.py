@@ -34,7 +34,7 @@ from ._checks import sync_free
 from .config import SamplingParams, SpecConfig, _as_int, default_config
 from .entropy import EntropyBins
 from .graphs import RoundGraphs
-from .lookup import ContextIndex, LookupGate, LookupRound
+from .lookup import HISTORY_ROW, ContextIndex, LookupGate, LookupRound, OutputHistory
 from .policy import POLICIES, AcceptanceTables, Eagle3Policy, FittedPolicy, PaperPolicy, Plan, Policy
 from .sampling import make_generator, processed_probs, sample
 from .timing import StageTimer
@@ -66,6 +66,7 @@ class RoundRecord:
     verify_s: float
     plain: bool = False      # a plain target step chosen by the policy (no draft, one token)
     lookup: bool = False     # a context-lookup chain (heterospec.lookup), not a drafted tree
+    history: bool = False    # ... copied from an earlier request (OutputHistory), not its own context
 
 
 @dataclass
@@ -434,6 +435,9 @@ class Engine:
         # measured acceptance and the cost model say it is faster. Eager rounds only (a chain's
         # length varies round by round; CUDA graphs are captured per shape).
         self.lookup_gate: Optional[LookupGate] = LookupGate() if lookup else None
+        # ... and from earlier requests: every call's prompts and outputs (any method) are kept
+        # for the lookups of the calls after it (None: own context only).
+        self.lookup_history: Optional[OutputHistory] = OutputHistory() if lookup else None
         self._lookup_state_read: Optional[str] = None     # the gate's saved state taken up (path)
         self._call_gate: Optional[LookupGate] = None       # generate(lookup=True) on such an engine
         # batch size -> SplitTreeAttention (graph_attention "split", or a factory set by tests)
@@ -655,6 +659,7 @@ class Engine:
             t0 = time.perf_counter()
             st = self._prefill(ids, method, params, gen, cache_len, max_new_tokens, stream, speculative)
             index = [ContextIndex(p) for p in ids] if gate is not None else None
+            keys = [OutputHistory.key(p) for p in ids] if gate is not None else None     # the history's
             while st.active():
                 # The policy's plan for the requests still running: a tree, or one plain step.
                 active = st.active()
@@ -676,7 +681,7 @@ class Engine:
                 plan, chosen, one_offs = None, None, self._graph_one_offs()
                 if gate is not None:        # context lookup first: a copied chain, if it pays
                     tp = time.perf_counter()
-                    chosen = self._lookup_choice(st, index, ids, pol, gate, context, max_new_tokens)
+                    chosen = self._lookup_choice(st, index, ids, keys, pol, gate, context, max_new_tokens)
                     policy_s += time.perf_counter() - tp
                 if chosen is not None:
                     # Verify the copied chains (a chain-shaped tree); the draft, if any, catches up later.
@@ -686,6 +691,9 @@ class Engine:
                                            append_pending=True)
                     self._commit(st, tree, verdict, max_new_tokens, stream, 0.0,
                                  time.perf_counter() - t_round, lookup=True)
+                    for b in active:
+                        if chosen.buckets[b] >= HISTORY_ROW:
+                            st.stats[b].records[-1].history = True
                     tp = time.perf_counter()
                     gate.observe(chosen, [st.stats[b].records[-1].accept_len if b in active else 0
                                           for b in range(len(chosen.chains))],
@@ -726,6 +734,9 @@ class Engine:
                         pol.observe(plan, [r.bin for r in recs], [r.accept_len for r in recs], seconds,
                                     extend_tokens=pending, progress=_progress(st, behind, least))
                         policy_s += time.perf_counter() - tp
+            if self.lookup_history is not None:      # for the lookups of later calls
+                for p, out in zip(ids, st.all_outputs):
+                    self.lookup_history.add(p, out)
             total = time.perf_counter() - t0
         if isinstance(pol, FittedPolicy):
             pol.save_state()            # what it learned about this workload, for the next process
@@ -1066,7 +1077,8 @@ class Engine:
         return out[0], out[1]
 
     # -- context lookup (heterospec.lookup) --------------------------------------------------------
-    def _lookup_choice(self, st: _Batch, index: List[ContextIndex], ids: List[List[int]], pol: FittedPolicy,
+    def _lookup_choice(self, st: _Batch, index: List[ContextIndex], ids: List[List[int]], keys: List[int],
+                       pol: FittedPolicy,
                        gate: LookupGate, context: int, max_new_tokens: int) -> Optional[LookupRound]:
         """The gate's lookup round for the running requests, or None (the policy's plan runs).
 
@@ -1076,6 +1088,7 @@ class Engine:
         active = st.active()
         least = min(len(st.outputs[b]) for b in active)
         proposals, room, weights = [([], 0)] * st.size, [0] * st.size, [0.0] * st.size
+        hist = self.lookup_history if gate is self.lookup_gate else None
         for b in active:
             out = st.outputs[b]
             room[b] = max_new_tokens - len(out)
@@ -1085,7 +1098,9 @@ class Engine:
             idx = index[row]
             idx.extend(out[len(idx) - len(ids[row]):])
             proposals[b], weights[b] = idx.propose(gate.kmax), 1.0
-        if not any(c for c, _ in proposals):
+            if hist is not None:
+                proposals[b] = gate.better(proposals[b], hist.propose(idx.tokens, gate.kmax, prompt_key=keys[row]))
+        if not any(p[0] for p in proposals):
             return None
         B, c = len(active), FittedPolicy.context_bucket(context)
         costs, bucket = pol.costs, FittedPolicy.bucket(B)

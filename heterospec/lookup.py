@@ -16,8 +16,15 @@ verified as a tree (each node's parent is the one before), so greedy output stay
 and sampling keeps its law (a copied token is a deterministic proposal:
 :func:`heterospec.ops.verify_sampling` treats every tree node as one).
 
-Runtime only: no tooling imports. The engine keeps one :class:`ContextIndex` per request and one
-gate per engine.
+A request also copies from the requests before it (:class:`OutputHistory`, as suffix decoding
+does across requests): a small model answers like requests alike (a greeting, the steps of a
+templated word problem, the opening of a code answer), so the last tokens of a request often
+occurred in an earlier request's prompt or answer, and what followed them there is a chain as
+free as one from its own context. The gate keeps its acceptance apart for chains of each source
+(:data:`HISTORY_ROW`), so each is priced by what it delivered.
+
+Runtime only: no tooling imports. The engine keeps one :class:`ContextIndex` per request, one
+:class:`OutputHistory` and one gate per engine.
 """
 
 from __future__ import annotations
@@ -32,6 +39,11 @@ LOOKUP_NMAX = 8
 LOOKUP_KMAX = 8
 # Match lengths share acceptance statistics in these buckets (lower bounds): 1, 2, 3, 4-7, 8.
 MATCH_BUCKETS = (1, 2, 3, 4, 8)
+
+
+# The gate's rows: a context match of bucket i is row i, a history match row HISTORY_ROW + i.
+HISTORY_ROW = len(MATCH_BUCKETS)
+SOURCES = ("context", "history")
 
 
 def match_bucket(n: int) -> int:
@@ -80,6 +92,114 @@ class ContextIndex:
         return [], 0
 
 
+def proposal_row(proposal) -> int:
+    """The gate's row of a proposal ``(chain, n)`` (the request's own context) or ``(chain, n,
+    from_history)``; ``n`` >= 1."""
+    return match_bucket(proposal[1]) + (HISTORY_ROW if len(proposal) > 2 and proposal[2] else 0)
+
+
+class OutputHistory:
+    """The prompts and outputs of earlier requests (the newest ``max_tokens`` of them, whole
+    requests), indexed by their n-grams (n = 1..``nmax``) like :class:`ContextIndex`: a chain
+    proposed from it is what followed the latest earlier occurrence of the longest suffix of a
+    request's context, and ends where that request ended.
+
+    A request never copies from an earlier answer to its own prompt unless ``same_prompt``: a
+    repeated prompt would otherwise be answered by copying, which serves a repeated request
+    well but makes every comparison that runs one prompt through several methods (``heterospec
+    bench``, ``generate --method all``) measure the copy. Each n-gram so remembers its latest
+    occurrence and the latest one in a request with another prompt."""
+
+    def __init__(self, max_tokens: int = 1 << 14, nmax: int = LOOKUP_NMAX, same_prompt: bool = False) -> None:
+        if nmax < 1:
+            raise ValueError(f"OutputHistory: nmax must be >= 1, got {nmax}")
+        if max_tokens < 1:
+            raise ValueError(f"OutputHistory: max_tokens must be >= 1, got {max_tokens}")
+        self.nmax, self.max_tokens, self.same_prompt = nmax, max_tokens, same_prompt
+        self.clear()
+
+    def clear(self) -> None:
+        self.tokens: List[int] = []
+        self._segments: List[Tuple[int, List[int]]] = []     # (prompt key, prompt + output), oldest first
+        self._last_of: Dict[int, int] = {}                    # prompt key -> hash of its latest answer
+        # per n: n-gram -> (position after it, end of its request, prompt key): the latest
+        # occurrence, and the latest one under another prompt key than that
+        self._latest: List[Dict[tuple, Tuple[int, int, int]]] = [dict() for _ in range(self.nmax + 1)]
+        self._other: List[Dict[tuple, Tuple[int, int, int]]] = [dict() for _ in range(self.nmax + 1)]
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @staticmethod
+    def key(prompt: Sequence[int]) -> int:
+        return hash(tuple(int(t) for t in prompt))
+
+    def add(self, prompt: Sequence[int], output: Sequence[int]) -> None:
+        """Remember a finished request (an answer already held for the same prompt is not
+        added again: a benchmark runs each prompt once per method)."""
+        k = self.key(prompt)
+        seq = [int(t) for t in prompt] + [int(t) for t in output]
+        h = hash(tuple(seq))
+        if self._last_of.get(k) == h or len(seq) < 2:
+            return
+        self._last_of[k] = h
+        self._segments.append((k, seq))
+        if len(self.tokens) + len(seq) > self.max_tokens:
+            # keep the newest requests within half the room, so that rebuilding is rare
+            keep, size = [], 0
+            for seg in reversed(self._segments):
+                if size + len(seg[1]) > max(self.max_tokens // 2, 1) and keep:
+                    break
+                keep.append(seg)
+                size += len(seg[1])
+            last_of = {kk: self._last_of[kk] for kk, _ in keep if kk in self._last_of}
+            self.clear()
+            self._last_of = last_of
+            for kk, sq in reversed(keep):
+                self._segments.append((kk, sq))
+                self._index(kk, sq)
+            return
+        self._index(k, seq)
+
+    def _index(self, k: int, seq: List[int]) -> None:
+        start = len(self.tokens)
+        end = start + len(seq)
+        self.tokens.extend(seq)
+        latest, other = self._latest, self._other
+        for i in range(1, len(seq)):
+            entry = (start + i, end, k)
+            for n in range(1, min(self.nmax, i) + 1):
+                g = tuple(seq[i - n:i])
+                old = latest[n].get(g)
+                if old is not None and old[2] != k:
+                    other[n][g] = old
+                latest[n][g] = entry
+
+    def propose(self, context: Sequence[int], k: int, prompt: Optional[Sequence[int]] = None,
+                prompt_key: Optional[int] = None) -> Tuple[List[int], int]:
+        """``(chain, n)``: up to ``k`` tokens that followed the latest earlier occurrence of the
+        longest suffix (``n`` tokens) of ``context`` (a request's tokens so far, its prompt
+        first), cut where that request ended; ``([], 0)`` without one. ``prompt`` (or its
+        :meth:`key`, ``prompt_key``, computed once per request): the request's prompt, whose own
+        earlier answers are skipped unless ``same_prompt``."""
+        if not self.tokens or k < 1:
+            return [], 0
+        if prompt_key is None and prompt is not None:
+            prompt_key = self.key(prompt)
+        skip = None if self.same_prompt else prompt_key
+        L, t = len(context), self.tokens
+        for n in range(min(self.nmax, L), 0, -1):
+            g = tuple(context[L - n:])
+            e = self._latest[n].get(g)
+            if e is not None and e[2] == skip:
+                e = self._other[n].get(g)
+            if e is None:
+                continue
+            pos, end, _ = e
+            return t[pos:min(pos + k, end)], n
+        return [], 0
+
+
 @dataclass
 class LookupRound:
     """What the gate chose for one round: per request (batch row) the chain to verify (empty:
@@ -96,7 +216,7 @@ class LookupRound:
 class LookupGate:
     """When to verify a context-lookup chain instead of the policy's plan, and how long.
 
-    Acceptance: per match bucket and chain position ``j``, counts of lookup tokens verified at
+    Acceptance: per match bucket, source (the request's context or the history) and chain position ``j``, counts of lookup tokens verified at
     ``j`` (their predecessors accepted) and accepted, forgotten by ``FORGET`` in every round
     that verified the bucket, and shrunk with ``PRIOR_WEIGHT`` pseudo-observations towards
     ``PRIOR`` at ``j = 0`` and towards position ``j - 1``'s estimate after it (optimistic
@@ -123,7 +243,7 @@ class LookupGate:
         if kmax < 1:
             raise ValueError(f"LookupGate: kmax must be >= 1, got {kmax}")
         self.kmax = kmax
-        nb = len(MATCH_BUCKETS)
+        nb = len(MATCH_BUCKETS) * len(SOURCES)      # rows: match bucket x source (HISTORY_ROW)
         self._tried = [[0.0] * kmax for _ in range(nb)]
         self._hit = [[0.0] * kmax for _ in range(nb)]
         self._accept: Dict[int, List[float]] = {}    # accept(bucket), until the next observation
@@ -166,11 +286,23 @@ class LookupGate:
         return 1.0
 
     # -- decision ----------------------------------------------------------------------------
+    def better(self, own: Tuple[List[int], int], history: Tuple[List[int], int]) -> tuple:
+        """Of a request's two proposals, the one whose chain the gate expects to deliver more
+        accepted tokens (its own context's on a tie); the history's comes back as
+        ``(chain, n, True)``."""
+        if not history[0]:
+            return own
+        h = self.expected_accepted(match_bucket(history[1]) + HISTORY_ROW, min(len(history[0]), self.kmax))[-1]
+        if own[0] and self.expected_accepted(match_bucket(own[1]), min(len(own[0]), self.kmax))[-1] >= h:
+            return own
+        return history[0], history[1], True
+
     def choose(self, proposals: Sequence[Tuple[List[int], int]], verify_ms, alternative_tokens_per_s: float,
                room: Optional[Sequence[int]] = None, batch_bucket: int = 1,
                weights: Optional[Sequence[float]] = None) -> Optional[LookupRound]:
         """A lookup round for a batch whose requests proposed ``(chain, n)`` (empty chain: no
-        match; a finished request proposes nothing), or None if the policy's plan is expected to
+        match; a finished request proposes nothing; ``(chain, n, True)``: a chain from the
+        :class:`OutputHistory`), or None if the policy's plan is expected to
         be faster. ``verify_ms(mean_nodes, max_nodes)``: the cost model's verify of a batch whose
         requests verify those many nodes (root included), ragged or padded as the engine
         verifies; ``alternative_tokens_per_s``: the plan's predicted rate, batch tokens per
@@ -192,17 +324,17 @@ class LookupGate:
         w = {b: 1.0 if weights is None else float(weights[b]) for b in running}
         items = []                                  # (worth: weight x survival, request, position)
         for b in running:
-            chain, n = proposals[b]
+            chain, n = proposals[b][0], proposals[b][1]
             limit = min(len(chain), self.kmax, (room[b] - 1) if room is not None else self.kmax)
             if limit <= 0 or n <= 0 or w[b] <= 0:
                 continue
             alive = 1.0
-            for j, p in enumerate(self.accept(match_bucket(n))[:limit]):
+            for j, p in enumerate(self.accept(proposal_row(proposals[b]))[:limit]):
                 alive *= p
                 items.append((w[b] * alive, b, j))
         if not items:
             return None
-        proposed = {match_bucket(proposals[b][1]) for _, b, _ in items}
+        proposed = {proposal_row(proposals[b]) for _, b, _ in items}
         items.sort(key=lambda it: -it[0])          # stable: equal worths keep chain order
         ratio = self.time_scale(batch_bucket)
         ks = dict.fromkeys(running, 0)
@@ -231,7 +363,7 @@ class LookupGate:
             self._fade(proposed)
             return None
         chains = [proposals[b][0][:ks.get(b, 0)] for b in range(len(proposals))]
-        buckets = [match_bucket(proposals[b][1]) if ks.get(b, 0) > 0 else -1 for b in range(len(proposals))]
+        buckets = [proposal_row(proposals[b]) if ks.get(b, 0) > 0 else -1 for b in range(len(proposals))]
         self._fade(proposed - set(buckets))
         return LookupRound(chains, buckets, model * ratio, tokens, model, batch_bucket)
 
@@ -268,19 +400,25 @@ class LookupGate:
 
     # -- between processes -------------------------------------------------------------------
     def state(self) -> dict:
-        return {"kmax": self.kmax, "buckets": list(MATCH_BUCKETS), "tried": self._tried, "hit": self._hit,
-                "time": self._time}
+        return {"kmax": self.kmax, "buckets": list(MATCH_BUCKETS), "sources": list(SOURCES),
+                "tried": self._tried, "hit": self._hit, "time": self._time}
 
     def load_state(self, state: dict) -> bool:
         """Take up a saved :meth:`state` (what an earlier process learned on this device); a state
-        of another shape is ignored. Returns whether it was taken."""
+        of another shape is ignored (one from before the history's rows takes the prior there).
+        Returns whether it was taken."""
         try:
             tried = [[float(x) for x in row] for row in state["tried"]]
             hit = [[float(x) for x in row] for row in state["hit"]]
+            if "sources" not in state and len(tried) == len(hit) == len(MATCH_BUCKETS):
+                tried += [[0.0] * self.kmax for _ in range(len(MATCH_BUCKETS))]
+                hit += [[0.0] * self.kmax for _ in range(len(MATCH_BUCKETS))]
+            rows = len(MATCH_BUCKETS) * len(SOURCES)
             time_ = {k: {int(b): [float(x) for x in v] for b, v in state["time"][k].items()}
                      for k in ("lookup", "plain")}
             ok = (int(state["kmax"]) == self.kmax and list(state["buckets"]) == list(MATCH_BUCKETS)
-                  and all(len(r) == self.kmax for r in tried + hit) and len(tried) == len(hit) == len(MATCH_BUCKETS)
+                  and list(state.get("sources", SOURCES)) == list(SOURCES)
+                  and all(len(r) == self.kmax for r in tried + hit) and len(tried) == len(hit) == rows
                   and all(len(v) == 2 and min(v) >= 0 for per in time_.values() for v in per.values())
                   and all(0 <= h <= t + 1e-9 for rt, rh in zip(tried, hit) for t, h in zip(rt, rh)))
         except (KeyError, TypeError, ValueError, AttributeError):

@@ -181,7 +181,7 @@ def test_host_time_outside_the_rounds_is_reported():
         assert (s.policy_s > 0) == (method != "autoregressive"), (method, s.policy_s)
         runs.append(dict(s.to_dict(), set="s"))
     table = markdown_table(summarize(runs), ["eagle3", "heterospec", "autoregressive"])
-    assert "| policy ms/call | other ms/call | lookup calls |" in table and "nan" not in table
+    assert "| policy ms/call | other ms/call | lookup calls (from history) |" in table and "nan" not in table
 
 
 def test_greedy_mismatches_are_classified():

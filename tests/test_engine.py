@@ -326,6 +326,9 @@ def _eagle3_engine(seed=0):
 def test_choose_draft_dtype_keeps_the_fastest_and_caches_it(monkeypatch, tmp_path):
     from heterospec import costmodel
     monkeypatch.setenv("HETEROSPEC_CACHE", str(tmp_path))
+    # A quiet box whatever runs beside the test (CI's two cores are shared): a choice timed beside
+    # other work is not cached, which the end of this test checks on its own.
+    monkeypatch.setattr(costmodel.OtherLoad, "cores", lambda self: 0.0)
     engine, draft = _eagle3_engine()
     before = {k: v.clone() for k, v in draft.state_dict().items()}
     timed = []
@@ -354,6 +357,15 @@ def test_choose_draft_dtype_keeps_the_fastest_and_caches_it(monkeypatch, tmp_pat
     engine3, draft3 = _eagle3_engine()
     rep3 = costmodel.choose_draft_dtype(engine3, [torch.float32, torch.float16], progress=False)
     assert rep3["chosen"] == "float32" and engine3.draft is draft3 and draft3.dtype == torch.float32
+    # timed while other processes kept the box busy: used for this engine, not cached
+    monkeypatch.setattr(costmodel.OtherLoad, "cores", lambda self: costmodel.BUSY_CORES + 1.0)
+    monkeypatch.setattr(costmodel, "draft_round_ms", lambda eng, drafts, **kw: [10.0, 5.0])
+    engine4, _ = _eagle3_engine()
+    rep4 = costmodel.choose_draft_dtype(engine4, [torch.float32, torch.float64], progress=False)
+    assert not rep4["cached"] and rep4["chosen"] == "float64" and engine4.draft.dtype == torch.float64
+    engine5, _ = _eagle3_engine()
+    rep5 = costmodel.choose_draft_dtype(engine5, [torch.float32, torch.float64], progress=False)
+    assert not rep5["cached"]
 
 
 def test_choose_draft_dtype_times_real_rounds(monkeypatch, tmp_path):

@@ -11,7 +11,8 @@ import torch
 
 from heterospec import Engine, SpecConfig
 from heterospec.config import SamplingParams
-from heterospec.lookup import MATCH_BUCKETS, ContextIndex, LookupGate, LookupRound, match_bucket
+from heterospec.lookup import (HISTORY_ROW, MATCH_BUCKETS, ContextIndex, LookupGate, LookupRound, OutputHistory,
+                               match_bucket, proposal_row)
 from heterospec.policy import FittedPolicy, Plan
 from tests.engine_util import OracleDraft, tiny_hf_llama
 from tests.test_policy import DEPTHS, NODES, LinearCost, _tables
@@ -170,11 +171,11 @@ class ForcedGate(LookupGate):
         self.n += 1
         if not self.when(self.n):
             return None
-        chains = [c[:max(min(self.kmax, (room[b] if room else 99) - 1), 0)] for b, (c, _) in enumerate(proposals)]
+        chains = [p[0][:max(min(self.kmax, (room[b] if room else 99) - 1), 0)] for b, p in enumerate(proposals)]
         if not any(chains):
             return None
         self.rounds += 1
-        return LookupRound(chains, [match_bucket(n) if c else -1 for c, (_, n) in zip(chains, proposals)], 1.0, 1.0)
+        return LookupRound(chains, [proposal_row(p) if c else -1 for c, p in zip(chains, proposals)], 1.0, 1.0)
 
 
 class ScriptedFitted(FittedPolicy):
@@ -313,3 +314,152 @@ def test_gate_state_round_trips_and_a_foreign_state_is_ignored(tmp_path):
     (tmp_path / "junk.json").write_text("{not json")
     LookupGate().load(str(tmp_path / "junk.json"))          # ignored, no error
     assert _lookup_state_path(ScriptedFitted(CFG, lambda n: PLAIN)) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# The output history: chains copied from earlier requests.
+def reference_history(segments, context, k, nmax, skip=None):
+    """The longest suffix (n <= nmax) of ``context`` that occurs inside an earlier request of
+    ``segments`` [(prompt, tokens)] with a token after it, whose prompt is not ``skip``; its latest
+    such occurrence; the tokens after it, up to ``k``, cut at that request's end."""
+    for n in range(min(nmax, len(context)), 0, -1):
+        best = None
+        for si, (p, seq) in enumerate(segments):
+            if skip is not None and tuple(p) == tuple(skip):
+                continue
+            for i in range(n, len(seq)):
+                if seq[i - n:i] == list(context[len(context) - n:]):
+                    best = (si, i)               # later segments and positions overwrite
+        if best is not None:
+            si, i = best
+            return segments[si][1][i:i + k], n
+    return [], 0
+
+
+@pytest.mark.parametrize("vocab", [2, 4, 9])
+def test_output_history_proposes_what_the_reference_finds(vocab):
+    rng = random.Random(100 + vocab)
+    for trial in range(40):
+        nmax = rng.choice([1, 3, 8])
+        same_prompt = rng.random() < 0.3
+        hist = OutputHistory(nmax=nmax, same_prompt=same_prompt)
+        prompts = [[rng.randrange(vocab) for _ in range(rng.randrange(1, 4))] for _ in range(3)]
+        segments, last_of = [], {}
+        for _ in range(rng.randrange(0, 6)):
+            p = rng.choice(prompts)
+            seq = p + [rng.randrange(vocab) for _ in range(rng.randrange(0, 12))]
+            hist.add(p, seq[len(p):])
+            # an answer already held for its prompt is not added again; nor a single token
+            if last_of.get(tuple(p)) == seq or len(seq) < 2:
+                continue
+            last_of[tuple(p)] = seq
+            segments.append((p, seq))
+        assert len(hist) == sum(len(s) for _, s in segments)
+        for _ in range(6):
+            req_prompt = rng.choice(prompts)
+            context = req_prompt + [rng.randrange(vocab) for _ in range(rng.randrange(0, 6))]
+            for k in (1, 3, 8):
+                skip = None if same_prompt else req_prompt
+                assert hist.propose(context, k, req_prompt) == reference_history(segments, context, k, nmax, skip), \
+                    (segments, context, k, nmax, same_prompt)
+
+
+def test_output_history_cuts_at_a_request_end_keeps_the_newest_and_rejects_bad_settings():
+    hist = OutputHistory(nmax=4)
+    hist.add([1, 2], [3, 4, 5])
+    hist.add([9], [3, 4, 6, 7])
+    assert hist.propose([8, 3, 4], 5) == ([6, 7], 2)               # the latest occurrence, cut at its end
+    assert hist.propose([8, 3, 4], 5, prompt=[9]) == ([5], 2)       # not from an answer to its own prompt
+    hist.same_prompt = True
+    assert hist.propose([8, 3, 4], 5, prompt=[9]) == ([6, 7], 2)
+    assert hist.propose([8, 8], 3) == ([], 0) and OutputHistory().propose([1, 2], 4) == ([], 0)
+    n = len(hist)
+    hist.add([9], [3, 4, 6, 7])                                     # the same answer again: not added
+    assert len(hist) == n
+    small = OutputHistory(max_tokens=10, nmax=2)
+    for i in range(6):
+        small.add([100 + i], [i, i + 1, i + 2])
+    assert len(small) <= 10 and small.propose([0, 5], 4) == ([6, 7], 1)     # the newest request kept
+    assert small.propose([9, 0], 4) == ([], 0)                              # the oldest gone
+    for bad in (dict(nmax=0), dict(max_tokens=0)):
+        with pytest.raises(ValueError, match="nmax|max_tokens"):
+            OutputHistory(**bad)
+
+
+def test_gate_keeps_history_chains_apart_and_prefers_the_better_source():
+    gate = LookupGate(kmax=4)
+    assert proposal_row(([1], 3)) == match_bucket(3) and proposal_row(([1], 3, True)) == HISTORY_ROW + match_bucket(3)
+    # before any evidence the request's own context wins a tie
+    assert gate.better(([1, 2], 2), ([5, 6], 2)) == ([1, 2], 2)
+    assert gate.better(([], 0), ([5, 6], 2)) == ([5, 6], 2, True)
+    assert gate.better(([1, 2], 2), ([], 0)) == ([1, 2], 2)
+    _taught(gate, HISTORY_ROW + match_bucket(2), 0.9)
+    _taught(gate, match_bucket(2), 0.2, seed=1)
+    assert gate.better(([1, 2, 3, 4], 2), ([5, 6, 7, 8], 2)) == ([5, 6, 7, 8], 2, True)
+    assert gate.accept(match_bucket(2))[0] == pytest.approx(0.2, abs=0.05)
+    assert gate.accept(HISTORY_ROW + match_bucket(2))[0] == pytest.approx(0.9, abs=0.05)
+    # a round of history chains is recorded under the history's rows
+    cost = lambda mean, most: 10.0 + 0.1 * most
+    r = gate.choose([([5, 6, 7, 8], 2, True)], cost, 50.0)
+    assert r is not None and r.buckets == [HISTORY_ROW + match_bucket(2)] and len(r.chains[0]) >= 2
+    # a state saved before the history's rows is taken up, the history's rows at the prior
+    old = {"kmax": 4, "buckets": list(MATCH_BUCKETS), "tried": [[2.0] * 4] * len(MATCH_BUCKETS),
+           "hit": [[2.0] * 4] * len(MATCH_BUCKETS), "time": {"lookup": {}, "plain": {}}}
+    fresh = LookupGate(kmax=4)
+    assert fresh.load_state(old) is True
+    assert fresh.accept(HISTORY_ROW)[0] == LookupGate.PRIOR and fresh.accept(0)[0] != LookupGate.PRIOR
+    assert fresh.load_state(dict(gate.state(), sources=["context"])) is False
+
+
+class HistoryFirstGate(ForcedGate):
+    """A forced gate that takes the history's chain whenever there is one."""
+
+    def better(self, own, history):
+        return (history[0], history[1], True) if history[0] else own
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_history_chains_are_greedy_lossless(batch):
+    hf = tiny_hf_llama(seed=11, vocab=16)
+    draft = OracleDraft(hf, noise=0.8, seed=5)
+    engine = Engine(hf, draft, config=CFG)
+    engine.target.config.eos_token_ids = ()
+    earlier = _repetitive_prompts(hf.config.vocab_size, batch, seed=batch + 20)
+    engine.generate_batch(earlier, max_new_tokens=30, method="autoregressive", chat=False)  # fills the history
+    assert len(engine.lookup_history) > 0
+    # new prompts that end as the earlier ones did (another prompt each: their answers may be copied)
+    prompts = [[15 - i] + p for i, p in enumerate(earlier)]
+    ar = engine.generate_batch(prompts, max_new_tokens=30, method="autoregressive", chat=False)
+    engine.lookup_gate = HistoryFirstGate(5, when=lambda n: n % 3 != 2)
+    draft.set_prompts(prompts)
+    hs = engine.generate_batch(prompts, max_new_tokens=30, method="heterospec", chat=False, config=CFG,
+                               policy=ScriptedFitted(CFG, lambda n: SPEC if n % 2 else PLAIN))
+    assert [r.token_ids for r in hs] == [r.token_ids for r in ar]
+    recs = [r for x in hs for r in x.stats.records]
+    assert any(r.history and r.lookup for r in recs) and any(r.history and r.accept_len > 0 for r in recs)
+    # without the history: the same tokens, no chain from it
+    engine.lookup_history = None
+    engine.lookup_gate = HistoryFirstGate(5, when=lambda n: n % 3 != 2)
+    draft.set_prompts(prompts)
+    again = engine.generate_batch(prompts, max_new_tokens=30, method="heterospec", chat=False, config=CFG,
+                                  policy=ScriptedFitted(CFG, lambda n: SPEC if n % 2 else PLAIN))
+    assert [r.token_ids for r in again] == [r.token_ids for r in ar]
+    assert not any(r.history for x in again for r in x.stats.records)
+
+
+def test_history_chains_keep_the_sampling_law():
+    from tests.test_sampling_lossless import PROMPT, REQUESTS, _engine, assert_samples_follow_law, exact_law
+
+    engine, hf = _engine("eagle3")
+    # an earlier answer to the same prompt (allowed here), so that every request can copy from it
+    engine.lookup_history = OutputHistory(same_prompt=True)
+    engine.lookup_history.add(PROMPT, [2, 4, 1, 0, 3])
+    engine.lookup_gate = HistoryFirstGate(2, when=lambda n: n % 2 == 1)
+    params = SamplingParams(temperature=0.8, top_k=6)
+    res = engine.generate_batch([PROMPT] * REQUESTS, max_new_tokens=3, method="heterospec", chat=False,
+                                temperature=params.temperature, top_k=params.top_k, seed=78, config=CFG,
+                                policy=ScriptedFitted(CFG, lambda n: SPEC))
+    recs = [r for x in res for r in x.stats.records]
+    assert sum(r.history for r in recs) > REQUESTS // 10
+    assert any(r.history and r.accept_len > 0 for r in recs) and any(r.history and r.accept_len == 0 for r in recs)
+    assert_samples_follow_law(res, exact_law(hf, params))

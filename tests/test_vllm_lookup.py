@@ -6,7 +6,7 @@ A simulated vLLM step loop: each step the proposer sees the rows vLLM sampled (r
 
 import pytest
 
-from heterospec.lookup import match_bucket
+from heterospec.lookup import MATCH_BUCKETS, match_bucket
 from heterospec.vllm_plugin.costs import StepCosts
 from heterospec.vllm_plugin.lookup import LookupSteps
 
@@ -137,3 +137,23 @@ def test_observe_learns_each_chains_accepted_length_and_ignores_requests_that_le
     assert tried[3] == pytest.approx(before[3])      # never judged: its predecessor was rejected
     assert ls.gate._hit[bucket][2] == pytest.approx(0.0)
     assert ls.gate.time_scale(chosen.batch_bucket) != 1.0        # the step's time was learned
+
+
+def test_requests_that_leave_join_the_history_and_later_requests_copy_from_it():
+    ls = LookupSteps(kmax=4)
+    answer = [20, 21, 22, 23, 24, 25]
+    ls.feed(["a"], [[answer[0]]], [False], lambda rid: ([1, 2, 3], []), V)
+    ls.feed(["a"], [answer[1:]], [False], lambda rid: ([1, 2, 3], [answer[0]]), V)
+    assert len(ls.history) == 0
+    # "a" finished; "b" (another prompt ending as "a"'s did) starts: "a"'s answer is its proposal
+    ls.feed(["b"], [[20]], [False], lambda rid: ([9, 2, 3], []), V)
+    assert ls.history.tokens == [1, 2, 3] + answer
+    chain = ls.proposals(["b"], 4)[0]
+    assert chain[0] == [21, 22, 23, 24] and chain[2] is True
+    # the history's chains are priced and recorded under its rows
+    chosen = ls.choose(["b"], 4, [50], _costs(0.1), 1, 0.0, 1.0)
+    assert chosen is not None and chosen.buckets[0] >= len(MATCH_BUCKETS)
+    # a request with "a"'s own prompt does not copy "a"'s answer
+    ls.feed(["c"], [[20]], [False], lambda rid: ([1, 2, 3], []), V)
+    assert ls.proposals(["c"], 4)[0] == ([], 0)
+    assert LookupSteps(kmax=4, history=False).history is None

@@ -256,6 +256,9 @@ def test_requested_options():
         requested(_Cfg({"heterospec": {"path_stop": 1}}))
     assert requested(_Cfg({"heterospec": {"path_stop": False}})) == {"path_stop": False}
     assert requested(_Cfg({"heterospec": {"lookup": False}})) == {"lookup": False}
+    assert requested(_Cfg({"heterospec": {"history": False}})) == {"history": False}
+    with pytest.raises(HeteroSpecSetupError, match="history.*true or false"):
+        requested(_Cfg({"heterospec": {"history": "no"}}))
     assert requested(_Cfg({"heterospec": {"draft_stream": False}})) == {"draft_stream": False}
     with pytest.raises(HeteroSpecSetupError, match="draft_stream.*true or false"):
         requested(_Cfg({"heterospec": {"draft_stream": 1}}))
@@ -903,12 +906,13 @@ def _speculating_costs(path, copies_paid=False):
             costs.add_draft(b, steps, 2.0 + 1.0 * steps)
     costs.save(str(path))
     if copies_paid:
-        from heterospec.lookup import MATCH_BUCKETS, LookupGate
+        from heterospec.lookup import MATCH_BUCKETS, SOURCES, LookupGate
 
         gate = LookupGate(6)
         state = gate.state()
-        state["tried"] = [[10.0 if m >= 4 else 0.0] * gate.kmax for m in MATCH_BUCKETS]
-        state["hit"] = [[9.0 if m >= 4 else 0.0] * gate.kmax for m in MATCH_BUCKETS]
+        # (the rows of chains from the request's own context; the history's keep the prior)
+        state["tried"] = [[10.0 if m >= 4 and s == 0 else 0.0] * gate.kmax for s in range(len(SOURCES)) for m in MATCH_BUCKETS]
+        state["hit"] = [[9.0 if m >= 4 and s == 0 else 0.0] * gate.kmax for s in range(len(SOURCES)) for m in MATCH_BUCKETS]
         assert gate.load_state(state)
         gate.save(str(path).removesuffix(".json") + ".lookup.json")
     return json.dumps({"costs": str(path), "learn": False})

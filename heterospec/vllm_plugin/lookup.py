@@ -13,6 +13,10 @@ vLLM's steps (no vLLM import in this module, so it is tested without vLLM):
   length disagrees with the request's (a preemption, a step the proposer did not see) is built
   again from the request. Requests still in a chunked prefill (vLLM's discard mask) propose
   nothing.
+- **Earlier requests** (:class:`heterospec.lookup.OutputHistory`). A request whose index leaves
+  the running set (it finished, or was preempted) is kept in the history, and every request's
+  proposal is the better of its own context's and the history's (``LookupGate.better``), as in
+  our engine; never an earlier answer to its own prompt.
 - **The price** (:meth:`LookupSteps.choose`). A lookup step verifies the chosen chains in one
   target step: :class:`StepCosts`'s speculative line at the batch's mean draft tokens, plus the
   draft's warm first forward where the drafter would have run (it keeps the draft's KV cache
@@ -32,15 +36,17 @@ from __future__ import annotations
 
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..lookup import ContextIndex, LookupGate, LookupRound
+from ..lookup import ContextIndex, LookupGate, LookupRound, OutputHistory
 
 
 class LookupSteps:
     """The running requests' context indices and the gate that decides lookup steps."""
 
-    def __init__(self, kmax: int) -> None:
+    def __init__(self, kmax: int, history: bool = True) -> None:
         self.gate = LookupGate(kmax)
         self._index: Dict[str, ContextIndex] = {}
+        self._prompt: Dict[str, Tuple[int, int]] = {}     # per indexed request: its prompt's tokens, key
+        self.history: Optional[OutputHistory] = OutputHistory() if history else None
         self._pending: Optional[Tuple[List[str], LookupRound]] = None    # the last lookup step's
         self.steps = 0               # lookup steps run (this process)
         self.rebuilt = 0             # indices built from a request's tokens (first sight, or out of step)
@@ -78,7 +84,7 @@ class LookupSteps:
         e.g. prompt embeddings). ``sampled`` None: the step's tokens are unknown and every index
         is dropped (rebuilt when next seen)."""
         if sampled is None:
-            self._index = {}
+            self._index, self._prompt = {}, {}
             return
         index: Dict[str, ContextIndex] = {}
         for i, rid in enumerate(req_ids):
@@ -91,17 +97,31 @@ class LookupSteps:
             idx = self._index.get(rid)
             if idx is None or len(idx) != len(prompt) + len(output):
                 idx = ContextIndex(list(prompt) + list(output))
+                self._prompt[rid] = (len(prompt), OutputHistory.key(prompt))
                 self.rebuilt += 1
             idx.extend([t for t in sampled[i] if 0 <= t < vocab_size])
             index[rid] = idx
+        for rid, idx in self._index.items():
+            if rid not in index:                # no longer running: its tokens join the history
+                n = self._prompt.pop(rid, (0, 0))[0]
+                if self.history is not None:
+                    self.history.add(idx.tokens[:n], idx.tokens[n:])
         self._index = index
 
-    def proposals(self, req_ids: Sequence[str], limit: int) -> List[Tuple[List[int], int]]:
-        """Per request: ``(chain, match length)``, ``([], 0)`` where it has no index or no match."""
+    def proposals(self, req_ids: Sequence[str], limit: int) -> List[tuple]:
+        """Per request: ``(chain, match length)`` from its own context, ``(chain, match length,
+        True)`` from the history, ``([], 0)`` where it has no index or no match."""
         out = []
         for rid in req_ids:
             idx = self._index.get(rid)
-            out.append(idx.propose(limit) if idx is not None and limit > 0 else ([], 0))
+            if idx is None or limit <= 0:
+                out.append(([], 0))
+                continue
+            own = idx.propose(limit)
+            if self.history is not None and len(self.history):
+                key = self._prompt.get(rid, (0, None))[1]
+                own = self.gate.better(own, self.history.propose(idx.tokens, limit, prompt_key=key))
+            out.append(own)
         return out
 
     # -- decision ----------------------------------------------------------------------------
@@ -112,7 +132,7 @@ class LookupSteps:
         runs (0: drafter off); ``room``: per request, tokens it may still emit; ``alternative``:
         the plan's tokens per second, or a function returning it (asked only if a chain pays)."""
         proposals = self.proposals(req_ids, limit)
-        if not any(chain for chain, _ in proposals):
+        if not any(p[0] for p in proposals):
             return None
         return self.gate.choose(proposals, lambda mean, most: costs.verify_ms(batch_size, mean) + warm_ms,
                                 alternative, room, costs.bucket(batch_size))

@@ -143,7 +143,8 @@ class HeteroSpecProposer(EagleProposer):
         self._prev_conf: Dict[str, List[float]] = {}  # req id -> confidences of its kept drafts
         # context lookup (.lookup): chains copied from each request's tokens, when they pay (with
         # TP, rank 0's choice: a lookup step skips the draft loop on every rank)
-        self.lookup = LookupSteps(self.max_draft) if options.get("lookup", True) else None
+        self.lookup = (LookupSteps(self.max_draft, history=options.get("history", True))
+                       if options.get("lookup", True) else None)
         self._sampled = None                          # this step's sampled rows and discard mask
         self._lookup_plan = self._chain_plan("lookup", 1)   # what a lookup step leaves as the previous plan
         if self.lookup is not None:
