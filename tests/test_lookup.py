@@ -280,18 +280,30 @@ class _nothing:
         return False
 
 
-def test_lookup_rounds_keep_the_sampling_law():
+class HistoryFirstGate(ForcedGate):
+    """A forced gate that takes the history's chain whenever there is one."""
+
+    def better(self, own, history):
+        return (history[0], history[1], True) if history[0] else own
+
+
+@pytest.mark.parametrize("source", ["context", "history"])
+def test_lookup_rounds_keep_the_sampling_law(source):
     from tests.test_sampling_lossless import PROMPT, REQUESTS, _engine, assert_samples_follow_law, exact_law
 
     engine, hf = _engine("eagle3")
-    engine.lookup_gate = ForcedGate(2, when=lambda n: n % 2 == 1)
+    if source == "history":
+        # an earlier answer to the same prompt (allowed here), so that every request can copy from it
+        engine.lookup_history = OutputHistory(same_prompt=True)
+        engine.lookup_history.add(PROMPT, [2, 4, 1, 0, 3])
+    engine.lookup_gate = (HistoryFirstGate if source == "history" else ForcedGate)(2, when=lambda n: n % 2 == 1)
     params = SamplingParams(temperature=0.8, top_k=6)
     res = engine.generate_batch([PROMPT] * REQUESTS, max_new_tokens=3, method="heterospec", chat=False,
-                                temperature=params.temperature, top_k=params.top_k, seed=77, config=CFG,
-                                policy=ScriptedFitted(CFG, lambda n: SPEC))
-    recs = [r for x in res for r in x.stats.records]
-    assert sum(r.lookup for r in recs) > REQUESTS // 4
-    assert any(r.lookup and r.accept_len > 0 for r in recs) and any(r.lookup and r.accept_len == 0 for r in recs)
+                                temperature=params.temperature, top_k=params.top_k, seed=77 if source == "context" else 78,
+                                config=CFG, policy=ScriptedFitted(CFG, lambda n: SPEC))
+    recs = [r for x in res for r in x.stats.records if (r.history if source == "history" else r.lookup)]
+    assert len(recs) > REQUESTS // (4 if source == "context" else 10)
+    assert any(r.accept_len > 0 for r in recs) and any(r.accept_len == 0 for r in recs)
     assert_samples_follow_law(res, exact_law(hf, params))
 
 
@@ -411,13 +423,6 @@ def test_gate_keeps_history_chains_apart_and_prefers_the_better_source():
     assert fresh.load_state(dict(gate.state(), sources=["context"])) is False
 
 
-class HistoryFirstGate(ForcedGate):
-    """A forced gate that takes the history's chain whenever there is one."""
-
-    def better(self, own, history):
-        return (history[0], history[1], True) if history[0] else own
-
-
 @pytest.mark.parametrize("batch", [1, 3])
 def test_history_chains_are_greedy_lossless(batch):
     hf = tiny_hf_llama(seed=11, vocab=16)
@@ -445,21 +450,3 @@ def test_history_chains_are_greedy_lossless(batch):
                                   policy=ScriptedFitted(CFG, lambda n: SPEC if n % 2 else PLAIN))
     assert [r.token_ids for r in again] == [r.token_ids for r in ar]
     assert not any(r.history for x in again for r in x.stats.records)
-
-
-def test_history_chains_keep_the_sampling_law():
-    from tests.test_sampling_lossless import PROMPT, REQUESTS, _engine, assert_samples_follow_law, exact_law
-
-    engine, hf = _engine("eagle3")
-    # an earlier answer to the same prompt (allowed here), so that every request can copy from it
-    engine.lookup_history = OutputHistory(same_prompt=True)
-    engine.lookup_history.add(PROMPT, [2, 4, 1, 0, 3])
-    engine.lookup_gate = HistoryFirstGate(2, when=lambda n: n % 2 == 1)
-    params = SamplingParams(temperature=0.8, top_k=6)
-    res = engine.generate_batch([PROMPT] * REQUESTS, max_new_tokens=3, method="heterospec", chat=False,
-                                temperature=params.temperature, top_k=params.top_k, seed=78, config=CFG,
-                                policy=ScriptedFitted(CFG, lambda n: SPEC))
-    recs = [r for x in res for r in x.stats.records]
-    assert sum(r.history for r in recs) > REQUESTS // 10
-    assert any(r.history and r.accept_len > 0 for r in recs) and any(r.history and r.accept_len == 0 for r in recs)
-    assert_samples_follow_law(res, exact_law(hf, params))
