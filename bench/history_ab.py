@@ -7,8 +7,8 @@ turns per prompt over the five sets (the order rotating), so the box's drift is 
 
 Each engine keeps its own online state (policy, lookup gate) in memory from a fresh start: delete
 the cached online state first (``~/.cache/heterospec/costs/*.online-*``) for a run from nothing.
-The history holds every earlier call's prompt and output of its engine, never an earlier answer
-to the same prompt (``OutputHistory.same_prompt``), so no method's answer is copied by another.
+The history holds every earlier HeteroSpec call's prompts and outputs of its engine, never an
+earlier answer to the same prompt (``OutputHistory.same_prompt``), so no method's answer is copied by another.
 Prints and writes a table: tokens/s per set, ratios to autoregressive, lookup rounds from the
 history, and whether every output equals autoregressive's.
 """
@@ -22,6 +22,7 @@ import torch
 
 import heterospec
 from heterospec.bench import load_prompt_sets, machine_description, speed_flags
+from heterospec.lookup import OutputHistory
 
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("--sets", nargs="+", default=["mtbench", "humaneval", "gsm", "alpaca", "cnndm"])
@@ -35,6 +36,7 @@ flags = speed_flags(announce=True)
 dtype = getattr(torch, args.dtype)
 sets = load_prompt_sets(args.sets, args.n, 0)
 with_h = heterospec.Engine.from_pretrained(device="cpu", dtype=dtype)
+with_h.lookup_history = OutputHistory()          # (off by default in the engine)
 without = heterospec.Engine.from_pretrained(device="cpu", dtype=dtype)
 without.lookup_history = None
 systems = {"autoregressive": (with_h, "autoregressive"), "heterospec": (with_h, "heterospec"),

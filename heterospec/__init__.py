@@ -42,6 +42,7 @@ from .config import SamplingParams, SpecConfig  # noqa: E402
 from .entropy import EntropyBins  # noqa: E402
 from .models import Eagle3Draft, KVCache, TargetModel  # noqa: E402
 from .engine import Engine, GenerationResult, GenerationStats, RoundRecord  # noqa: E402
+from .lookup import OutputHistory  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -50,6 +51,7 @@ __all__ = [
     "GenerationResult",
     "GenerationStats",
     "RoundRecord",
+    "OutputHistory",
     "SpecConfig",
     "SamplingParams",
     "EntropyBins",

@@ -435,9 +435,11 @@ class Engine:
         # measured acceptance and the cost model say it is faster. Eager rounds only (a chain's
         # length varies round by round; CUDA graphs are captured per shape).
         self.lookup_gate: Optional[LookupGate] = LookupGate() if lookup else None
-        # ... and from earlier requests: every call's prompts and outputs (any method) are kept
-        # for the lookups of the calls after it (None: own context only).
-        self.lookup_history: Optional[OutputHistory] = OutputHistory() if lookup else None
+        # ... and, opted into with `engine.lookup_history = heterospec.OutputHistory()`, from earlier requests:
+        # the prompts and outputs of the calls that look up are kept for the lookups of the calls
+        # after them. Off by default: on the five benchmark sets it was level with own-context
+        # lookup (a gain on near-duplicate requests, none shown elsewhere; bench/RESULTS.md).
+        self.lookup_history: Optional[OutputHistory] = None
         self._lookup_state_read: Optional[str] = None     # the gate's saved state taken up (path)
         self._call_gate: Optional[LookupGate] = None       # generate(lookup=True) on such an engine
         # batch size -> SplitTreeAttention (graph_attention "split", or a factory set by tests)
@@ -734,7 +736,9 @@ class Engine:
                         pol.observe(plan, [r.bin for r in recs], [r.accept_len for r in recs], seconds,
                                     extend_tokens=pending, progress=_progress(st, behind, least))
                         policy_s += time.perf_counter() - tp
-            if self.lookup_history is not None:      # for the lookups of later calls
+            # For the lookups of later calls: the calls that look up feed it (a HeteroSpec call with
+            # the engine's gate; ~3 ms a request of Python, which no other method is charged).
+            if self.lookup_history is not None and gate is not None and gate is self.lookup_gate:
                 for p, out in zip(ids, st.all_outputs):
                     self.lookup_history.add(p, out)
             total = time.perf_counter() - t0

@@ -428,9 +428,15 @@ def test_history_chains_are_greedy_lossless(batch):
     hf = tiny_hf_llama(seed=11, vocab=16)
     draft = OracleDraft(hf, noise=0.8, seed=5)
     engine = Engine(hf, draft, config=CFG)
+    assert engine.lookup_history is None                # opted into
+    engine.lookup_history = OutputHistory()
     engine.target.config.eos_token_ids = ()
     earlier = _repetitive_prompts(hf.config.vocab_size, batch, seed=batch + 20)
-    engine.generate_batch(earlier, max_new_tokens=30, method="autoregressive", chat=False)  # fills the history
+    engine.generate_batch(earlier, max_new_tokens=30, method="autoregressive", chat=False)
+    assert len(engine.lookup_history) == 0          # a call that does not look up does not feed it
+    draft.set_prompts(earlier)
+    engine.generate_batch(earlier, max_new_tokens=30, method="heterospec", chat=False, config=CFG,
+                          policy=ScriptedFitted(CFG, lambda n: PLAIN))             # fills the history
     assert len(engine.lookup_history) > 0
     # new prompts that end as the earlier ones did (another prompt each: their answers may be copied)
     prompts = [[15 - i] + p for i, p in enumerate(earlier)]
