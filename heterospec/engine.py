@@ -661,7 +661,9 @@ class Engine:
             t0 = time.perf_counter()
             st = self._prefill(ids, method, params, gen, cache_len, max_new_tokens, stream, speculative)
             index = [ContextIndex(p) for p in ids] if gate is not None else None
-            keys = [OutputHistory.key(p) for p in ids] if gate is not None else None     # the history's
+            # The engine's output history, with the engine's gate (a call's own gate has none).
+            history = self.lookup_history if gate is not None and gate is self.lookup_gate else None
+            keys = [OutputHistory.key(p) for p in ids] if history is not None else None
             while st.active():
                 # The policy's plan for the requests still running: a tree, or one plain step.
                 active = st.active()
@@ -683,7 +685,8 @@ class Engine:
                 plan, chosen, one_offs = None, None, self._graph_one_offs()
                 if gate is not None:        # context lookup first: a copied chain, if it pays
                     tp = time.perf_counter()
-                    chosen = self._lookup_choice(st, index, ids, keys, pol, gate, context, max_new_tokens)
+                    chosen = self._lookup_choice(st, index, ids, history, keys, pol, gate, context,
+                                                 max_new_tokens)
                     policy_s += time.perf_counter() - tp
                 if chosen is not None:
                     # Verify the copied chains (a chain-shaped tree); the draft, if any, catches up later.
@@ -736,11 +739,11 @@ class Engine:
                         pol.observe(plan, [r.bin for r in recs], [r.accept_len for r in recs], seconds,
                                     extend_tokens=pending, progress=_progress(st, behind, least))
                         policy_s += time.perf_counter() - tp
-            # For the lookups of later calls: the calls that look up feed it (a HeteroSpec call with
-            # the engine's gate; ~3 ms a request of Python, which no other method is charged).
-            if self.lookup_history is not None and gate is not None and gate is self.lookup_gate:
+            # For the lookups of later calls: only the calls that look up feed it (~3 ms of Python
+            # a request, which no other method is charged).
+            if history is not None:
                 for p, out in zip(ids, st.all_outputs):
-                    self.lookup_history.add(p, out)
+                    history.add(p, out)
             total = time.perf_counter() - t0
         if isinstance(pol, FittedPolicy):
             pol.save_state()            # what it learned about this workload, for the next process
@@ -1081,8 +1084,8 @@ class Engine:
         return out[0], out[1]
 
     # -- context lookup (heterospec.lookup) --------------------------------------------------------
-    def _lookup_choice(self, st: _Batch, index: List[ContextIndex], ids: List[List[int]], keys: List[int],
-                       pol: FittedPolicy,
+    def _lookup_choice(self, st: _Batch, index: List[ContextIndex], ids: List[List[int]],
+                       history: Optional[OutputHistory], keys: Optional[List[int]], pol: FittedPolicy,
                        gate: LookupGate, context: int, max_new_tokens: int) -> Optional[LookupRound]:
         """The gate's lookup round for the running requests, or None (the policy's plan runs).
 
@@ -1092,7 +1095,6 @@ class Engine:
         active = st.active()
         least = min(len(st.outputs[b]) for b in active)
         proposals, room, weights = [([], 0)] * st.size, [0] * st.size, [0.0] * st.size
-        hist = self.lookup_history if gate is self.lookup_gate else None
         for b in active:
             out = st.outputs[b]
             room[b] = max_new_tokens - len(out)
@@ -1102,8 +1104,8 @@ class Engine:
             idx = index[row]
             idx.extend(out[len(idx) - len(ids[row]):])
             proposals[b], weights[b] = idx.propose(gate.kmax), 1.0
-            if hist is not None:
-                proposals[b] = gate.better(proposals[b], hist.propose(idx.tokens, gate.kmax, prompt_key=keys[row]))
+            if history is not None:
+                proposals[b] = gate.better(proposals[b], history.propose(idx.tokens, gate.kmax, prompt_key=keys[row]))
         if not any(p[0] for p in proposals):
             return None
         B, c = len(active), FittedPolicy.context_bucket(context)

@@ -120,7 +120,7 @@ class OutputHistory:
 
     def clear(self) -> None:
         self.tokens: List[int] = []
-        self._segments: List[Tuple[int, List[int]]] = []     # (prompt key, prompt + output), oldest first
+        self._segments: List[Tuple[int, int, int]] = []      # (prompt key, start, end) in tokens, oldest first
         self._last_of: Dict[int, int] = {}                    # prompt key -> hash of its latest answer
         # per n: n-gram -> (position after it, end of its request, prompt key): the latest
         # occurrence, and the latest one under another prompt key than that
@@ -143,20 +143,19 @@ class OutputHistory:
         if self._last_of.get(k) == h or len(seq) < 2:
             return
         self._last_of[k] = h
-        self._segments.append((k, seq))
         if len(self.tokens) + len(seq) > self.max_tokens:
-            # keep the newest requests within half the room, so that rebuilding is rare
-            keep, size = [], 0
-            for seg in reversed(self._segments):
-                if size + len(seg[1]) > max(self.max_tokens // 2, 1) and keep:
+            # keep the newest requests within half the room (this one included), so that
+            # rebuilding is rare
+            keep, size = [(k, seq)], len(seq)
+            for kk, s, e in reversed(self._segments):
+                if size + e - s > max(self.max_tokens // 2, 1):
                     break
-                keep.append(seg)
-                size += len(seg[1])
+                keep.append((kk, self.tokens[s:e]))
+                size += e - s
             last_of = {kk: self._last_of[kk] for kk, _ in keep if kk in self._last_of}
             self.clear()
             self._last_of = last_of
             for kk, sq in reversed(keep):
-                self._segments.append((kk, sq))
                 self._index(kk, sq)
             return
         self._index(k, seq)
@@ -165,6 +164,7 @@ class OutputHistory:
         start = len(self.tokens)
         end = start + len(seq)
         self.tokens.extend(seq)
+        self._segments.append((k, start, end))
         latest, other = self._latest, self._other
         for i in range(1, len(seq)):
             entry = (start + i, end, k)
@@ -216,8 +216,9 @@ class LookupRound:
 class LookupGate:
     """When to verify a context-lookup chain instead of the policy's plan, and how long.
 
-    Acceptance: per match bucket, source (the request's context or the history) and chain position ``j``, counts of lookup tokens verified at
-    ``j`` (their predecessors accepted) and accepted, forgotten by ``FORGET`` in every round
+    Acceptance: per match bucket, source (the request's context or the history) and chain
+    position ``j``, counts of lookup tokens verified at ``j`` (their predecessors accepted) and
+    accepted, forgotten by ``FORGET`` in every round
     that verified the bucket, and shrunk with ``PRIOR_WEIGHT`` pseudo-observations towards
     ``PRIOR`` at ``j = 0`` and towards position ``j - 1``'s estimate after it (optimistic
     enough that every bucket is tried; a bucket that loses stops after a few rounds). Cost: the
@@ -292,10 +293,14 @@ class LookupGate:
         ``(chain, n, True)``."""
         if not history[0]:
             return own
-        h = self.expected_accepted(match_bucket(history[1]) + HISTORY_ROW, min(len(history[0]), self.kmax))[-1]
-        if own[0] and self.expected_accepted(match_bucket(own[1]), min(len(own[0]), self.kmax))[-1] >= h:
+        copied = (history[0], history[1], True)
+        if own[0] and self._chain_worth(own) >= self._chain_worth(copied):
             return own
-        return history[0], history[1], True
+        return copied
+
+    def _chain_worth(self, proposal) -> float:
+        """Expected accepted tokens of a proposal's chain (up to ``kmax`` of it)."""
+        return self.expected_accepted(proposal_row(proposal), min(len(proposal[0]), self.kmax))[-1]
 
     def choose(self, proposals: Sequence[Tuple[List[int], int]], verify_ms, alternative_tokens_per_s: float,
                room: Optional[Sequence[int]] = None, batch_bucket: int = 1,
