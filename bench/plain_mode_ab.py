@@ -2,11 +2,13 @@
 speculate (issue 10), interleaved in one process: autoregressive vs HeteroSpec (fitted policy;
 with the draft's catch-up window, ``Engine.draft_window``, and without; and with a plain
 bucket's probes spaced by the model's predicted loss only, as before the twentieth session) vs
-a policy that is always plain but keeps the draft's bookkeeping (taps, pending extend), and a
+a policy that is always plain but keeps the draft's bookkeeping (taps, pending extend), HeteroSpec
+without cold plain steps (``Engine.cold_plain``: every plain step queues the draft's catch-up), and a
 scripted plain policy that probes speculation as the fitted one does in a plain bucket (with
 and without the window).
 
-    python bench/plain_mode_ab.py [--batch 8] [--draft-dtype float32]   # 4 MT-bench + 4 Alpaca prompts, 96 tokens, 6 passes
+    python bench/plain_mode_ab.py [--batch 8] [--draft-dtype float32] [--cases hs hs-warm]
+    # 4 MT-bench + 4 Alpaca prompts, 96 tokens, 6 passes; autoregressive is always run
 """
 import argparse
 import statistics
@@ -25,6 +27,9 @@ ap.add_argument("--batch", type=int, default=8, help="prompts per call: half MT-
 ap.add_argument("--draft-dtype", choices=["float32", "bfloat16"], default=None,
                 help="the draft's dtype (default: the engine's choice for this CPU); float32 with "
                      "MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 emulates an AVX2-only CPU")
+ap.add_argument("--cases", nargs="+", default=None,
+                help="run only these cases (default: all): ar hs hs-warm hs-no-window hs-model-priced probing "
+                     "probing-no-window plain+draft")
 args = ap.parse_args()
 torch.set_num_threads(2)
 flags = speed_flags(announce=True)
@@ -65,13 +70,19 @@ window = eng.draft_window
 model_priced = ModelPriced(eng.tables_for(eng.config.top_k), eng.cost_model, eng.config, ragged=eng.ragged_verify)
 # name, generate_batch arguments, the engine's draft_window for the run
 cases = [("ar", dict(method="autoregressive"), window), ("hs", dict(method="heterospec"), window),
+         ("hs-warm", dict(method="heterospec"), window),
          ("hs-no-window", dict(method="heterospec"), None),
          ("hs-model-priced", dict(method="heterospec", policy=model_priced), window),
          ("probing", dict(method="heterospec", policy=Probing()), window),
          ("probing-no-window", dict(method="heterospec", policy=Probing()), None),
          ("plain+draft", dict(method="heterospec", policy=PlainWithDraft()), window)]
+if args.cases:
+    unknown = set(args.cases) - {n for n, _, _ in cases}
+    if unknown:
+        ap.error(f"unknown cases: {sorted(unknown)}")
+    cases = [c for c in cases if c[0] in args.cases or c[0] == "ar"]
 for name, kw, w in cases:
-    eng.draft_window = w
+    eng.draft_window, eng.cold_plain = w, name != "hs-warm"
     eng.generate_batch(prompts, max_new_tokens=8, **kw)
 # The draft's catch-up, counted where it happens: time in the draft's extend and the entries it
 # computed (the prompt's, at prefill, included), per run. Less noisy than tokens/s on a shared box.
@@ -91,7 +102,7 @@ res = {n: [] for n, _, _ in cases}
 share = {n: [] for n, _, _ in cases}
 for rep in range(args.passes):   # order reversed every other pass
     for name, kw, w in (cases if rep % 2 == 0 else cases[::-1]):
-        eng.draft_window = w
+        eng.draft_window, eng.cold_plain = w, name != "hs-warm"
         catch_up[:] = [0.0, 0]
         t0 = time.perf_counter()
         out = eng.generate_batch(prompts, max_new_tokens=args.max_new_tokens, **kw)

@@ -126,8 +126,11 @@ class _Batch:
     ext_tokens: Optional[torch.Tensor] = None   # [B, n] tokens of the pending draft extend
     ext_feats: Optional[torch.Tensor] = None    # [B, n, 3H] target features paired with them
     ext_num: Optional[torch.Tensor] = None      # [B] valid entries per request
-    draft_hole: Optional[torch.Tensor] = None   # [B, 2] draft cache slots [lo, hi) never computed (draft_window);
-                                                # None until a request first drops entries (no mask work before)
+    draft_hole: Optional[torch.Tensor] = None   # [B, 2] draft cache slots [lo, hi) never computed (draft_window,
+                                                # cold plain steps); None until a request first drops entries
+    # The draft's prompt pass, deferred from prefill to the first round that drafts (a call that
+    # starts plain): ([B, n] tokens, [B, n, 3H] features, [B] entries), slots 0 .. entries - 1.
+    deferred: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
     host_lens: List[int] = field(default_factory=list)   # prefix_lens as the host knows them
     outputs: List[List[int]] = field(default_factory=list)
     finished: List[Optional[str]] = field(default_factory=list)
@@ -167,6 +170,8 @@ class _Batch:
             t = getattr(self, name)
             if t is not None:
                 setattr(self, name, t.index_select(0, idx))
+        if self.deferred is not None:
+            self.deferred = tuple(t.index_select(0, idx) for t in self.deferred)
         self.target_cache.keep_rows(idx)
         if self.draft_cache is not None:
             self.draft_cache.keep_rows(idx)
@@ -430,6 +435,13 @@ class Engine:
         # the prompt and the latest tokens; the output never depends on it. None: catch up on
         # every token.
         self.draft_window = 16
+        # Cold plain steps: where the policy's probe schedule keeps a bucket plain for at least
+        # draft_window more rounds (Policy.plain_rounds_ahead), a plain step queues no catch-up
+        # (the window would drop it before a round used it) and keeps only its newest entry; the
+        # last draft_window plain steps before a probe are warm again, so the probe drafts from
+        # the prompt and the latest tokens, as with the window alone. A call that starts plain
+        # also defers the draft's pass over the prompts to its first drafted round. Eager rounds only.
+        self.cold_plain = True
         # Context lookup (heterospec.lookup): with the fitted policy, a round may verify tokens
         # copied from the request's own context instead of a drafted tree, when the gate's
         # measured acceptance and the cost model say it is faster. Eager rounds only (a chain's
@@ -659,7 +671,11 @@ class Engine:
         policy_s = 0.0
         with torch.inference_mode():
             t0 = time.perf_counter()
-            st = self._prefill(ids, method, params, gen, cache_len, max_new_tokens, stream, speculative)
+            # A call that starts plain defers the draft's prompt pass to its first drafted round
+            # (none, if it stays plain; fewer rows, if requests finished by then).
+            defer = self.cold_plain and speculative and not self.static_rounds and not pol.plan(B).speculate
+            st = self._prefill(ids, method, params, gen, cache_len, max_new_tokens, stream, speculative,
+                               defer_prompt=defer)
             index = [ContextIndex(p) for p in ids] if gate is not None else None
             # The engine's output history, with the engine's gate (a call's own gate has none).
             history = self.lookup_history if gate is not None and gate is self.lookup_gate else None
@@ -711,7 +727,12 @@ class Engine:
                     policy_s += time.perf_counter() - tp
                 if plan is None or not plan.speculate or not speculative:
                     t_plain = time.perf_counter()
-                    self._decode_one(st, params, gen, max_new_tokens, stream, record=method != "autoregressive")
+                    # Cold while the probe schedule keeps this bucket plain for draft_window more
+                    # rounds: no catch-up queued that the window would drop before it is used.
+                    cold = (self.cold_plain and speculative and plan is not None and not self.static_rounds
+                            and self.draft_window is not None and pol.plain_rounds_ahead(len(active)) >= self.draft_window)
+                    self._decode_one(st, params, gen, max_new_tokens, stream, record=method != "autoregressive",
+                                     cold=cold)
                     if plan is not None and hasattr(pol, "observe"):     # plain steps are timed too
                         seconds = self._round_seconds(t_plain, one_offs)
                         tp = time.perf_counter()
@@ -722,7 +743,8 @@ class Engine:
                         policy_s += time.perf_counter() - tp
                 else:
                     # tokens the draft catches up on this round (a host read: not on static rounds)
-                    pending = None if self.static_rounds else float(st.ext_num[active].float().mean())
+                    pending = None if self.static_rounds else float(st.ext_num[active].float().mean()) + (
+                        0.0 if st.deferred is None else float(st.deferred[2][active].float().mean()))
                     t_draft = time.perf_counter()
                     # Draft / verify split: CUDA events, read after the round's one host read.
                     timer = StageTimer(self.device)
@@ -846,10 +868,12 @@ class Engine:
     # -- prefill --------------------------------------------------------------------------------
     def _prefill(self, ids: List[List[int]], method: str, params: SamplingParams, gen, cache_len: int,
                  max_new_tokens: int, stream, speculative: Optional[bool] = None,
-                 draft_prompt: bool = True) -> _Batch:
+                 draft_prompt: bool = True, defer_prompt: bool = False) -> _Batch:
         """Prefill the target (and, speculating with ``draft_prompt``, the draft over the prompt:
         every draft entry but the last, whose output the first round drafts from; otherwise the
-        whole prompt stays pending for the first round's extend)."""
+        whole prompt stays pending for the first round's extend). ``defer_prompt`` (eager rounds,
+        a call that starts plain): that pass runs at the start of the first round that drafts,
+        over the rows still there (:attr:`_Batch.deferred`), and not at all if none does."""
         B, n_max, dev = len(ids), max(len(p) for p in ids), self.device
         lens = torch.tensor([len(p) for p in ids], device=dev)
         tokens = torch.zeros(B, n_max, dtype=torch.int64, device=dev)
@@ -880,10 +904,13 @@ class Engine:
             st.ext_feats = feats
             st.ext_num = lens.clone()
             if draft_prompt and n_max > 1:
-                # Here, not in the first round: a plain stretch before it (a plain plan) would
-                # otherwise leave the prompt pending and drop it from the draft's context.
-                self.draft.extend(st.ext_tokens[:, :n_max - 1], feats[:, :n_max - 1], st.draft_cache, st.draft_lens,
-                                  lens - 1)
+                # Not pending for the first round: a plain stretch before it (a plain plan) would
+                # drop it from the draft's context (draft_window, cold plain steps).
+                if defer_prompt:
+                    st.deferred = (st.ext_tokens[:, :n_max - 1], feats[:, :n_max - 1], lens - 1)
+                else:
+                    self.draft.extend(st.ext_tokens[:, :n_max - 1], feats[:, :n_max - 1], st.draft_cache,
+                                      st.draft_lens, lens - 1)
                 rows = torch.arange(B, device=dev)
                 st.draft_lens = lens - 1
                 st.ext_tokens, st.ext_feats = first[:, None], feats[rows, lens - 1][:, None]
@@ -930,16 +957,23 @@ class Engine:
 
     # -- autoregressive ---------------------------------------------------------------------------
     def _decode_one(self, st: _Batch, params: SamplingParams, gen, max_new_tokens: int, stream,
-                    record: bool = False) -> None:
+                    record: bool = False, cold: bool = False) -> None:
         """One plain target step. With a draft in use (a plain round chosen by the policy) the
-        root's features join the draft's pending extend, so a later round drafts from there."""
+        root's features join the draft's pending extend, so a later round drafts from there.
+        A *cold* step (eager rounds) keeps only the newest entry pending: the entries before it
+        join the request's hole, as the draft window would drop them before any round used them."""
         t0 = time.perf_counter()
         drafting = st.ext_tokens is not None
         root, feat = self._plain_step(st, params, gen, drafting)
+        stepped = st.prefix_lens.clone() if drafting and cold else None   # the new entry's position
         st.prefix_lens += 1
         st.host_lens = [n + 1 for n in st.host_lens]
         st.root = root
-        if drafting:   # entry ext_num[b]: the old root's feature, paired with the new token
+        if drafting and cold:
+            self._forget_all_pending(st, stepped)
+            st.ext_tokens, st.ext_feats = root[:, None], feat[:, None].to(st.ext_feats.dtype)
+            st.ext_num = torch.ones_like(st.ext_num)
+        elif drafting:   # entry ext_num[b]: the old root's feature, paired with the new token
             B, n = st.ext_tokens.shape
             rows = torch.arange(B, device=self.device)
             keep = self.draft_window
@@ -1015,6 +1049,16 @@ class Engine:
         st.draft_hole = torch.stack([lo, hi], dim=1)
         st.draft_lens = st.draft_lens + drop
         st.ext_num = st.ext_num - drop
+
+    @staticmethod
+    def _forget_all_pending(st: _Batch, upto: torch.Tensor) -> None:
+        """Every request's pending entries (draft slots ``draft_lens .. upto - 1``) join its hole,
+        which then ends at ``upto`` (== draft_lens + ext_num: a cold step adds the entry there)."""
+        if st.draft_hole is None:
+            st.draft_hole = torch.zeros(st.ext_num.shape[0], 2, dtype=torch.int64, device=upto.device)
+        lo, hi = st.draft_hole.unbind(1)
+        st.draft_hole = torch.stack([torch.where(lo == hi, st.draft_lens, lo), upto], dim=1)
+        st.draft_lens = upto
 
     def _graph_one_offs(self) -> int:
         return self.round_graphs.one_offs() if self.round_graphs is not None else 0
@@ -1302,6 +1346,10 @@ class Engine:
         rows = torch.arange(B, device=dev)
 
         # 1. Extend the draft over the tokens committed last round; its last output is the root's.
+        if st.deferred is not None:       # the prompt first (slots 0 .., before any hole)
+            tokens, feats, num = st.deferred
+            draft.extend(tokens, feats, st.draft_cache, torch.zeros_like(num), num)
+            st.deferred = None
         n = st.ext_tokens.shape[1] if self.static_rounds else int(st.ext_num.max())
         hidden = draft.extend(st.ext_tokens[:, :n], st.ext_feats[:, :n], st.draft_cache, st.draft_lens,
                               st.ext_num, st.draft_hole)

@@ -164,6 +164,12 @@ class Policy:
         """A call with ``batch_size`` new requests starts (a policy that learns online may forget
         what it measured on earlier prompts; the fixed ones have nothing to forget)."""
 
+    def plain_rounds_ahead(self, batch_size: int) -> int:
+        """After :meth:`round_plan` returned a plain plan: how many more rounds at this batch
+        size are certain to be plain too (the engine then runs *cold* plain steps, which keep no
+        draft catch-up; 0: the next round may speculate)."""
+        return 0
+
     def needs_draft(self, batch_size: int) -> bool:
         """Whether any batch size up to ``batch_size`` speculates (a batch only shrinks)."""
         return any(self.plan(b).speculate for b in range(1, batch_size + 1))
@@ -594,12 +600,16 @@ def _fit_option(tables, opt, cost, B: int, context: int, ragged: bool, max_nodes
     return [actions[c] + (float(acc[i, c]), surv[i][c]) for i, c in enumerate(chosen)], ev
 
 
+FIT_CACHE = 512     # option fits fit_plan's ``fits`` keeps before it starts again
+
+
 def fit_plan(tables: AcceptanceTables, cost, batch_size: int, context: int = 256, ragged: bool = False,
              max_nodes: Optional[int] = None, margin: float = PLAIN_MARGIN,
              position_scale: Sequence[float] = (), time_scale: float = 1.0, plain_scale: float = 1.0,
              bin_freq: Optional[Dict[int, Sequence[float]]] = None, shortlist: Optional[dict] = None,
              bin_scale: Optional[Dict[int, Sequence[float]]] = None, static: bool = False,
-             options: Optional[Sequence[int]] = None, scores: Optional[Dict[int, float]] = None) -> Plan:
+             options: Optional[Sequence[int]] = None, scores: Optional[Dict[int, float]] = None,
+             fits: Optional[dict] = None) -> Plan:
     """The plan that maximises expected tokens/s at ``batch_size`` under ``cost``.
 
     Every binning option of ``tables`` (where ``H(P*)`` is read, its K, the CART label) gets its
@@ -618,7 +628,10 @@ def fit_plan(tables: AcceptanceTables, cost, batch_size: int, context: int = 256
     batch size. ``shortlist``: a dict the caller keeps to reuse them (valid while ``cost`` and the
     other arguments but ``batch_size`` and the time scales stay the same). ``options``: fit only
     these binning options (indices into ``tables.options``; default all); ``scores``: a dict
-    filled with the expected tokens/s (before ``time_scale``) of every option fully fitted."""
+    filled with the expected tokens/s (before ``time_scale``) of every option fully fitted.
+    ``fits``: a dict the caller keeps to reuse each option's fitted actions while ``cost`` stays
+    the same: the time scales only scale an option's evaluation, so a refit that only they moved
+    (a plain bucket's plain steps move ``plain_scale``) re-decides without a search."""
     B = batch_size
     cost = cost if isinstance(cost, _MemoCost) else _MemoCost(cost)
     plain_ms = cost.plain_ms(B, context) * plain_scale
@@ -629,8 +642,18 @@ def fit_plan(tables: AcceptanceTables, cost, batch_size: int, context: int = 256
         sorted({int(i) for i in options if 0 <= int(i) < len(tables.options)})
 
     def fit(i, batch, quick=False):
-        return _fit_option(tables, tables.options[i], cost, batch, context, ragged, max_nodes,
-                           position_scale, bin_freq.get(i), quick, bin_scale.get(i), static)
+        if fits is None or quick:
+            return _fit_option(tables, tables.options[i], cost, batch, context, ragged, max_nodes,
+                               position_scale, bin_freq.get(i), quick, bin_scale.get(i), static)
+        key = (i, batch, context, ragged, static, max_nodes, tuple(position_scale),
+               None if bin_freq.get(i) is None else tuple(bin_freq[i]),
+               None if bin_scale.get(i) is None else tuple(bin_scale[i]))
+        if key not in fits:
+            if len(fits) >= FIT_CACHE:
+                fits.clear()
+            fits[key] = _fit_option(tables, tables.options[i], cost, batch, context, ragged, max_nodes,
+                                    position_scale, bin_freq.get(i), quick, bin_scale.get(i), static)
+        return fits[key]
 
     def best3(batch, quick=False):
         scored = [(e["tokens_per_s"], i) for i, e in ((i, fit(i, batch, quick)[1]) for i in options) if e is not None]
@@ -650,7 +673,7 @@ def fit_plan(tables: AcceptanceTables, cost, batch_size: int, context: int = 256
         acts, ev = fit(i, B)
         if ev is not None and scores is not None:
             scores[i] = float(ev["tokens_per_s"])
-        if ev is not None and time_scale != 1.0:
+        if ev is not None:     # (a copy: the plan's expected values are its own, not the kept fit's)
             ev = dict(ev, ms=ev["ms"] * time_scale, tokens_per_s=ev["tokens_per_s"] / time_scale)
         if ev is not None and (best_eval is None or ev["tokens_per_s"] > best_eval["tokens_per_s"]):
             best, best_eval = (i, acts), ev
@@ -725,11 +748,13 @@ class FittedPolicy(Policy):
         self._backoff: Dict[int, int] = {}            # log2 of the speculative probe interval / PROBE_EVERY
         self._recent_spec: Dict[int, List[Tuple[float, float]]] = {}   # last PROBE_BURST speculative rounds
         self._burst: Dict[int, int] = {}              # speculative rounds left in a plain bucket's probe
+        self._plain_ahead: Dict[int, int] = {}        # plain rounds certain after the last one planned
         self._last_fit: Dict[int, Tuple[int, Plan]] = {}
         self._shortlist: dict = {}                    # fit_plan's batch-1 option shortlist
         # per bucket: fits since its last full fit, and the options that fitted best in it
         self._option_rank: Dict[int, Tuple[int, Optional[List[int]]]] = {}
         self._memo = _MemoCost(cost)                  # the cost model's answers, until a refit
+        self._option_fits: dict = {}                  # fit_plan's option fits, until a refit
         self._fit_s = 0.0                             # seconds spent fitting (the refit budget)
         self._fits = 0                                # fits made (bench/policy_fit_ab.py)
         self._round_s = 0.0                           # seconds of the rounds observed
@@ -800,7 +825,8 @@ class FittedPolicy(Policy):
             scores: Dict[int, float] = {}
             plan = fit_plan(self.tables, self._memo, b, c, self.ragged, max_nodes=self.max_nodes,
                             position_scale=s, time_scale=t, plain_scale=q, bin_freq=f, shortlist=self._shortlist,
-                            bin_scale=g, static=self.static, options=None if full else best, scores=scores)
+                            bin_scale=g, static=self.static, options=None if full else best, scores=scores,
+                            fits=self._option_fits)
             if full and scores:
                 best = sorted(scores, key=lambda i: (-scores[i], i))[:self.SHORTLIST]
             self._option_rank[b] = (0 if full else since_full + 1, best)
@@ -975,12 +1001,15 @@ class FittedPolicy(Policy):
             left = self._burst[b] = 0
         plan = self.plan(batch_size, context)
         n = self._rounds[b] = self._rounds.get(b, 0) + 1
+        self._plain_ahead[b] = 0
         if left > 0:                  # inside a probe burst (the guard is blind while it measures)
             self._burst[b] = left - 1
             fitted = self.fitted_plan(batch_size, context)
             if fitted.speculate or fitted.alternative is not None:
                 return fitted if fitted.speculate else fitted.alternative
         if plan.alternative is None:
+            if not plan.speculate:    # nothing to probe: plain for as long as nothing changes
+                self._plain_ahead[b] = self.NEVER_PROBED
             return plan
         if plan.speculate:
             # (the spacing is a multiple of PROBE_EVERY: the guard is consulted only then)
@@ -993,7 +1022,8 @@ class FittedPolicy(Policy):
         # probe costs a few steps' time plus the draft's catch-up over the plain stretch (at most
         # 2 * Engine.draft_window tokens).
         since = self._since_probe[b] = self._since_probe.get(b, 0) + 1
-        if since >= self._probe_spacing(b, plan):
+        spacing = self._probe_spacing(b, plan)
+        if since >= spacing:
             self._since_probe[b] = 0
             self._backoff[b] = (min(self._backoff.get(b, 0) + 1, self.MAX_BACKOFF)
                                 if self._last_probe_lost(b) else 0)
@@ -1002,7 +1032,18 @@ class FittedPolicy(Policy):
                 st[0] = st[1] = st[2] = 0.0
             self._burst[b] = self.PROBE_BURST - 1
             return plan.alternative
+        self._plain_ahead[b] = spacing - since - 1
         return plan
+
+    NEVER_PROBED = 1 << 30    # plain_rounds_ahead of a plain plan with no alternative to probe
+
+    def plain_rounds_ahead(self, batch_size: int) -> int:
+        """The plain rounds the probe schedule still has before this bucket's next probe burst,
+        after :meth:`round_plan` planned a plain one (0 after a speculative round, a speculating
+        bucket's plain probe, or inside a burst). A change of evidence (the guard turning, the
+        batch shrinking to another bucket) may end the stretch sooner: the engine's next round
+        then drafts from a thinner context, and the output is the target's either way."""
+        return self._plain_ahead.get(self.bucket(batch_size), 0)
 
     # A plain bucket's probes may cost at most this share of its plain decoding time, priced by
     # the model's own (corrected) prediction of a speculative round; they come at most
@@ -1082,6 +1123,7 @@ class FittedPolicy(Policy):
         self._shortlist = {}
         self._option_rank = {}
         self._memo = _MemoCost(self.cost)
+        self._option_fits = {}
 
     def time_scale(self, bucket: int) -> float:
         """Observed / predicted speculative round time at this batch bucket, in steps of 0.05

@@ -611,6 +611,136 @@ def test_long_plain_stretches_keep_a_window_of_the_draft_catch_up():
     assert engine.draft_window is None
 
 
+class _ScriptedCold(_Scripted):
+    """A scripted policy whose plain stretches declare how many plain rounds follow (the probe
+    schedule's ``plain_rounds_ahead``): the engine runs their steps cold."""
+
+    def __init__(self, plan, rounds, period):
+        super().__init__(plan, rounds)
+        self.period = period
+
+    def plain_rounds_ahead(self, batch_size):
+        return (-self.n) % self.period - 1 if self.n % self.period else 0
+
+
+def test_cold_plain_steps_keep_one_pending_entry_and_stay_greedy_lossless():
+    """Plain rounds that the policy says are followed by draft_window more plain rounds run
+    cold: the pending extend keeps only the newest entry (the rest join the request's hole), the
+    last draft_window plain steps before a round are warm again, and the output is the target's
+    (greedy identical to autoregressive) at batch 1 and 3, with rounds after cold stretches
+    still accepting drafts."""
+    engine, draft, hf = _tiny_engine(seed=29)
+    engine.draft_window = 3
+    seen = []
+    extend = draft.extend
+
+    def spy(input_ids, features, cache, prefix_lens, num_new, hole=None):
+        seen.append((int(num_new.max()), None if hole is None else hole.clone()))
+        return extend(input_ids, features, cache, prefix_lens, num_new, hole)
+
+    draft.extend = spy
+    for n_prompts in (1, 3):
+        prompts = _prompts(hf.config.vocab_size, n_prompts, seed=8)
+        spec = _mixed_plan(_edge_at_median(engine, draft, prompts))
+        plain = Plan("plain", speculate=False, decide_depth=0, entropy_k=3, edges=[], depth=[0], budget=[0],
+                     binned=False)
+        draft.set_prompts(prompts)
+        ar = engine.generate_batch(prompts, max_new_tokens=60, method="autoregressive", chat=False)
+        period = 6
+        pol = _ScriptedCold(spec, lambda n: spec if n % period == 0 else plain, period)
+        seen[:] = []
+        draft.set_prompts(prompts)
+        hs = engine.generate_batch(prompts, max_new_tokens=60, method="heterospec", policy=pol, chat=False)
+        assert [r.token_ids for r in hs] == [r.token_ids for r in ar]
+        recs = [r for x in hs for r in x.stats.records]
+        assert any(not r.plain and r.accept_len > 0 for r in recs)
+        rounds = seen[1:]                       # seen[0]: the prompt, extended at prefill
+        # 5 plain steps before each round: 2 cold, the last 3 warm, so a round catches up on
+        # 3 + 1 entries (one of them the cold stretch's newest), not on the whole stretch
+        assert max(n for n, _ in rounds) == engine.draft_window + 1
+        holes = [h for _, h in rounds if h is not None and bool((h[:, 1] > h[:, 0]).any())]
+        assert holes, "cold steps leave a hole in the draft's context"
+    # no window: no cold steps (the window is what makes dropping those entries harmless)
+    engine.draft_window = None
+    prompts = _prompts(hf.config.vocab_size, 2, seed=8)
+    seen[:] = []
+    draft.set_prompts(prompts)
+    engine.generate_batch(prompts, max_new_tokens=30, method="heterospec",
+                          policy=_ScriptedCold(spec, lambda n: spec if n % 12 == 0 else plain, 12), chat=False)
+    assert all(h is None for _, h in seen)
+
+
+def test_a_call_that_starts_plain_defers_the_draft_prompt_pass_to_its_first_drafted_round():
+    """Where the plan at the call's batch size is plain, the draft's pass over the prompts runs
+    at the start of the first round that drafts (slots from 0, before the hole of the cold steps
+    in between), over the rows still running, and not at all in a call that stays plain; the
+    output is the target's either way (greedy identical to autoregressive)."""
+    engine, draft, hf = _tiny_engine(seed=29)
+    engine.draft_window = 2
+    prompts = _prompts(hf.config.vocab_size, 3, seed=8)
+    spec = _mixed_plan(_edge_at_median(engine, draft, prompts))
+    plain = Plan("plain", speculate=False, decide_depth=0, entropy_k=3, edges=[], depth=[0], budget=[0], binned=False,
+                 alternative=spec)
+    calls = []
+    extend = draft.extend
+
+    def spy(input_ids, features, cache, prefix_lens, num_new, hole=None):
+        calls.append((prefix_lens.clone(), num_new.clone()))
+        return extend(input_ids, features, cache, prefix_lens, num_new, hole)
+
+    draft.extend = spy
+    draft.set_prompts(prompts)
+    ar = engine.generate_batch(prompts, max_new_tokens=50, method="autoregressive", chat=False)
+    for first_round, period in ((6, 6), (10 ** 6, 6)):
+        calls[:] = []
+        draft.set_prompts(prompts)
+        pol = _ScriptedCold(plain, lambda n: spec if n >= first_round and n % period == 0 else plain, period)
+        hs = engine.generate_batch(prompts, max_new_tokens=50, method="heterospec", policy=pol, chat=False)
+        assert [r.token_ids for r in hs] == [r.token_ids for r in ar]
+        if first_round > 50:
+            assert calls == []                  # plain throughout: the draft never ran
+            continue
+        assert calls and (calls[0][0] == 0).all()
+        # the rows still running at the first round (one request ended earlier, and its row left)
+        running = [len(p) - 1 for p, r in zip(prompts, hs) if len(r.token_ids) > first_round]
+        assert calls[0][1].tolist() == running and len(running) < len(prompts)
+        assert all((c[0] > 0).all() for c in calls[1:])
+        assert any(not r.plain and r.accept_len > 0 for x in hs for r in x.stats.records)
+    # a call whose plan speculates from the start extends the prompts at prefill, as before
+    calls[:] = []
+    draft.set_prompts(prompts)
+    engine.generate_batch(prompts, max_new_tokens=4, method="heterospec", policy=FixedPolicy({3: spec}), chat=False)
+    assert calls and calls[0][1].tolist() == [len(p) - 1 for p in prompts]
+
+
+def test_fitted_policy_tells_how_many_plain_rounds_its_probe_schedule_has_left():
+    """``plain_rounds_ahead`` after a plain round of a plain bucket counts the plain rounds left
+    before its next probe burst; after a speculative round, a speculating bucket's plain probe
+    or inside a burst it is 0."""
+    policy = FittedPolicy(_tables(easy_accept=0.7), LinearCost(a=10.0, b=1.0, c=4.0, e=4.0),
+                          SpecConfig(top_k=4, depth=1, total_tokens=4))
+    assert not policy.plan(1).speculate and policy.plan(1).alternative is not None
+    kinds, ahead = [], []
+    for _ in range(3 * policy.PROBE_EVERY):
+        kinds.append(policy.round_plan(1).speculate)
+        ahead.append(policy.plain_rounds_ahead(1))
+    for i, k in enumerate(kinds):
+        if k:
+            assert ahead[i] == 0
+        else:
+            nxt = kinds.index(True, i) if True in kinds[i:] else None
+            if nxt is not None:
+                assert ahead[i] == nxt - i - 1, (i, ahead[i], nxt)
+    assert sum(kinds) >= policy.PROBE_BURST
+    # a speculating bucket: never cold, its plain probes included
+    fast = FittedPolicy(_tables(easy_accept=0.7), LinearCost(a=10.0, b=1.0, c=0.5, e=0.5),
+                        SpecConfig(top_k=4, depth=1, total_tokens=4))
+    assert fast.plan(1).speculate
+    got = [(fast.round_plan(1).speculate, fast.plain_rounds_ahead(1)) for _ in range(70)]
+    assert any(not k for k, _ in got) and all(a == 0 for _, a in got)
+    assert Policy().plain_rounds_ahead(4) == 0
+
+
 def test_cache_covers_speculative_probes_of_a_plain_plan():
     """A call that starts under a plain plan (the guard, a plain bucket) may still run
     speculative probe rounds, up to the end of max_new_tokens: the KV caches are sized for
@@ -651,6 +781,41 @@ def test_sampling_with_mixed_bins_keeps_the_target_law():
                                 seed=2025, chat=False, policy=FixedPolicy({REQUESTS: plan}))
     bins = {r.bin for x in res for r in x.stats.records}
     assert len(bins) >= 2, bins
+    assert_samples_follow_law(res, exact_law(hf, SamplingParams(temperature=1.0)))
+
+
+def test_sampling_after_a_cold_plain_step_keeps_the_target_law():
+    """A call that starts plain (the draft's prompt pass deferred to the first drafted round),
+    a cold plain step (its pending entries join the hole) and at once a speculative round (a
+    plain stretch that ended sooner than the policy said: the guard turned, the batch shrank):
+    the round drafts from the prompt and the newest entry, and the samples follow the target law."""
+    from tests.test_sampling_lossless import NEW, PROMPT, REQUESTS, _engine, assert_samples_follow_law, exact_law
+    from heterospec.config import SamplingParams
+
+    engine, hf = _engine("oracle")
+    engine.draft_window = 1
+    spec = Plan("probe", decide_depth=1, entropy_k=3, edges=[], depth=[1], budget=[4])
+    plain = Plan("plain", speculate=False, decide_depth=0, entropy_k=3, edges=[], depth=[0], budget=[0], binned=False,
+                 alternative=spec)
+
+    class ColdThenSpeculate(_Scripted):
+        def plain_rounds_ahead(self, batch_size):
+            return 1 if self.n == 1 else 0
+
+    holes = []
+    extend = engine.draft.extend
+
+    def spy(input_ids, features, cache, prefix_lens, num_new, hole=None):
+        holes.append(hole is not None and bool((hole[:, 1] > hole[:, 0]).all()))
+        return extend(input_ids, features, cache, prefix_lens, num_new, hole)
+
+    engine.draft.extend = spy
+    res = engine.generate_batch([PROMPT] * REQUESTS, max_new_tokens=NEW, method="heterospec", temperature=1.0,
+                                seed=2026, chat=False,
+                                policy=ColdThenSpeculate(plain, lambda n: plain if n == 1 else spec))
+    # the call starts plain: the prompt pass runs in the first round, then the newest entry past the hole
+    assert len(holes) == 2 and not holes[0] and holes[1]
+    assert all(x.stats.records[0].plain and not x.stats.records[1].plain for x in res)
     assert_samples_follow_law(res, exact_law(hf, SamplingParams(temperature=1.0)))
 
 
@@ -1124,6 +1289,7 @@ def test_refits_between_full_fits_search_the_shortlist_only(monkeypatch, B):
         policy._plans.clear()                         # as if the corrections had moved
         policy._last_fit.clear()
         policy._shortlist.clear()
+        policy._option_fits.clear()                   # (acceptance ones: the option fits are keyed by them)
     assert per_fit[0] == {0, 1, 2, 3, 4} and per_fit[FittedPolicy.FULL_EVERY] == {0, 1, 2, 3, 4}
     assert all(s == {2, 3, 4} for s in per_fit[1:FittedPolicy.FULL_EVERY])
     policy.refit()                                    # a new cost model: a full fit at once
@@ -1131,6 +1297,40 @@ def test_refits_between_full_fits_search_the_shortlist_only(monkeypatch, B):
     policy.plan(B)
     assert set(fitted) == {0, 1, 2, 3, 4}
 
+
+
+def test_a_refit_that_only_the_time_scales_moved_reuses_the_option_fits(monkeypatch):
+    """The time scales only scale an option's evaluation: a refit after plain steps moved the
+    plain scale (a plain bucket's usual refit) re-decides from the kept option fits, without a
+    search, and picks what a fresh fit with that scale picks; a moved acceptance correction
+    searches again."""
+    import heterospec.policy as P
+    tables = _tables(easy_accept=0.7)
+    cost = LinearCost(a=10.0, b=1.0, c=1.5, e=1.5)
+    calls = []
+    inner = P._fit_option
+
+    def counting(*a, **k):
+        calls.append(bool(a[9]) if len(a) > 9 else bool(k.get("quick")))   # quick: the shortlist's starts
+        return inner(*a, **k)
+
+    monkeypatch.setattr(P, "_fit_option", counting)
+    fits = {}
+    for B in (1, 4):
+        first = fit_plan(tables, cost, B, fits=fits)
+        decided = set()
+        for q in (0.5, 1.3, 3.0):
+            calls.clear()
+            kept = fit_plan(tables, cost, B, plain_scale=q, time_scale=1.1, fits=fits)
+            assert not any(not quick for quick in calls)          # no full search of an option
+            fresh = fit_plan(tables, cost, B, plain_scale=q, time_scale=1.1)
+            assert kept.to_dict() == fresh.to_dict()
+            decided.add(kept.speculate)
+        assert decided == {True, False}                       # the scales did move the decision
+        assert first.expected["speculative"] is not kept.expected["speculative"]   # each plan its own copy
+        calls.clear()
+        fit_plan(tables, cost, B, position_scale=(1.0, 0.8), fits=fits)
+        assert any(not quick for quick in calls)               # an acceptance correction: a new search
 
 def test_fitted_policy_refits_at_once_when_fits_are_cheap_against_the_rounds():
     """Timed rounds: a bucket takes up moved corrections after one round while fitting stays
