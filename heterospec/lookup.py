@@ -328,18 +328,20 @@ class LookupGate:
         B = len(running)
         w = {b: 1.0 if weights is None else float(weights[b]) for b in running}
         items = []                                  # (worth: weight x survival, request, position)
+        proposed = set()                            # the gate rows of the requests with items
         for b in running:
             chain, n = proposals[b][0], proposals[b][1]
             limit = min(len(chain), self.kmax, (room[b] - 1) if room is not None else self.kmax)
             if limit <= 0 or n <= 0 or w[b] <= 0:
                 continue
+            row = proposal_row(proposals[b])
+            proposed.add(row)
             alive = 1.0
-            for j, p in enumerate(self.accept(proposal_row(proposals[b]))[:limit]):
+            for j, p in enumerate(self.accept(row)[:limit]):
                 alive *= p
                 items.append((w[b] * alive, b, j))
         if not items:
             return None
-        proposed = {proposal_row(proposals[b]) for _, b, _ in items}
         items.sort(key=lambda it: -it[0])          # stable: equal worths keep chain order
         ratio = self.time_scale(batch_bucket)
         ks = dict.fromkeys(running, 0)

@@ -741,6 +741,11 @@ class FittedPolicy(Policy):
         # Derived values per evidence version (observe() of a speculative round, load_state): see _unchanged
         self._evidence = 0
         self._derived: Dict[str, tuple] = {}
+        # Every change of what plan() depends on (observe, new_requests, the probe schedule's
+        # resets, refit, load_state) moves this version; plan() is memoised per version, so the
+        # engine's lookup gate and the round's plan ask for it once per round.
+        self._version = 0
+        self._plan_memo: Tuple[int, Dict[Tuple[int, int], Plan]] = (-1, {})
         # Per bucket: speculative tokens/request, seconds, rounds; plain the same (the guard).
         self._realized: Dict[int, List[float]] = {}
         self._observed_rounds: Dict[int, int] = {}    # rounds observed per bucket (refit gap)
@@ -785,10 +790,17 @@ class FittedPolicy(Policy):
         return 1 << max(8, int(max(context, 1) - 1).bit_length())
 
     def plan(self, batch_size: int, context: Optional[int] = None) -> Plan:
-        plan = self.fitted_plan(batch_size, context)
-        if plan.speculate and self.realized_loses(self.bucket(batch_size)):
-            return plan.alternative       # the guard: speculation measured slower than plain steps
-        return plan
+        key = (self.bucket(batch_size), self.context if context is None else self.context_bucket(context))
+        version, memo = self._plan_memo
+        if version != self._version:
+            memo = {}
+            self._plan_memo = (self._version, memo)
+        if key not in memo:
+            plan = self.fitted_plan(batch_size, context)
+            if plan.speculate and self.realized_loses(key[0]):
+                plan = plan.alternative       # the guard: speculation measured slower than plain steps
+            memo[key] = plan
+        return memo[key]
 
     # When a bucket whose corrections moved is refitted: as soon as fitting has taken at most
     # FIT_SHARE of the timed rounds' time (a fit costs a few ms; the first corrections of a
@@ -894,6 +906,7 @@ class FittedPolicy(Policy):
 
     def new_requests(self, batch_size: int) -> None:
         """A call with ``batch_size`` new requests starts (the engine's generate / generate_batch)."""
+        self._version += 1
         st = self._realized.get(self.bucket(batch_size))
         cap = self.CALL_CARRY * batch_size
         if st is not None and st[2] > cap:
@@ -999,6 +1012,7 @@ class FittedPolicy(Policy):
             k = self.MIN_REALIZED[0] / st[2]
             st[0], st[1], st[2] = st[0] * k, st[1] * k, self.MIN_REALIZED[0]
             left = self._burst[b] = 0
+            self._version += 1
         plan = self.plan(batch_size, context)
         n = self._rounds[b] = self._rounds.get(b, 0) + 1
         self._plain_ahead[b] = 0
@@ -1030,6 +1044,7 @@ class FittedPolicy(Policy):
             st = self._realized.get(b)
             if st is not None:
                 st[0] = st[1] = st[2] = 0.0
+            self._version += 1
             self._burst[b] = self.PROBE_BURST - 1
             return plan.alternative
         self._plain_ahead[b] = spacing - since - 1
@@ -1118,6 +1133,7 @@ class FittedPolicy(Policy):
 
     def refit(self) -> None:
         """Forget the fitted plans (after the cost model learned something new)."""
+        self._version += 1
         self._plans = {}
         self._last_fit = {}
         self._shortlist = {}
@@ -1306,6 +1322,7 @@ class FittedPolicy(Policy):
         guard credits the round with (default: the mean over the requests, what a continuous
         batch gains); a static batch ends with its slowest request, and its caller passes the
         tokens of the requests furthest behind."""
+        self._version += 1
         expected = plan.expected or {}
         if seconds is not None and extend_tokens is not None and plan.speculate and expected.get("speculative"):
             B = int(expected.get("batch_size", 1))

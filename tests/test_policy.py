@@ -1290,6 +1290,7 @@ def test_refits_between_full_fits_search_the_shortlist_only(monkeypatch, B):
         policy._last_fit.clear()
         policy._shortlist.clear()
         policy._option_fits.clear()                   # (acceptance ones: the option fits are keyed by them)
+        policy._version += 1                          # (and plan() is memoised per state version)
     assert per_fit[0] == {0, 1, 2, 3, 4} and per_fit[FittedPolicy.FULL_EVERY] == {0, 1, 2, 3, 4}
     assert all(s == {2, 3, 4} for s in per_fit[1:FittedPolicy.FULL_EVERY])
     policy.refit()                                    # a new cost model: a full fit at once
