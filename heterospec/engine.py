@@ -1131,11 +1131,24 @@ class Engine:
     def _lookup_choice(self, st: _Batch, index: List[ContextIndex], ids: List[List[int]],
                        history: Optional[OutputHistory], keys: Optional[List[int]], pol: FittedPolicy,
                        gate: LookupGate, context: int, max_new_tokens: int) -> Optional[LookupRound]:
-        """The gate's lookup round for the running requests, or None (the policy's plan runs).
+        """The gate's lookup round for the running requests, or None (the policy's plan runs):
+        asked every round, or every 2nd / 4th where its choices at this batch size keep
+        declining (:meth:`LookupGate.due`)."""
+        active = st.active()
+        bucket = FittedPolicy.bucket(len(active))
+        if not gate.due(bucket):
+            return None
+        gate.near_miss = False
+        chosen = self._lookup_proposals(st, index, ids, history, keys, pol, gate, context, max_new_tokens)
+        gate.answered(bucket, chosen is not None)
+        return chosen
 
-        A static batch ends with its slowest request, so only the requests furthest behind are
-        weighed (and proposed for: a request's index takes up the tokens it emitted since it
-        was last asked)."""
+    def _lookup_proposals(self, st: _Batch, index: List[ContextIndex], ids: List[List[int]],
+                          history: Optional[OutputHistory], keys: Optional[List[int]], pol: FittedPolicy,
+                          gate: LookupGate, context: int, max_new_tokens: int) -> Optional[LookupRound]:
+        """The requests' proposals and the gate's choice. A static batch ends with its slowest
+        request, so only the requests furthest behind are weighed (and proposed for: a
+        request's index takes up the tokens it emitted since it was last asked)."""
         active = st.active()
         least = min(len(st.outputs[b]) for b in active)
         proposals, room, weights = [([], 0)] * st.size, [0] * st.size, [0.0] * st.size

@@ -239,6 +239,16 @@ class LookupGate:
     # (bench/RESULTS.md, thirty-eighth session). Half of a bucket's evidence is gone after ~70
     # such rounds, so a bucket that keeps losing is retried about as often.
     IDLE_FORGET = 0.99
+    # A batch-size bucket whose last DECLINED_RUN choices all declined clearly (the best lookup
+    # round expected below CLEAR_DECLINE of the alternative's rate) is asked every 2nd round, after
+    # 2 * DECLINED_RUN every 4th (SKIP_MAX): a choice is ~0.25 ms of Python at batch 8, over 1 % of
+    # a plain step there, in a bucket where copied chains keep losing. A near miss or a taken
+    # chain resets the bucket, so where chains often come close to paying (summaries, code) the
+    # gate is asked every round; elsewhere a chain that pays is taken up at most SKIP_MAX - 1
+    # rounds late.
+    DECLINED_RUN = 8
+    SKIP_MAX = 4
+    CLEAR_DECLINE = 0.8
 
     def __init__(self, kmax: int = LOOKUP_KMAX) -> None:
         if kmax < 1:
@@ -250,6 +260,27 @@ class LookupGate:
         self._accept: Dict[int, List[float]] = {}    # accept(bucket), until the next observation
         # per kind and batch-size bucket: forgotten (measured, predicted) milliseconds
         self._time: Dict[str, Dict[int, List[float]]] = {"lookup": {}, "plain": {}}
+        self.near_miss = False                        # the last choice declined a round close to paying
+        self._declined: Dict[int, int] = {}          # per batch-size bucket: choices declined in a row
+        self._asked: Dict[int, int] = {}             # ... and rounds since it declined DECLINED_RUN
+
+    # -- how often to ask ----------------------------------------------------------------------
+    def due(self, batch_bucket: int = 1) -> bool:
+        """Whether the engine asks for a lookup round this round (see ``DECLINED_RUN``)."""
+        run = self._declined.get(batch_bucket, 0)
+        if run < self.DECLINED_RUN:
+            return True
+        every = min(self.SKIP_MAX, 2 << ((run - self.DECLINED_RUN) // self.DECLINED_RUN))
+        n = self._asked[batch_bucket] = self._asked.get(batch_bucket, 0) + 1
+        return n % every == 0
+
+    def answered(self, batch_bucket: int, taken: bool) -> None:
+        """The outcome of a choice the engine asked for at ``batch_bucket`` (a declined one that
+        was a near miss, :attr:`near_miss`, counts as taken)."""
+        if taken or self.near_miss:
+            self._declined[batch_bucket], self._asked[batch_bucket] = 0, 0
+        else:
+            self._declined[batch_bucket] = self._declined.get(batch_bucket, 0) + 1
 
     # -- estimates ---------------------------------------------------------------------------
     def accept(self, bucket: int) -> List[float]:
@@ -324,6 +355,7 @@ class LookupGate:
         second (ties keep chain order, so each request verifies a prefix of its chain): a
         request whose match predicts little verifies its root only, however long another
         request's chain is."""
+        self.near_miss = False
         running = [b for b in range(len(proposals)) if room is None or room[b] > 0]
         B = len(running)
         w = {b: 1.0 if weights is None else float(weights[b]) for b in running}
@@ -367,6 +399,7 @@ class LookupGate:
         if callable(alternative_tokens_per_s):
             alternative_tokens_per_s = alternative_tokens_per_s()
         if rate < self.MARGIN * alternative_tokens_per_s * total_weight / B:
+            self.near_miss = rate >= self.CLEAR_DECLINE * alternative_tokens_per_s * total_weight / B
             self._fade(proposed)
             return None
         chains = [proposals[b][0][:ks.get(b, 0)] for b in range(len(proposals))]

@@ -456,3 +456,37 @@ def test_history_chains_are_greedy_lossless(batch):
                                   policy=ScriptedFitted(CFG, lambda n: SPEC if n % 2 else PLAIN))
     assert [r.token_ids for r in again] == [r.token_ids for r in ar]
     assert not any(r.history for x in again for r in x.stats.records)
+
+
+def test_gate_asks_less_often_where_its_choices_keep_declining():
+    """After DECLINED_RUN declined choices at a batch-size bucket the engine asks every 2nd round,
+    after twice that many every SKIP_MAX-th; a taken choice resets the bucket; other buckets are
+    asked every round meanwhile."""
+    gate = LookupGate()
+    asked = []
+    for _ in range(gate.DECLINED_RUN + 4 * gate.DECLINED_RUN):
+        due = gate.due(8)
+        asked.append(due)
+        if due:
+            gate.answered(8, False)
+    first = asked[:gate.DECLINED_RUN]
+    assert all(first)
+    gaps = [i for i, a in enumerate(asked) if a]
+    steps = [b - a for a, b in zip(gaps, gaps[1:])]
+    assert steps[:gate.DECLINED_RUN - 1] == [1] * (gate.DECLINED_RUN - 1)
+    assert 2 in steps and steps[-1] == gate.SKIP_MAX and max(steps) == gate.SKIP_MAX
+    assert all(gate.due(1) for _ in range(10))                  # another bucket: asked every round
+    gate.answered(8, True)
+    assert all(gate.due(8) for _ in range(gate.DECLINED_RUN))   # taken: every round again
+    # near misses (a round expected at CLEAR_DECLINE or more of the alternative) keep it asked
+    verify = lambda mean, most: 10.0 + (mean - 1.0)             # noqa: E731  (ms: cheap extra nodes)
+    proposals = [([5, 6, 7], 3)]
+    taken = gate.choose(proposals, verify, 0.0, batch_bucket=8)
+    rate = 1e3 * taken.expected_tokens / taken.predicted_ms       # what the best lookup round delivers
+    for alt, near in ((rate / 0.9, True), (rate / 0.5, False)):
+        assert gate.choose(proposals, verify, alt, batch_bucket=8) is None
+        assert gate.near_miss is near, (alt, near)
+    gate.near_miss = True
+    for _ in range(3 * gate.DECLINED_RUN):                      # declined, but each a near miss
+        assert gate.due(16)
+        gate.answered(16, False)
