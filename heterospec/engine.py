@@ -1138,7 +1138,6 @@ class Engine:
         bucket = FittedPolicy.bucket(len(active))
         if not gate.due(bucket):
             return None
-        gate.near_miss = False
         chosen = self._lookup_proposals(st, index, ids, history, keys, pol, gate, context, max_new_tokens)
         gate.answered(bucket, chosen is not None)
         return chosen

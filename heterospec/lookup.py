@@ -281,6 +281,7 @@ class LookupGate:
             self._declined[batch_bucket], self._asked[batch_bucket] = 0, 0
         else:
             self._declined[batch_bucket] = self._declined.get(batch_bucket, 0) + 1
+        self.near_miss = False        # (a choice that never reached choose() was no near miss)
 
     # -- estimates ---------------------------------------------------------------------------
     def accept(self, bucket: int) -> List[float]:

@@ -642,18 +642,19 @@ def fit_plan(tables: AcceptanceTables, cost, batch_size: int, context: int = 256
         sorted({int(i) for i in options if 0 <= int(i) < len(tables.options)})
 
     def fit(i, batch, quick=False):
-        if fits is None or quick:
-            return _fit_option(tables, tables.options[i], cost, batch, context, ragged, max_nodes,
-                               position_scale, bin_freq.get(i), quick, bin_scale.get(i), static)
-        key = (i, batch, context, ragged, static, max_nodes, tuple(position_scale),
-               None if bin_freq.get(i) is None else tuple(bin_freq[i]),
-               None if bin_scale.get(i) is None else tuple(bin_scale[i]))
-        if key not in fits:
+        key = None if fits is None or quick else (
+            i, batch, context, ragged, static, max_nodes, tuple(position_scale),
+            None if bin_freq.get(i) is None else tuple(bin_freq[i]),
+            None if bin_scale.get(i) is None else tuple(bin_scale[i]))
+        if key is not None and key in fits:
+            return fits[key]
+        out = _fit_option(tables, tables.options[i], cost, batch, context, ragged, max_nodes,
+                          position_scale, bin_freq.get(i), quick, bin_scale.get(i), static)
+        if key is not None:
             if len(fits) >= FIT_CACHE:
                 fits.clear()
-            fits[key] = _fit_option(tables, tables.options[i], cost, batch, context, ragged, max_nodes,
-                                    position_scale, bin_freq.get(i), quick, bin_scale.get(i), static)
-        return fits[key]
+            fits[key] = out
+        return out
 
     def best3(batch, quick=False):
         scored = [(e["tokens_per_s"], i) for i, e in ((i, fit(i, batch, quick)[1]) for i in options) if e is not None]

@@ -486,7 +486,8 @@ def test_gate_asks_less_often_where_its_choices_keep_declining():
     for alt, near in ((rate / 0.9, True), (rate / 0.5, False)):
         assert gate.choose(proposals, verify, alt, batch_bucket=8) is None
         assert gate.near_miss is near, (alt, near)
-    gate.near_miss = True
     for _ in range(3 * gate.DECLINED_RUN):                      # declined, but each a near miss
         assert gate.due(16)
+        gate.near_miss = True                                   # (what choose() reports of one)
         gate.answered(16, False)
+        assert not gate.near_miss                               # used up by the answer

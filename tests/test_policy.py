@@ -573,6 +573,20 @@ def test_plain_stretches_between_rounds_are_greedy_lossless():
     assert any(r.plain for r in recs) and any(not r.plain and r.accept_len > 0 for r in recs)
 
 
+def _spy_extends(draft):
+    """Wrap ``draft.extend``; the list returned gets ``(prefix_lens, num_new, hole)`` of every
+    call (cloned; hole None when the call had none)."""
+    calls = []
+    extend = draft.extend
+
+    def spy(input_ids, features, cache, prefix_lens, num_new, hole=None):
+        calls.append((prefix_lens.clone(), num_new.clone(), None if hole is None else hole.clone()))
+        return extend(input_ids, features, cache, prefix_lens, num_new, hole)
+
+    draft.extend = spy
+    return calls
+
+
 def test_long_plain_stretches_keep_a_window_of_the_draft_catch_up():
     """With draft_window 2, a request's pending extend never holds more than 4 entries: plain
     stretches of 9 steps drop the oldest entries and leave a hole in the draft's context. The
@@ -582,14 +596,7 @@ def test_long_plain_stretches_keep_a_window_of_the_draft_catch_up():
     prompts = _prompts(hf.config.vocab_size, 3, seed=8)
     spec = _mixed_plan(_edge_at_median(engine, draft, prompts))
     plain = Plan("plain", speculate=False, decide_depth=0, entropy_k=3, edges=[], depth=[0], budget=[0], binned=False)
-    seen = []
-    extend = draft.extend
-
-    def spy(input_ids, features, cache, prefix_lens, num_new, hole=None):
-        seen.append((int(num_new.max()), None if hole is None else hole.clone()))
-        return extend(input_ids, features, cache, prefix_lens, num_new, hole)
-
-    draft.extend = spy
+    seen = _spy_extends(draft)
     draft.set_prompts(prompts)
     ar = engine.generate_batch(prompts, max_new_tokens=40, method="autoregressive", chat=False)
     widths = {}
@@ -601,8 +608,8 @@ def test_long_plain_stretches_keep_a_window_of_the_draft_catch_up():
         assert [r.token_ids for r in hs] == [r.token_ids for r in ar]
         assert any(not r.plain and r.accept_len > 0 for x in hs for r in x.stats.records)
         rounds = seen[1:]                        # seen[0]: the prompt, extended at prefill
-        widths[window] = max(n for n, _ in rounds)
-        holes = [h for _, h in rounds if h is not None and bool((h[:, 1] > h[:, 0]).any())]
+        widths[window] = max(int(n.max()) for _, n, _ in rounds)
+        holes = [h for _, _, h in rounds if h is not None and bool((h[:, 1] > h[:, 0]).any())]
         assert bool(holes) == (window is not None)
     assert widths[2] <= 4 < widths[None]
     for bad in (0, -3, 2.5, True, "16"):
@@ -631,14 +638,7 @@ def test_cold_plain_steps_keep_one_pending_entry_and_stay_greedy_lossless():
     still accepting drafts."""
     engine, draft, hf = _tiny_engine(seed=29)
     engine.draft_window = 3
-    seen = []
-    extend = draft.extend
-
-    def spy(input_ids, features, cache, prefix_lens, num_new, hole=None):
-        seen.append((int(num_new.max()), None if hole is None else hole.clone()))
-        return extend(input_ids, features, cache, prefix_lens, num_new, hole)
-
-    draft.extend = spy
+    seen = _spy_extends(draft)
     for n_prompts in (1, 3):
         prompts = _prompts(hf.config.vocab_size, n_prompts, seed=8)
         spec = _mixed_plan(_edge_at_median(engine, draft, prompts))
@@ -657,8 +657,8 @@ def test_cold_plain_steps_keep_one_pending_entry_and_stay_greedy_lossless():
         rounds = seen[1:]                       # seen[0]: the prompt, extended at prefill
         # 5 plain steps before each round: 2 cold, the last 3 warm, so a round catches up on
         # 3 + 1 entries (one of them the cold stretch's newest), not on the whole stretch
-        assert max(n for n, _ in rounds) == engine.draft_window + 1
-        holes = [h for _, h in rounds if h is not None and bool((h[:, 1] > h[:, 0]).any())]
+        assert max(int(n.max()) for _, n, _ in rounds) == engine.draft_window + 1
+        holes = [h for _, _, h in rounds if h is not None and bool((h[:, 1] > h[:, 0]).any())]
         assert holes, "cold steps leave a hole in the draft's context"
     # no window: no cold steps (the window is what makes dropping those entries harmless)
     engine.draft_window = None
@@ -667,7 +667,7 @@ def test_cold_plain_steps_keep_one_pending_entry_and_stay_greedy_lossless():
     draft.set_prompts(prompts)
     engine.generate_batch(prompts, max_new_tokens=30, method="heterospec",
                           policy=_ScriptedCold(spec, lambda n: spec if n % 12 == 0 else plain, 12), chat=False)
-    assert all(h is None for _, h in seen)
+    assert all(h is None for _, _, h in seen)
 
 
 def test_a_call_that_starts_plain_defers_the_draft_prompt_pass_to_its_first_drafted_round():
@@ -681,14 +681,7 @@ def test_a_call_that_starts_plain_defers_the_draft_prompt_pass_to_its_first_draf
     spec = _mixed_plan(_edge_at_median(engine, draft, prompts))
     plain = Plan("plain", speculate=False, decide_depth=0, entropy_k=3, edges=[], depth=[0], budget=[0], binned=False,
                  alternative=spec)
-    calls = []
-    extend = draft.extend
-
-    def spy(input_ids, features, cache, prefix_lens, num_new, hole=None):
-        calls.append((prefix_lens.clone(), num_new.clone()))
-        return extend(input_ids, features, cache, prefix_lens, num_new, hole)
-
-    draft.extend = spy
+    calls = _spy_extends(draft)
     draft.set_prompts(prompts)
     ar = engine.generate_batch(prompts, max_new_tokens=50, method="autoregressive", chat=False)
     for first_round, period in ((6, 6), (10 ** 6, 6)):
@@ -802,18 +795,12 @@ def test_sampling_after_a_cold_plain_step_keeps_the_target_law():
         def plain_rounds_ahead(self, batch_size):
             return 1 if self.n == 1 else 0
 
-    holes = []
-    extend = engine.draft.extend
-
-    def spy(input_ids, features, cache, prefix_lens, num_new, hole=None):
-        holes.append(hole is not None and bool((hole[:, 1] > hole[:, 0]).all()))
-        return extend(input_ids, features, cache, prefix_lens, num_new, hole)
-
-    engine.draft.extend = spy
+    calls = _spy_extends(engine.draft)
     res = engine.generate_batch([PROMPT] * REQUESTS, max_new_tokens=NEW, method="heterospec", temperature=1.0,
                                 seed=2026, chat=False,
                                 policy=ColdThenSpeculate(plain, lambda n: plain if n == 1 else spec))
     # the call starts plain: the prompt pass runs in the first round, then the newest entry past the hole
+    holes = [h is not None and bool((h[:, 1] > h[:, 0]).all()) for _, _, h in calls]
     assert len(holes) == 2 and not holes[0] and holes[1]
     assert all(x.stats.records[0].plain and not x.stats.records[1].plain for x in res)
     assert_samples_follow_law(res, exact_law(hf, SamplingParams(temperature=1.0)))
