@@ -9,8 +9,16 @@ and without the window).
 
     python bench/plain_mode_ab.py [--batch 8] [--draft-dtype float32] [--cases hs hs-warm]
     # 4 MT-bench + 4 Alpaca prompts, 96 tokens, 6 passes; autoregressive is always run
+    python bench/plain_mode_ab.py --ledger    # ... and where each case's time goes, by round kind
+
+``--ledger`` times every round (from one round's emitted tokens to the next's, the policy's
+Python included) and prices it against autoregressive decoding's steps at the same number of
+running requests: a round's *excess* is its time minus what autoregressive steps take for the
+tokens it gave each running request. Summed by round kind (plain, speculative, lookup), it says
+which kind of round a case loses its time in.
 """
 import argparse
+import collections
 import statistics
 import time
 
@@ -28,8 +36,10 @@ ap.add_argument("--draft-dtype", choices=["float32", "bfloat16"], default=None,
                 help="the draft's dtype (default: the engine's choice for this CPU); float32 with "
                      "MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 emulates an AVX2-only CPU")
 ap.add_argument("--cases", nargs="+", default=None,
-                help="run only these cases (default: all): ar hs hs-warm hs-no-window hs-model-priced probing "
+                help="run only these cases (default: all): ar hs hs-warm hs-no-lookup hs-no-window hs-model-priced probing "
                      "probing-no-window plain+draft")
+ap.add_argument("--ledger", action="store_true",
+                help="also time every round and sum each case's excess over autoregressive steps by round kind")
 args = ap.parse_args()
 torch.set_num_threads(2)
 flags = speed_flags(announce=True)
@@ -71,6 +81,7 @@ model_priced = ModelPriced(eng.tables_for(eng.config.top_k), eng.cost_model, eng
 # name, generate_batch arguments, the engine's draft_window for the run
 cases = [("ar", dict(method="autoregressive"), window), ("hs", dict(method="heterospec"), window),
          ("hs-warm", dict(method="heterospec"), window),
+         ("hs-no-lookup", dict(method="heterospec", lookup=False), window),
          ("hs-no-window", dict(method="heterospec"), None),
          ("hs-model-priced", dict(method="heterospec", policy=model_priced), window),
          ("probing", dict(method="heterospec", policy=Probing()), window),
@@ -98,6 +109,42 @@ def timed_extend(ids, feats, cache, prefix_lens, num_new, hole=None):
 
 
 eng.draft.extend = timed_extend
+
+# --ledger: one entry per emitted round: (time, running requests, kind, tokens per running request)
+ledger, emit = [], eng._emit
+
+
+def logged_emit(st, new, max_new_tokens, stream):
+    active = st.active()
+    recs = st.stats[active[0]].records if active else []
+    kind = ("prefill" if len(ledger) == 1 else "step" if not recs else
+            "plain" if recs[-1].plain else "lookup" if recs[-1].lookup else "speculative")
+    emit(st, new, max_new_tokens, stream)
+    ledger.append((time.perf_counter(), len(active), kind, sum(len(new[b]) for b in active) / max(len(active), 1)))
+
+
+def excess_by_kind(runs_ledgers, ar_step, ar_prefill, by_batch=False):
+    """{kind: [rounds, seconds, excess seconds, tokens per running request]} summed over runs
+    (kind: (kind, running requests) with ``by_batch``). ar_step: {running requests:
+    autoregressive's seconds per step}; a prefill's excess is over autoregressive's prefill."""
+    out = collections.defaultdict(lambda: [0, 0.0, 0.0, 0.0])
+    for lg in runs_ledgers:
+        for (t0, *_), (t1, n, kind, toks) in zip(lg, lg[1:]):
+            if kind == "prefill":
+                price = ar_prefill
+            else:                   # a batch size autoregressive never ran at: the nearest one
+                price = toks * ar_step[n if n in ar_step else min(ar_step, key=lambda m: abs(m - n))]
+            o = out[(kind, n) if by_batch else kind]
+            o[0] += 1
+            o[3] += toks
+            o[1] += t1 - t0
+            o[2] += (t1 - t0) - price
+    return out
+
+
+if args.ledger:
+    eng._emit = logged_emit
+ledgers = {n: [] for n, _, _ in cases}
 res = {n: [] for n, _, _ in cases}
 share = {n: [] for n, _, _ in cases}
 for rep in range(args.passes):   # order reversed every other pass
@@ -105,8 +152,10 @@ for rep in range(args.passes):   # order reversed every other pass
         eng.draft_window, eng.cold_plain = w, name != "hs-warm"
         catch_up[:] = [0.0, 0]
         t0 = time.perf_counter()
+        ledger[:] = [(time.perf_counter(), 0, "start", 0.0)]
         out = eng.generate_batch(prompts, max_new_tokens=args.max_new_tokens, **kw)
         dt = time.perf_counter() - t0
+        ledgers[name].append(list(ledger))
         res[name].append(sum(len(o.token_ids) for o in out) / dt)
         share[name].append((catch_up[0] / dt, catch_up[1]))
 for n, v in res.items():
@@ -114,3 +163,26 @@ for n, v in res.items():
           round(statistics.median([a / b for a, b in zip(v, res["ar"])]), 3),
           "| draft extend: %.1f %% of the time, %d entries per run" % (
               100 * statistics.median(s for s, _ in share[n]), statistics.median(e for _, e in share[n])))
+if args.ledger:
+    # autoregressive's median prefill and step time per number of running requests, over all passes
+    steps = collections.defaultdict(list)
+    for lg in ledgers["ar"]:
+        for (t0, *_), (t1, n, kind, _) in zip(lg, lg[1:]):
+            steps["prefill" if kind == "prefill" else n].append(t1 - t0)
+    ar_prefill = statistics.median(steps.pop("prefill"))
+    ar_step = {n: statistics.median(v) for n, v in steps.items()}
+    print(f"autoregressive: prefill {1e3 * ar_prefill:.1f} ms; step ms by running requests:",
+          {n: round(1e3 * v, 2) for n, v in sorted(ar_step.items())})
+    # autoregressive itself is listed too: its excess over its own medians is what a mean of
+    # noisy steps costs over their median (the floor every other case's excess is read against)
+    for n in res:
+        per = len(ledgers[n])
+        print(f"{n} per run (rounds, ms, excess ms over autoregressive's steps for the same tokens):")
+        for k, (r, s, e, t) in sorted(excess_by_kind(ledgers[n], ar_step, ar_prefill).items()):
+            print(f"    {k:12s} {r / per:6.1f} rounds {1e3 * s / per:8.1f} ms  excess {1e3 * e / per:+8.1f} ms"
+                  f"  {t / r:.2f} tokens a round")
+        for (k, b), (r, s, e, t) in sorted(excess_by_kind(ledgers[n], ar_step, ar_prefill, True).items(),
+                                           key=lambda kv: (kv[0][0], -kv[0][1])):
+            if k not in ("prefill", "plain"):
+                print(f"      {k:12s} at {b:2d} running: {r / per:5.1f} rounds, {1e3 * s / r:6.2f} ms a round, "
+                      f"{t / r:.2f} tokens, excess {1e3 * e / per:+7.1f} ms a run")

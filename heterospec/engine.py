@@ -36,7 +36,7 @@ from .entropy import EntropyBins
 from .graphs import RoundGraphs
 from .lookup import HISTORY_ROW, ContextIndex, LookupGate, LookupRound, OutputHistory
 from .policy import POLICIES, AcceptanceTables, Eagle3Policy, FittedPolicy, PaperPolicy, Plan, Policy
-from .sampling import make_generator, processed_probs, sample
+from .sampling import greedy_tokens, make_generator, processed_probs, sample
 from .timing import StageTimer
 
 METHODS = ("heterospec", "eagle3", "autoregressive")
@@ -952,7 +952,7 @@ class Engine:
 
     def _pick(self, logits: torch.Tensor, params: SamplingParams, gen) -> torch.Tensor:
         if params.greedy:
-            return logits.argmax(dim=-1)
+            return greedy_tokens(logits)
         return sample(processed_probs(logits, params), gen)
 
     # -- autoregressive ---------------------------------------------------------------------------
@@ -1146,22 +1146,26 @@ class Engine:
                           history: Optional[OutputHistory], keys: Optional[List[int]], pol: FittedPolicy,
                           gate: LookupGate, context: int, max_new_tokens: int) -> Optional[LookupRound]:
         """The requests' proposals and the gate's choice. A static batch ends with its slowest
-        request, so only the requests furthest behind are weighed (and proposed for: a
-        request's index takes up the tokens it emitted since it was last asked)."""
+        request, so the gate weighs how far a round moves the slowest one (``lead``,
+        :meth:`LookupGate.choose`); only requests less than ``kmax`` tokens ahead of it can
+        bound that, and only they are proposed for (a request's index takes up the tokens it
+        emitted since it was last asked)."""
         active = st.active()
         least = min(len(st.outputs[b]) for b in active)
-        proposals, room, weights = [([], 0)] * st.size, [0] * st.size, [0.0] * st.size
+        proposals, room, lead = [([], 0)] * st.size, [0] * st.size, [0] * st.size
         for b in active:
-            out = st.outputs[b]
-            room[b] = max_new_tokens - len(out)
-            if len(out) != least:
-                continue
-            row = st.rows[b]
+            room[b], lead[b] = max_new_tokens - len(st.outputs[b]), len(st.outputs[b]) - least
+        for b in sorted(active, key=lead.__getitem__):       # the slowest requests first
+            if lead[b] >= gate.kmax:
+                break
+            out, row = st.outputs[b], st.rows[b]
             idx = index[row]
             idx.extend(out[len(idx) - len(ids[row]):])
-            proposals[b], weights[b] = idx.propose(gate.kmax), 1.0
+            proposals[b] = idx.propose(gate.kmax)
             if history is not None:
                 proposals[b] = gate.better(proposals[b], history.propose(idx.tokens, gate.kmax, prompt_key=keys[row]))
+            if gate.holds_batch(proposals[b], lead[b], room[b]):
+                return None     # (the others' proposals could not change that)
         if not any(p[0] for p in proposals):
             return None
         B, c = len(active), FittedPolicy.context_bucket(context)
@@ -1178,7 +1182,7 @@ class Engine:
 
         ragged = self.ragged_verify and B > 1
         return gate.choose(proposals, lambda mean, most: costs.verify_ms(B, mean if ragged else most, c),
-                           alternative, room, bucket, weights)
+                           alternative, room, bucket, lead)
 
     def _lookup_tree(self, st: _Batch, chosen: LookupRound) -> _Tree:
         """Each request's copied chain as a tree: candidate j's parent is j - 1, scores fall along
@@ -1528,7 +1532,7 @@ class Engine:
                                     ragged=self.ragged_verify and not self.static_rounds, attn=attn)
         top1, invalid = None, None
         if params.greedy:
-            top1 = logits.argmax(dim=-1)
+            top1 = greedy_tokens(logits)
             accept_path, accept_len, bonus = ops.verify_greedy(
                 tree_tokens, top1, first_child, next_sibling, num_nodes)
         else:
@@ -1710,8 +1714,16 @@ def _split_key(plan: Plan, depth_cap: int) -> tuple:
 
 
 def _progress(st: _Batch, behind: List[int], before: int) -> float:
-    """Mean tokens a round gave the requests ``behind`` (each had ``before`` tokens out)."""
-    return sum(len(st.outputs[b]) - before for b in behind) / len(behind)
+    """How far a round moved the batch's slowest running request: the least output length of
+    the requests still running after it, less ``before`` (the least before it; ``behind``
+    were the requests at ``before``). Summed over a call's rounds this is the slowest request's
+    length, so the guard measures the rate at which the static batch ends - a round that moves
+    one request of four gives the batch nothing. A round that finished every request: the
+    most it gave one of ``behind``."""
+    running = st.active()
+    if running:
+        return min(len(st.outputs[b]) for b in running) - before
+    return max(len(st.outputs[b]) for b in behind) - before
 
 
 def _topk_entropy_of(topk_logprobs: torch.Tensor, K: int, parent: torch.Tensor) -> torch.Tensor:

@@ -336,7 +336,7 @@ class LookupGate:
 
     def choose(self, proposals: Sequence[Tuple[List[int], int]], verify_ms, alternative_tokens_per_s: float,
                room: Optional[Sequence[int]] = None, batch_bucket: int = 1,
-               weights: Optional[Sequence[float]] = None) -> Optional[LookupRound]:
+               lead: Optional[Sequence[int]] = None) -> Optional[LookupRound]:
         """A lookup round for a batch whose requests proposed ``(chain, n)`` (empty chain: no
         match; a finished request proposes nothing; ``(chain, n, True)``: a chain from the
         :class:`OutputHistory`), or None if the policy's plan is expected to
@@ -344,53 +344,82 @@ class LookupGate:
         requests verify those many nodes (root included), ragged or padded as the engine
         verifies; ``alternative_tokens_per_s``: the plan's predicted rate, batch tokens per
         second (or a function returning it, asked only if a chain could pay); ``room``: per
-        request, tokens it may still emit (0: finished, not counted); ``batch_bucket``: the batch-size bucket whose time ratio prices the round; ``weights``:
-        what a token of each request is worth (default 1 each). A static batch ends with its
-        slowest request, so the engine weighs only the requests furthest behind: a copied chain
-        that only moves a request already ahead makes the batch no shorter. The alternative's
-        rate, over all running requests, is scaled to the same weights.
+        request, tokens it may still emit (0: finished, not counted); ``batch_bucket``: the
+        batch-size bucket whose time ratio prices the round.
 
         Every proposed token is an item worth its survival (the probability that it and the
         tokens before it in its chain are accepted), which falls along a chain. The round
         verifies the ``t`` most valuable items for the ``t`` that maximises expected tokens per
         second (ties keep chain order, so each request verifies a prefix of its chain): a
         request whose match predicts little verifies its root only, however long another
-        request's chain is."""
+        request's chain is.
+
+        ``lead`` (a static batch, :meth:`Engine.generate_batch`): per request, the tokens it is
+        ahead of the slowest running request. Such a batch ends with its slowest request, so a
+        round is worth how far it moves the slowest one (summed over the rounds that is the
+        batch's length exactly; each running request's own tokens are not: a chain that moves
+        one request of four moves the batch's end not at all). The round's items are then
+        *levels*: level ``j`` moves the slowest request ``j`` tokens further than a plain step
+        would, and needs every request less than ``j`` ahead to accept its chain's first ``j -
+        lead`` tokens (a request with less room than that: all of its room, after which it has
+        ended); it is worth the product of their survivals (zero where one of them has no such
+        chain), times the batch size."""
         self.near_miss = False
         running = [b for b in range(len(proposals)) if room is None or room[b] > 0]
         B = len(running)
-        w = {b: 1.0 if weights is None else float(weights[b]) for b in running}
-        items = []                                  # (worth: weight x survival, request, position)
-        proposed = set()                            # the gate rows of the requests with items
+        survival, proposed = {}, set()     # per request: P(its first i + 1 chain tokens accepted)
         for b in running:
             chain, n = proposals[b][0], proposals[b][1]
             limit = min(len(chain), self.kmax, (room[b] - 1) if room is not None else self.kmax)
-            if limit <= 0 or n <= 0 or w[b] <= 0:
+            if limit <= 0 or n <= 0:
                 continue
             row = proposal_row(proposals[b])
             proposed.add(row)
-            alive = 1.0
-            for j, p in enumerate(self.accept(row)[:limit]):
+            alive, survival[b] = 1.0, []
+            for p in self.accept(row)[:limit]:
                 alive *= p
-                items.append((w[b] * alive, b, j))
-        if not items:
+                survival[b].append(alive)
+        if not survival:
             return None
-        items.sort(key=lambda it: -it[0])          # stable: equal worths keep chain order
+        # items: (worth, the requests that verify one more chain token for it)
+        if lead is None:
+            items = sorted(((s, (b,)) for b, ss in survival.items() for s in ss),
+                           key=lambda it: -it[0])          # stable: equal worths keep chain order
+        else:
+            items, j, verified = [], 1, dict.fromkeys(running, 0)
+            while True:
+                worth, group = float(B), []
+                for b in running:
+                    # the tokens b must accept for level j; a request that ends in this round
+                    # (all its room accepted) no longer holds the batch
+                    need = min(j - lead[b], room[b] - 1) if room is not None else j - lead[b]
+                    if need <= 0:
+                        continue
+                    ss = survival.get(b, ())
+                    worth *= ss[need - 1] if need <= len(ss) else 0.0
+                    if need > verified[b]:
+                        verified[b] = need
+                        group.append(b)
+                if worth <= 0.0 or not group:
+                    break
+                items.append((worth, tuple(group)))
+                j += 1
         ratio = self.time_scale(batch_bucket)
         ks = dict.fromkeys(running, 0)
-        tokens, longest = sum(w.values()), 0
-        total_weight = tokens
+        tokens, longest, t = float(B), 0, 0        # a plain step: one token for each request
         prev = verify_ms(1.0, 1)
         best = (1e3 * tokens / (prev * ratio), dict(ks), None, tokens)    # roots only
-        for t, (value, b, _) in enumerate(items, 1):
-            ks[b] += 1
-            longest = max(longest, ks[b])
+        for value, group in items:
+            for b in group:
+                ks[b] += 1
+                longest = max(longest, ks[b])
+            t += len(group)
             tokens += value
             model = verify_ms(1.0 + t / B, 1 + longest)
             rate = 1e3 * tokens / (model * ratio)
             if rate > best[0]:
                 best = (rate, dict(ks), model, tokens)
-            elif t > 1 and 1e3 * value / (max(model - prev, 1e-9) * ratio) < best[0]:
+            elif t > len(group) and 1e3 * value / (max(model - prev, 1e-9) * ratio) < best[0]:
                 break        # worths fall and rows do not get cheaper: no later item pays either
             prev = model
         rate, ks, model, tokens = best
@@ -399,14 +428,20 @@ class LookupGate:
             return None            # not even a chain of one token pays for its row
         if callable(alternative_tokens_per_s):
             alternative_tokens_per_s = alternative_tokens_per_s()
-        if rate < self.MARGIN * alternative_tokens_per_s * total_weight / B:
-            self.near_miss = rate >= self.CLEAR_DECLINE * alternative_tokens_per_s * total_weight / B
+        if rate < self.MARGIN * alternative_tokens_per_s:
+            self.near_miss = rate >= self.CLEAR_DECLINE * alternative_tokens_per_s
             self._fade(proposed)
             return None
         chains = [proposals[b][0][:ks.get(b, 0)] for b in range(len(proposals))]
         buckets = [proposal_row(proposals[b]) if ks.get(b, 0) > 0 else -1 for b in range(len(proposals))]
         self._fade(proposed - set(buckets))
         return LookupRound(chains, buckets, model * ratio, tokens, model, batch_bucket)
+
+    def holds_batch(self, proposal, lead: int, room: int) -> bool:
+        """Whether, in a static batch (:meth:`choose` with ``lead``), this request's proposal
+        makes every lookup round worthless: it is among the slowest requests, has no chain and
+        does not end with this round's bonus. The engine then asks no other request."""
+        return lead == 0 and room > 1 and not proposal[0]
 
     def _fade(self, buckets) -> None:
         """``IDLE_FORGET`` on the counts of match buckets that proposed and were not verified."""

@@ -1321,8 +1321,8 @@ class FittedPolicy(Policy):
         excess is taken off ``seconds``, so the time corrections and the guard judge steady
         speculation rather than the one-off catch-up. ``progress``: the tokens per request the
         guard credits the round with (default: the mean over the requests, what a continuous
-        batch gains); a static batch ends with its slowest request, and its caller passes the
-        tokens of the requests furthest behind."""
+        batch gains); a static batch ends with its slowest request, and its caller passes how
+        far the round moved the slowest one."""
         self._version += 1
         expected = plan.expected or {}
         if seconds is not None and extend_tokens is not None and plan.speculate and expected.get("speculative"):

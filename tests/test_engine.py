@@ -396,3 +396,21 @@ def test_low_precision_draft_is_still_lossless(draft_dtype):
             out = engine.generate(prompt, max_new_tokens=20, method=method)
             assert out.token_ids == ref.token_ids, (method, draft_dtype)
     assert draft.dtype == draft_dtype
+
+
+def test_guard_credits_a_round_with_the_slowest_requests_progress():
+    """The fitted policy's guard judges a static batch's round by how far it moved the slowest
+    running request (summed over a call's rounds: the batch's length), not each request's mean."""
+    from types import SimpleNamespace
+    from heterospec.engine import _progress
+
+    def batch(lens, done=()):
+        return SimpleNamespace(outputs=[[0] * n for n in lens],
+                               active=lambda: [b for b in range(len(lens)) if b not in done])
+    # four requests at 10 tokens; a round gives one of them 4 tokens, the others 1: the batch moved 1
+    assert _progress(batch([14, 11, 11, 11]), [0, 1, 2, 3], 10) == 1
+    assert _progress(batch([13, 13, 12, 14]), [0, 1, 2, 3], 10) == 2
+    # the slowest finished (EOS) in the round: the least of those still running
+    assert _progress(batch([11, 13, 14], done=(0,)), [0, 1, 2], 10) == 3
+    # a round that finished every request: the most it gave one of them
+    assert _progress(batch([12, 15], done=(0, 1)), [0, 1], 10) == 5

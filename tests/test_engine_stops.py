@@ -164,10 +164,11 @@ def test_finished_requests_leave_the_batch(oracle, monkeypatch):
     assert set(rows_seen) == {3}, rows_seen
 
 
-def test_static_batch_credits_the_requests_furthest_behind():
+def test_static_batch_credits_how_far_a_round_moved_the_slowest_request():
     """A static batch ends with its slowest request: the engine tells the policy, for every round
-    (speculative or plain), the mean tokens it gave the requests that had the fewest tokens out,
-    not the batch mean (the guard compares that with plain steps)."""
+    (speculative or plain), how far it moved the least output length of the requests still
+    running, not the batch mean (the guard compares that with plain steps). Summed over the
+    call that is the slowest request's length."""
     from heterospec.policy import Eagle3Policy
 
     class Spy(Eagle3Policy):
@@ -201,11 +202,13 @@ def test_static_batch_credits_the_requests_furthest_behind():
             gains[b] = min(1 if r.plain else r.accept_len + 1, n - out[b])
         least = min(out[b] for b in active)
         behind = [b for b in active if out[b] == least]
-        expected.append(sum(gains[b] for b in behind) / len(behind))
         means.append(sum(gains.values()) / len(gains))
         for b in active:
             out[b] += gains[b]
+        running = [b for b in active if out[b] < n]
+        expected.append(min(out[b] for b in running) - least if running else max(gains[b] for b in behind))
     assert spy.progress == pytest.approx(expected)
+    assert sum(spy.progress) == n - 1               # from the prefill's token to the last one
     assert spy.progress != pytest.approx(means), "precondition: the batch mean differs"
     assert [r.token_ids for r in batch] == [_reference(engine, draft, p, n) for p in prompts]
 

@@ -4,6 +4,7 @@ the engine - greedy output identical to autoregressive's at batch 1 and in batch
 verify chains of different lengths, mixed with drafted trees and plain steps; sampling keeps the
 target's law."""
 
+import math
 import random
 
 import pytest
@@ -118,6 +119,98 @@ def test_gate_picks_the_known_optimum_and_declines_when_plain_is_faster(slope):
     assert gate.choose([([], 0), ([], 0)], verify_ms, 0.0) is None
 
 
+def _slowest_progress(gate, proposals, ks, lead, room, simulate=0):
+    """E[how far a round moves the slowest running request], each request verifying the first
+    ``ks[b]`` tokens of its chain (independent acceptances at the gate's per-position
+    probabilities): exactly, as 1 + sum over j >= 1 of P(every request ends >= j beyond a plain
+    step), or by ``simulate`` draws."""
+    running = [b for b, r in enumerate(room) if r > 0]
+    probs = {b: gate.accept(proposal_row(proposals[b])) if proposals[b][1] else [] for b in running}
+    if simulate:
+        rng, total = random.Random(7), 0.0
+        for _ in range(simulate):
+            moved = []
+            for b in running:
+                a = 0
+                while a < ks.get(b, 0) and rng.random() < probs[b][a]:
+                    a += 1
+                if 1 + a < room[b]:            # (a request that emitted all its room has ended)
+                    moved.append(lead[b] + 1 + a)
+            total += min(moved) if moved else 1 + max(ks.values())
+        return total / simulate
+    expected, j = 1.0, 1
+    while True:
+        p = 1.0
+        for b in running:
+            need = min(j - lead[b], room[b] - 1)   # tokens b must accept for the slowest to end j
+            if need > ks.get(b, 0):                 # further (or, with less room, to end itself)
+                p = 0.0
+            elif need > 0:
+                p *= math.prod(probs[b][:need])
+        if p == 0.0:
+            return expected
+        expected, j = expected + p, j + 1
+
+
+def test_slowest_progress_reference_agrees_with_a_simulation():
+    gate = _taught(LookupGate(kmax=4), match_bucket(8), 0.8)
+    props, lead, ks = [([1] * 4, 8)] * 3, [0, 1, 0], {0: 3, 1: 2, 2: 4}
+    for room in ([9] * 3, [9, 2, 9]):          # (room 2: request 1 ends once it accepts one token)
+        exact = _slowest_progress(gate, props, ks, lead, room)
+        assert exact == pytest.approx(_slowest_progress(gate, props, ks, lead, room, simulate=40000), abs=0.02)
+        assert 1.5 < exact < 3.0
+
+
+@pytest.mark.parametrize("slope", [0.05, 0.5, 3.0])
+@pytest.mark.parametrize("case", ["all-matched", "one-unmatched", "ahead-unmatched", "ahead-matched",
+                                  "ending-unmatched"])
+def test_gate_in_a_static_batch_prices_the_slowest_request(slope, case):
+    """With ``lead`` (a static batch) a round is worth how far it moves the slowest request: the
+    gate's choice maximises that rate over every combination of chain prefixes (brute force,
+    simulated), a behind request without a chain makes every lookup worthless, and a request
+    one token ahead without a chain caps the round at one token beyond a plain step."""
+    import itertools
+    gate = _taught(_taught(LookupGate(kmax=4), match_bucket(8), 0.9), match_bucket(2), 0.6, seed=1)
+    chains = {"all-matched": [([5] * 4, 9), ([3] * 4, 2), ([1] * 4, 8)],
+              "one-unmatched": [([5] * 4, 9), ([], 0), ([1] * 4, 8)],
+              "ahead-unmatched": [([5] * 4, 9), ([], 0), ([1] * 4, 8)],
+              "ahead-matched": [([5] * 4, 9), ([3] * 4, 2), ([1] * 4, 8)],
+              "ending-unmatched": [([5] * 4, 9), ([], 0), ([1] * 4, 8)]}[case]
+    lead = {"all-matched": [0, 0, 0], "one-unmatched": [0, 0, 0], "ahead-unmatched": [0, 1, 0],
+            "ahead-matched": [0, 2, 0], "ending-unmatched": [0, 0, 0]}[case]
+    # the request without a chain ends with this round's bonus: it does not hold the batch
+    room, B = ([100, 1, 100] if case == "ending-unmatched" else [100] * 3), 3
+
+    def verify_ms(mean, most):
+        return 10.0 + slope * B * (mean - 1)
+
+    chosen = gate.choose(chains, verify_ms, 0.0, room, lead=lead)
+    if case == "one-unmatched":
+        assert chosen is None
+        return
+    best = None
+    for ks in itertools.product(*[range(min(len(c), gate.kmax, r - 1) + 1) for (c, _), r in zip(chains, room)]):
+        ks = dict(enumerate(ks))
+        rate = 1e3 * B * _slowest_progress(gate, chains, ks, lead, room) / verify_ms(1 + sum(ks.values()) / B,
+                                                                                      1 + max(ks.values()))
+        if best is None or rate > best[0]:
+            best = (rate, ks)
+    plain = 1e3 * B / verify_ms(1.0, 1)
+    if chosen is None:
+        assert best[0] <= plain * 1.01          # (the simulation's noise)
+        return
+    got = 1e3 * B * _slowest_progress(gate, chains, {b: len(c) for b, c in enumerate(chosen.chains)}, lead, room) \
+        / verify_ms(1 + sum(len(c) for c in chosen.chains) / B, 1 + max(len(c) for c in chosen.chains))
+    assert got == pytest.approx(best[0], rel=0.02)
+    assert 1e3 * chosen.expected_tokens / chosen.model_ms == pytest.approx(got, rel=0.02)   # its own price
+    if case == "ahead-unmatched":                # the request one ahead bounds the round at 2 tokens
+        assert chosen.chains[1] == [] and max(len(c) for c in chosen.chains) <= 1
+    if case == "ahead-matched":                  # two ahead: it verifies only from level 3 on
+        assert len(chosen.chains[1]) == max(0, len(chosen.chains[0]) - 2)
+    if case == "ending-unmatched":
+        assert chosen.chains[0] and chosen.chains[2] and chosen.chains[1] == []
+
+
 def test_gate_retries_a_bucket_after_an_unlucky_round():
     """One round of a match bucket accepting nothing stops its lookups; its counts fade in the
     rounds it proposes and is not verified (IDLE_FORGET), so it is tried again later."""
@@ -167,7 +260,10 @@ class ForcedGate(LookupGate):
         super().__init__(kmax=k)
         self.when, self.n, self.rounds = when, 0, 0
 
-    def choose(self, proposals, verify_ms, alternative_tokens_per_s, room=None, batch_bucket=1, weights=None):
+    def holds_batch(self, proposal, lead, room):
+        return False          # every round it is asked in verifies what was proposed
+
+    def choose(self, proposals, verify_ms, alternative_tokens_per_s, room=None, batch_bucket=1, lead=None):
         self.n += 1
         if not self.when(self.n):
             return None
@@ -491,3 +587,16 @@ def test_gate_asks_less_often_where_its_choices_keep_declining():
         gate.near_miss = True                                   # (what choose() reports of one)
         gate.answered(16, False)
         assert not gate.near_miss                               # used up by the answer
+
+
+def test_gate_says_which_proposal_holds_a_static_batch():
+    gate = LookupGate(kmax=4)
+    assert gate.holds_batch(([], 0), 0, 50)               # among the slowest, no chain
+    assert not gate.holds_batch(([], 0), 1, 50)           # ahead: a level-1 round does not need it
+    assert not gate.holds_batch(([], 0), 0, 1)            # ends with this round's bonus
+    assert not gate.holds_batch(([3, 4], 8), 0, 50)
+    # and choose() agrees: with such a request no round is chosen, whatever the others propose
+    taught = _taught(LookupGate(kmax=4), match_bucket(8), 0.95)
+    props = [([], 0)] + [([1] * 4, 8)] * 3
+    assert taught.choose(props, lambda mean, most: 10.0, 0.0, [50] * 4, lead=[0, 0, 1, 1]) is None
+    assert taught.choose(props, lambda mean, most: 10.0, 0.0, [50] * 4, lead=[1, 0, 0, 0]) is not None

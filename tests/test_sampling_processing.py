@@ -103,3 +103,22 @@ def _rows_away_from_the_top_p_boundary(logits, t, k, p):
 def test_greedy_params_are_refused():
     with pytest.raises(ValueError, match="greedy"):
         processed_probs(torch.zeros(3), SamplingParams(temperature=0.0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_greedy_tokens_is_argmax(dtype):
+    """greedy_tokens (torch.max's index on CPU) equals torch.argmax: ties go to the first maximal
+    entry, a NaN wins, -inf rows give index 0, over a vocabulary-sized row and a leading batch."""
+    from heterospec.sampling import greedy_tokens
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 5, 49152, generator=g).to(dtype)
+    x[0, 0, [7, 300, 49000]] = 50.0                          # a three-way tie
+    x[0, 1, 11] = float("nan")
+    x[0, 2, :] = float("-inf")
+    x[1, 0, :] = 1.0                                         # all equal
+    x[1, 1, [5, 9]] = float("inf")
+    got, want = greedy_tokens(x), torch.argmax(x, dim=-1)
+    assert got.dtype == torch.int64 and got.shape == (3, 5)
+    assert torch.equal(got, want)
+    assert got[0, 0] == 7 and got[0, 1] == 11 and got[1, 0] == 0 and got[1, 1] == 5
+    assert torch.equal(greedy_tokens(x[:, 0]), torch.argmax(x[:, 0], dim=-1))     # non-contiguous rows

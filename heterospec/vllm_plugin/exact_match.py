@@ -36,6 +36,8 @@ import functools
 
 import torch
 
+from ..sampling import greedy_tokens
+
 SAMPLING_EPS = 1e-5      # vLLM's Sampler: temperature below this is greedy
 _active = None           # during one RejectionSampler.forward: (real generators, bonus generators, sampler, sampling)
 
@@ -132,7 +134,7 @@ def wrap_rejection_sample(original, placeholder: int):
         if rows:
             tokens, _ = sampler.topk_topp_sampler(target_logits[rows].to(torch.float32), row_gens, None, None)
             drawn = iter(tokens.reshape(-1).tolist())
-        greedy = target_logits.argmax(dim=-1).tolist() if not all(sampling) else None
+        greedy = greedy_tokens(target_logits).tolist() if not all(sampling) else None
         out = [[placeholder] * (max_spec_len + 1) for _ in range(batch)]
         bonus_ids = bonus_token_ids.reshape(-1).tolist()
         for i in range(batch):

@@ -59,6 +59,7 @@ from vllm.v1.spec_decode.eagle import EagleProposer
 from .. import ops
 from ..config import SpecConfig
 from ..policy import FittedPolicy, Plan
+from ..sampling import greedy_tokens
 from .costs import StepCosts
 from .lookup import LookupSteps
 from .options import HeteroSpecSetupError, default_costs_path, load_chain_tables
@@ -564,7 +565,7 @@ class HeteroSpecProposer(EagleProposer):
     def _greedy_tokens(self, hidden_states: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """``(tokens, logits)``: vLLM's greedy draft tokens, from :meth:`_draft_logits`."""
         logits, vocab_map = self._draft_logits(hidden_states)
-        ids = logits.argmax(dim=-1)
+        ids = greedy_tokens(logits)
         return (ids if vocab_map is None else vocab_map[ids]), logits
 
     def _greedy_sample(self, hidden_states: torch.Tensor) -> torch.Tensor:
