@@ -718,7 +718,7 @@ class Engine:
                     tp = time.perf_counter()
                     gate.observe(chosen, [st.stats[b].records[-1].accept_len if b in active else 0
                                           for b in range(len(chosen.chains))],
-                                 self._round_seconds(t_round, one_offs))
+                                 self._round_seconds(t_round, one_offs, len(active) != st.size))
                     policy_s += time.perf_counter() - tp
                     continue
                 tp = time.perf_counter()
@@ -734,7 +734,7 @@ class Engine:
                     self._decode_one(st, params, gen, max_new_tokens, stream, record=method != "autoregressive",
                                      cold=cold)
                     if plan is not None and hasattr(pol, "observe"):     # plain steps are timed too
-                        seconds = self._round_seconds(t_plain, one_offs)
+                        seconds = self._round_seconds(t_plain, one_offs, len(active) != st.size)
                         tp = time.perf_counter()
                         pol.observe(plan, [], [], seconds, progress=_progress(st, behind, least))
                         if gate is not None:
@@ -756,7 +756,7 @@ class Engine:
                     self._commit(st, tree, verdict, max_new_tokens, stream, timer)
                     if hasattr(pol, "observe"):   # the fitted policy learns this workload and device
                         recs = [st.stats[b].records[-1] for b in active]
-                        seconds = self._round_seconds(t_draft, one_offs)
+                        seconds = self._round_seconds(t_draft, one_offs, len(active) != st.size)
                         tp = time.perf_counter()
                         pol.observe(plan, [r.bin for r in recs], [r.accept_len for r in recs], seconds,
                                     extend_tokens=pending, progress=_progress(st, behind, least))
@@ -1063,12 +1063,18 @@ class Engine:
     def _graph_one_offs(self) -> int:
         return self.round_graphs.one_offs() if self.round_graphs is not None else 0
 
-    def _round_seconds(self, t0: float, one_offs: int) -> Optional[float]:
+    def _round_seconds(self, t0: float, one_offs: int, riding: bool = False) -> Optional[float]:
         """The wall time of a round or plain step since ``t0`` for the policy's time corrections,
         or None when it ran a configuration's first eager run or captured a CUDA graph: one-off
         costs a 3x slower "round" would teach the policy (on an H200 the first rounds' captures
-        made the fitted policy stop speculating for the whole run)."""
-        return None if self._graph_one_offs() != one_offs else time.perf_counter() - t0
+        made the fitted policy stop speculating for the whole run). None too while finished
+        requests' rows rode along in the forwards (``riding``; a static batch's last tokens): the
+        plan is priced at the requests running, and a batch-8 forward timed as a batch-1 round
+        taught the batch-1 bucket a speculative time 2.3x the model's, which kept later batch-1
+        calls plain (bench/RESULTS.md, forty-fifth session)."""
+        if self._graph_one_offs() != one_offs or riding:
+            return None
+        return time.perf_counter() - t0
 
     def _bind_graph_storage(self, graphs: RoundGraphs, st: _Batch) -> None:
         """Tell the graphs which caches this batch updates; when that drops them (new caches),

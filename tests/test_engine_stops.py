@@ -243,3 +243,31 @@ def test_dropping_finished_requests_with_the_eagle3_draft(monkeypatch):
         assert [r.token_ids for r in out] == [longs[0], longs[1][:4], longs[2], longs[3]], method
         assert [r.finish_reason for r in out] == ["length", "eos", "length", "length"]
         assert rows_seen[0] == 4 and 3 in rows_seen, (method, rows_seen)
+
+
+def test_rounds_with_finished_rows_riding_along_are_not_timed(monkeypatch):
+    """While finished requests' rows still ride along in a static batch's forwards, the round is
+    not timed for the policy (seconds None): it is planned at the requests running, and a
+    batch-4 forward timed as a batch-1 round would teach that bucket a wrong time correction."""
+    import heterospec.engine as engine_module
+    from heterospec.policy import Eagle3Policy
+
+    monkeypatch.setattr(engine_module, "COMPACT_MIN_LEFT", 10 ** 9)      # rows never leave
+    seen = []
+
+    class Spy(Eagle3Policy):
+        def round_plan(self, batch_size, context=None):
+            seen.append([batch_size])
+            return self.plan(batch_size, context)
+
+        def observe(self, plan, bins, accepted, seconds=None, extend_tokens=None, progress=None):
+            seen[-1].append(seconds)
+
+    engine, draft = _pair("noisy", seed=7)
+    engine.target.config.eos_token_ids = ()
+    prompts = _prompts(engine.target.config.vocab_size, 4, seed=7)
+    draft.set_prompts(prompts)
+    batch = engine.generate_batch(prompts, max_new_tokens=24, method="heterospec", policy=Spy(engine.config))
+    assert any(b < 4 for b, _ in seen), "precondition: requests end in different rounds"
+    assert all((s is None) == (b < 4) for b, s in seen)
+    assert [r.token_ids for r in batch] == [_reference(engine, draft, p, 24) for p in prompts]
