@@ -692,9 +692,10 @@ class Engine:
                     # requests still running need.
                     st.drop_finished()
                     active = st.active()
-                # A static batch ends with its slowest request: the guard judges a round by the
-                # tokens it gave the requests furthest behind (all of them alike in the first round).
+                # A static batch ends with its slowest request: the guard judges a round by how
+                # far it moved the slowest one (_progress; ``behind``: the requests at ``least``).
                 behind = [b for b in active if len(st.outputs[b]) == least]
+                riding = len(active) < st.size     # finished rows still in the forwards: untimed
                 context = sum(st.stats[b].prompt_tokens + len(st.outputs[b]) for b in active) // max(len(active), 1)
                 # Without a draft (the policy planned plain steps for this call) plain steps are
                 # still timed against the plan, so the policy learns what they really cost.
@@ -718,7 +719,7 @@ class Engine:
                     tp = time.perf_counter()
                     gate.observe(chosen, [st.stats[b].records[-1].accept_len if b in active else 0
                                           for b in range(len(chosen.chains))],
-                                 self._round_seconds(t_round, one_offs, len(active) != st.size))
+                                 self._round_seconds(t_round, one_offs, riding))
                     policy_s += time.perf_counter() - tp
                     continue
                 tp = time.perf_counter()
@@ -734,7 +735,7 @@ class Engine:
                     self._decode_one(st, params, gen, max_new_tokens, stream, record=method != "autoregressive",
                                      cold=cold)
                     if plan is not None and hasattr(pol, "observe"):     # plain steps are timed too
-                        seconds = self._round_seconds(t_plain, one_offs, len(active) != st.size)
+                        seconds = self._round_seconds(t_plain, one_offs, riding)
                         tp = time.perf_counter()
                         pol.observe(plan, [], [], seconds, progress=_progress(st, behind, least))
                         if gate is not None:
@@ -756,7 +757,7 @@ class Engine:
                     self._commit(st, tree, verdict, max_new_tokens, stream, timer)
                     if hasattr(pol, "observe"):   # the fitted policy learns this workload and device
                         recs = [st.stats[b].records[-1] for b in active]
-                        seconds = self._round_seconds(t_draft, one_offs, len(active) != st.size)
+                        seconds = self._round_seconds(t_draft, one_offs, riding)
                         tp = time.perf_counter()
                         pol.observe(plan, [r.bin for r in recs], [r.accept_len for r in recs], seconds,
                                     extend_tokens=pending, progress=_progress(st, behind, least))

@@ -1,4 +1,7 @@
-"""A/B in one process: the gate and guard valued by the slowest request (new) vs by the mean of
+"""(Run as recorded from /tmp: it needs the old gate beside the new one, made with
+``mkdir -p /tmp/s45/old && git show 3540797:heterospec/lookup.py | sed 's/^from \.\([a-z_]*\) import/from heterospec.\1 import/' > /tmp/s45/old/old_lookup.py``.)
+
+A/B in one process: the gate and guard valued by the slowest request (new) vs by the mean of
 the requests behind (old, HEAD's LookupGate.choose and _progress)."""
 import argparse, statistics, sys, time, torch, heterospec
 import heterospec.engine as E
