@@ -886,8 +886,10 @@ class Engine:
         zeros = torch.zeros(B, dtype=torch.int64, device=dev)
         if speculative is None:
             speculative = method != "autoregressive"
+        # Ragged on CPU: the linear layers run on the prompts' real tokens, not on every prompt
+        # padded to the longest (a third of a batch-16 prefill's rows were padding).
         logits, feats = self.target(tokens, positions, tcache, zeros, None, lens, return_features=speculative,
-                                    logits_index=(lens - 1)[:, None], taps=self._taps)
+                                    logits_index=(lens - 1)[:, None], taps=self._taps, ragged=self.ragged_verify)
         last = logits[:, 0]                                                      # [B, V]
         first = self._pick(last, params, gen)                                     # [B]
 

@@ -839,6 +839,40 @@ def test_ragged_verification_gives_the_padded_logits():
         assert (out[True][0][b, n:] == 0).all()
 
 
+def test_ragged_prefill_gives_the_padded_logits_features_and_cache():
+    """The engine's prefill runs ragged on CPU (prompts of different lengths, the linear layers
+    on the real tokens only): the last real token's logits, the real rows' features and the
+    cache entries of the real positions are the padded forward's; logits_index must name real
+    rows there."""
+    from heterospec import TargetModel
+
+    hf = tiny_hf_llama(seed=43)
+    target = TargetModel.from_hf(hf)
+    g = torch.Generator().manual_seed(1)
+    B, T, V = 3, 7, hf.config.vocab_size
+    lens = torch.tensor([7, 2, 5])
+    toks = torch.randint(0, V, (B, T), generator=g)
+    pos = torch.arange(T).expand(B, T)
+    zero = torch.zeros(B, dtype=torch.int64)
+    out, caches = {}, {}
+    for ragged in (False, True):
+        caches[ragged] = target.new_cache(B, 16)
+        with torch.inference_mode():
+            out[ragged] = target(toks, pos, caches[ragged], zero, None, lens, return_features=True,
+                                 logits_index=(lens - 1)[:, None], ragged=ragged)
+    assert out[True][0].shape == out[False][0].shape == (B, 1, V)
+    torch.testing.assert_close(out[True][0], out[False][0], rtol=1e-5, atol=1e-5)
+    for b in range(B):
+        n = int(lens[b])
+        torch.testing.assert_close(out[True][1][b, :n], out[False][1][b, :n], rtol=1e-5, atol=1e-5)
+        for kv in ("k", "v"):        # [layers, B, S, kv heads, head dim]
+            torch.testing.assert_close(getattr(caches[True], kv)[:, b, :n], getattr(caches[False], kv)[:, b, :n],
+                                       rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="logits_index must name real rows"):
+        target(toks, pos, target.new_cache(B, 16), zero, None, lens, return_features=False,
+               logits_index=torch.full((B, 1), T - 1), ragged=True)
+
+
 def test_ragged_and_padded_batches_decode_the_same():
     hf = tiny_hf_llama(seed=31)
     draft = OracleDraft(hf, noise=0.7, seed=4)

@@ -321,7 +321,7 @@ class TargetModel(nn.Module):
         """input_ids, positions [B, T]; prefix_lens [B]; tree_mask [B, T, T] bool or None (causal);
         num_nodes [B] or None (all T real; padding rows only matter through tree_mask).
         logits_index [B, k] (optional, not in the design contract): compute logits only at these
-        input rows -> [B, k, V].
+        input rows -> [B, k, V]; with ``ragged`` they must be real rows (< ``num_nodes``).
         taps: the layers whose input hidden states form the features (default
         ``config.aux_layers``). The engine passes its draft's taps here, so one target can serve
         drafts that tap different layers without any state to keep in sync.
@@ -377,14 +377,21 @@ class TargetModel(nn.Module):
         if c.num_layers in aux:
             taps[c.num_layers] = x
         features = torch.cat([taps[i] for i in aux], dim=-1) if return_features else None
+        if pack is not None and features is not None:
+            features = _unpack(features, pack)
         if logits_index is not None:
             if pack is not None:
-                raise ValueError("target forward: logits_index and ragged cannot be combined")
-            x = x.gather(1, logits_index[..., None].expand(-1, -1, x.shape[-1]))
+                # Row (b, t) of the grid is packed row start[b] + t, for the real t < num_nodes[b].
+                if bool((logits_index >= num_nodes[:, None]).any()) or bool((logits_index < 0).any()):
+                    raise ValueError("target forward: logits_index must name real rows (0 <= index < num_nodes)")
+                start = torch.cumsum(num_nodes, 0) - num_nodes
+                x = x[0, (start[:, None] + logits_index).reshape(-1)].view(B, -1, x.shape[-1])
+                pack = None
+            else:
+                x = x.gather(1, logits_index[..., None].expand(-1, -1, x.shape[-1]))
         logits = self.lm_head(self.norm(x)).float()
         if pack is not None:
             logits = _unpack(logits, pack)
-            features = _unpack(features, pack) if features is not None else None
         return logits, features
 
     def _stream_plans(self, x: torch.Tensor) -> list | None:
