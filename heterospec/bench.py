@@ -545,7 +545,11 @@ def batch_sweep(engine, prompts: Sequence[str], batch_sizes: Sequence[int] = (1,
             off = [B for B, p in plans.items() if not p["speculate"]]
             if off:
                 fig.suptitle(f"fitted policy (plain decoding at batch {off})", fontsize=9)
-            axes[1].legend(fontsize=7)
+            if any(p["speculate"] for p in plans.values()):
+                axes[1].legend(fontsize=7)
+            else:                       # nothing to draw: say so instead of an empty legend
+                for a in axes:
+                    a.text(0.5, 0.5, "no batch size speculates", ha="center", va="center", transform=a.transAxes)
             fig.tight_layout()
             fig.savefig(os.path.join(out_dir, "policy_actions.png"), dpi=120)
             plt.close(fig)
