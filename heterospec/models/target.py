@@ -386,7 +386,7 @@ class TargetModel(nn.Module):
                     raise ValueError("target forward: logits_index must name real rows (0 <= index < num_nodes)")
                 start = torch.cumsum(num_nodes, 0) - num_nodes
                 x = x[0, (start[:, None] + logits_index).reshape(-1)].view(B, -1, x.shape[-1])
-                pack = None
+                pack = None             # these rows are [B, k] already: no logits to unpack
             else:
                 x = x.gather(1, logits_index[..., None].expand(-1, -1, x.shape[-1]))
         logits = self.lm_head(self.norm(x)).float()
