@@ -887,7 +887,7 @@ class Engine:
         if speculative is None:
             speculative = method != "autoregressive"
         # Ragged on CPU: the linear layers run on the prompts' real tokens, not on every prompt
-        # padded to the longest (a third of a batch-16 prefill's rows were padding).
+        # padded to the longest (the padding grows with the batch's spread of prompt lengths).
         logits, feats = self.target(tokens, positions, tcache, zeros, None, lens, return_features=speculative,
                                     logits_index=(lens - 1)[:, None], taps=self._taps, ragged=self.ragged_verify)
         last = logits[:, 0]                                                      # [B, V]

@@ -379,18 +379,16 @@ class TargetModel(nn.Module):
         features = torch.cat([taps[i] for i in aux], dim=-1) if return_features else None
         if pack is not None and features is not None:
             features = _unpack(features, pack)
-        if logits_index is not None:
-            if pack is not None:
-                # Row (b, t) of the grid is packed row start[b] + t, for the real t < num_nodes[b].
-                if bool((logits_index >= num_nodes[:, None]).any()) or bool((logits_index < 0).any()):
-                    raise ValueError("target forward: logits_index must name real rows (0 <= index < num_nodes)")
-                start = torch.cumsum(num_nodes, 0) - num_nodes
-                x = x[0, (start[:, None] + logits_index).reshape(-1)].view(B, -1, x.shape[-1])
-                pack = None             # these rows are [B, k] already: no logits to unpack
-            else:
-                x = x.gather(1, logits_index[..., None].expand(-1, -1, x.shape[-1]))
+        if logits_index is not None and pack is not None:
+            # Row (b, t) of the grid is packed row start[b] + t, for the real t < num_nodes[b].
+            if bool(((logits_index < 0) | (logits_index >= num_nodes[:, None])).any()):
+                raise ValueError("target forward: logits_index must name real rows (0 <= index < num_nodes)")
+            start = torch.cumsum(num_nodes, 0) - num_nodes
+            x = x[0, (start[:, None] + logits_index).reshape(-1)].view(B, -1, x.shape[-1])
+        elif logits_index is not None:
+            x = x.gather(1, logits_index[..., None].expand(-1, -1, x.shape[-1]))
         logits = self.lm_head(self.norm(x)).float()
-        if pack is not None:
+        if pack is not None and logits_index is None:
             logits = _unpack(logits, pack)
         return logits, features
 
