@@ -293,8 +293,26 @@ def cmd_costs(args) -> int:
     from . import costmodel
 
     engine = _engine(args)
-    passes = args.passes if args.passes is not None else (1 if args.quick else 2)
-    cm = costmodel.measure(engine, quick=args.quick, batch_sizes=args.batch_sizes, passes=passes)
+    if args.in_use == "only":
+        cm = costmodel.load_for(engine, args.out)
+        if cm is None:
+            print(f"heterospec costs: no cost model for this device at {args.out or costmodel.cache_path(costmodel.fingerprint(engine))}; "
+                  "measure one first (`heterospec costs`)", file=sys.stderr)
+            return 2
+    else:
+        passes = args.passes if args.passes is not None else (1 if args.quick else 2)
+        cm = costmodel.measure(engine, quick=args.quick, batch_sizes=args.batch_sizes, passes=passes)
+    if args.in_use != "skip":
+        if engine.tables is None or engine.draft is None:
+            print("heterospec costs: no draft with acceptance tables: the engine's rounds are not timed", file=sys.stderr)
+            cm.in_use = {}
+        else:
+            from .train.prompts import calibration_prompts
+            prompts, _ = calibration_prompts(max(max(cm.batch_sizes), costmodel.IN_USE_REQUESTS))
+            costmodel.measure_in_use(engine, cm, prompts, batch_sizes=[b for b in cm.batch_sizes if b <= max(args.batch_sizes)])
+            print("the engine's rounds over the curves (round, plain) at batch",
+                  ", ".join(f"{b}: {r:.2f}, {p:.2f}" for b, r, p in
+                            zip(cm.in_use.get("batch_sizes", []), cm.in_use.get("round", []), cm.in_use.get("plain", []))) or "-")
     path = args.out or costmodel.cache_path(cm.fingerprint)
     cm.save(path)
     print(f"wrote {path}")
@@ -467,6 +485,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="measure everything this many times, keep each entry's fastest (a slow "
                         "minute of a shared machine distorts one pass; default: 2, 1 with --quick)")
     m.add_argument("--out", help="file to write (default: the user cache, where the engine looks)")
+    m.add_argument("--in-use", choices=("measure", "only", "skip"), default="skip",
+                   help="also time the engine's own rounds against the curves and price their ratios "
+                        "in (about four minutes; not the default: tried, it did not pay on every batch "
+                        "size, bench/RESULTS.md, forty-ninth session): after measuring the curves "
+                        "(measure), on this device's saved model alone (only), or not (skip, default)")
     _add_model_args(m)
     m.set_defaults(func=cmd_costs)
 

@@ -20,6 +20,14 @@ measured elsewhere is reported and not used. With none, the engine measures a qu
 seconds: batch 1 only, larger batches scaled by the target's token curve) and caches it;
 ``heterospec costs`` measures the full model.
 
+The curves time each phase on its own; the engine runs them one after another, at its prompts'
+contexts, with its bookkeeping between. ``heterospec costs --in-use`` therefore can also time the engine's own
+rounds (:func:`measure_in_use`: a speculative round and a plain step per batch size) against the
+curves, and their ratios (:attr:`CostModel.in_use`) price every phase, so that a fresh process's
+first rounds are chosen with a model the engine's rounds agree with. Opt-in (``--in-use measure``,
+or ``only`` on a saved model): tried on the built-in pair it paid at batch 8-16 and lost at 1-2
+(bench/RESULTS.md, forty-ninth session), so ``heterospec costs`` leaves it out by default.
+
 A model measured beside other work prices every phase too high and bends its curves (seen: 12
 verified nodes priced below 8, and the fitted policy verifying 12). So a measurement records how
 many cores other processes kept busy meanwhile (``/proc/stat``), and every curve is kept
@@ -35,6 +43,7 @@ import itertools
 import json
 import math
 import os
+import statistics
 import time
 from bisect import bisect_left
 from dataclasses import dataclass, field
@@ -148,6 +157,10 @@ class CostModel:
     tree_top_k: int = 1                        # rows per request of a draft tree forward
     quick: bool = False
     provenance: dict = field(default_factory=dict)
+    # The engine's own rounds timed against the curves (:func:`measure_in_use`): per batch size,
+    # observed / predicted time of a speculative round ("round": draft and verify alike) and of
+    # a plain step ("plain"); every price below carries its factor. Empty: the curves alone.
+    in_use: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # More tokens or more verified nodes never cost less: a spike (a descheduled run, another
@@ -162,6 +175,15 @@ class CostModel:
         """CPU cores other processes used on average while this model was measured (0 when
         unknown): a model measured beside other work prices everything as if it always ran."""
         return float(self.provenance.get("other_cores") or 0.0)
+
+    @property
+    def stamp(self) -> Optional[str]:
+        """Which measurement this is (the online corrections kept beside the model correct this
+        one): the curves' date, and the in-use factors' date where they were measured."""
+        date = self.provenance.get("date")
+        if not date:
+            return None
+        return str(date) + (f" in use {self.in_use['date']}" if self.in_use.get("date") else "")
 
     # -- predictions ------------------------------------------------------------------------------
     def target_ms(self, tokens: float, context: int = 256) -> float:
@@ -178,22 +200,37 @@ class CostModel:
         b0 = self.batch_sizes[0]
         return values[0] * self.target_ms(B * scale_rows) / self.target_ms(b0 * scale_rows)
 
+    def in_use_factor(self, kind: str, B: int) -> float:
+        """The factor :attr:`in_use` measured for ``kind`` ("round" or "plain") at batch size
+        ``B``: interpolated in log2(B) between the batch sizes it measured, the nearest one's
+        outside them; 1 without a measurement."""
+        sizes, factors = self.in_use.get("batch_sizes") or [], self.in_use.get(kind) or []
+        if not sizes or len(sizes) != len(factors):
+            return 1.0
+        if B <= sizes[0] or len(sizes) == 1:
+            return float(factors[0]) if B <= sizes[0] else float(factors[-1])
+        if B >= sizes[-1]:
+            return float(factors[-1])
+        i = bisect_left(sizes, B)
+        x0, x1, x = math.log2(sizes[i - 1]), math.log2(sizes[i]), math.log2(B)
+        return float(factors[i - 1] + (factors[i] - factors[i - 1]) * (x - x0) / (x1 - x0))
+
     def plain_ms(self, B: int, context: int = 256) -> float:
         base = self._per_batch(self.plain, B, 1)
-        return base * self.target_ms(B, context) / self.target_ms(B, self.contexts[0])
+        return base * self.target_ms(B, context) / self.target_ms(B, self.contexts[0]) * self.in_use_factor("plain", B)
 
     def draft_ms(self, B: int, forwards: float, extend_tokens: float = 1.0) -> float:
         a = self._per_batch([d[0] for d in self.draft], B, self.tree_top_k)
         b = self._per_batch([d[1] for d in self.draft], B, self.tree_top_k)
         c = self._per_batch([d[2] for d in self.draft], B, 1)
-        return a + b * forwards + c * max(extend_tokens - 1.0, 0.0)
+        return (a + b * forwards + c * max(extend_tokens - 1.0, 0.0)) * self.in_use_factor("round", B)
 
     def verify_ms(self, B: int, nodes: float, context: int = 256) -> float:
         """The rest of a round of B requests verifying ``nodes`` nodes each (root included)."""
         per_b = [_interp(self.nodes, row, nodes) for row in self.verify]
         base = self._per_batch(per_b, B, max(int(round(nodes)), 1))
         c0 = self.contexts[0]
-        return base * self.target_ms(B * nodes, context) / self.target_ms(B * nodes, c0)
+        return base * self.target_ms(B * nodes, context) / self.target_ms(B * nodes, c0) * self.in_use_factor("round", B)
 
     # -- files ------------------------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -560,7 +597,7 @@ def contradicted_by_use(cm: CostModel, path: str) -> Optional[float]:
     model again would not move them, and was a quick model measured again in every process
     that decoded such a batch (bench/RESULTS.md, thirty-first session)."""
     import glob
-    stamp = str(cm.provenance.get("date")) if cm.provenance.get("date") else None
+    stamp = cm.stamp
     measured = {str(int(b)) for b in cm.batch_sizes}
     for f in sorted(glob.glob(online_state_path(glob.escape(path)))):
         try:
@@ -605,6 +642,94 @@ def for_engine(engine, path: Optional[str] = None, progress: bool = True) -> Cos
     except OSError:
         pass
     return cm
+
+
+# ---------------------------------------------------------------------------------------------
+# The engine's own rounds against the curves
+# ---------------------------------------------------------------------------------------------
+#: measure_in_use: requests per batch size (batch 1: that many calls of one) and their tokens
+IN_USE_REQUESTS = 4
+IN_USE_TOKENS = 64
+IN_USE_REPEATS = 3             # each batch size's calls this many times: the median ratio
+IN_USE_MIN_ROUNDS = 8          # timed rounds a kind needs at a batch size for its factor
+IN_USE_BAND = (0.5, 2.0)       # factors are kept within it (outside: the curves, not noise, are off)
+
+
+def measure_in_use(engine, cm: CostModel, prompts: Sequence, batch_sizes: Optional[Sequence[int]] = None,
+                   max_new_tokens: int = IN_USE_TOKENS, repeats: int = None, progress: bool = True) -> dict:
+    """Time the engine's own rounds against ``cm`` and return its :attr:`CostModel.in_use`
+    factors (also set on ``cm``, replacing any it had).
+
+    The curves time each phase on its own: the target at a fixed context, after the curves'
+    big forwards. The engine's rounds run at the prompts' contexts, one after another, with
+    its bookkeeping between them, and a plain step was timed 1.3-1.4x what the engine's took
+    (bench/RESULTS.md, forty-fifth and forty-sixth sessions) - an error every fresh process
+    started from, until its online corrections had measured it, while its first rounds were
+    chosen with it. So, at every batch size B of ``cm`` (or ``batch_sizes``), B of ``prompts``
+    (different ones per call, ``IN_USE_REQUESTS`` requests in all) are decoded greedily twice:
+    every round the fitted policy's speculative plan, then every round a plain step
+    (:class:`heterospec.policy.ForcedPolicy`, no context lookup); per kind, the engine's timed
+    rounds over what ``cm`` predicted for them is a ratio at B (none with fewer than
+    ``IN_USE_MIN_ROUNDS`` rounds). All this ``repeats`` times (default ``IN_USE_REPEATS``), and
+    the median ratio is the factor (kept within ``IN_USE_BAND``). The online corrections then start from
+    a model the engine's own rounds agree with, and correct what the workload changes."""
+    from tqdm.auto import tqdm
+    from .policy import FittedPolicy, ForcedPolicy
+
+    cfg = engine.config
+    tables = engine.tables_for(cfg.top_k)
+    if tables is None or tables.top_k != cfg.top_k or getattr(engine, "draft", None) is None:
+        raise ValueError("measure_in_use needs a draft with acceptance tables for the engine's tree")
+    texts = [p for p in prompts]
+    sizes = sorted({int(b) for b in (batch_sizes or cm.batch_sizes)})
+    repeats = IN_USE_REPEATS if repeats is None else int(repeats)
+    if not texts or not sizes or sizes[0] < 1 or repeats < 1:
+        raise ValueError("measure_in_use needs prompts, batch sizes >= 1 and repeats >= 1")
+    cm.in_use = {}
+    calls = [(B, c) for B in sizes for c in range(max(1, IN_USE_REQUESTS // B))]
+
+    def policies():
+        return {kind: ForcedPolicy(tables, cm, cfg, speculate=kind == "round", ragged=engine.ragged_verify)
+                for kind in ("round", "plain")}
+
+    # one untimed call of each kind first: allocations, first-call dispatch
+    for pol in policies().values():
+        engine.generate_batch(texts[:1], max_new_tokens=8, method="heterospec", policy=pol, lookup=False)
+    # Repeats, fresh policies each, and the median ratio: one disturbed minute of a shared
+    # machine moved a single pass's factors to the band's edge (bench/RESULTS.md, 49th session).
+    ratios = {(B, kind): [] for B in sizes for kind in ("round", "plain")}
+    rounds = {(B, kind): 0.0 for B in sizes for kind in ("round", "plain")}
+    bar = tqdm(total=repeats * len(calls), desc="timing the engine's rounds", disable=not progress, unit="call")
+    at = 0
+    for _ in range(repeats):
+        forced = policies()
+        for B, _c in calls:
+            batch = [texts[(at + i) % len(texts)] for i in range(B)]
+            at += B
+            for pol in forced.values():
+                engine.generate_batch(batch, max_new_tokens=max_new_tokens, method="heterospec", policy=pol,
+                                      lookup=False)
+            bar.update(1)
+        for B in sizes:
+            for kind in ("round", "plain"):
+                obs, pred, n = forced[kind].time_sums(kind == "round").get(FittedPolicy.bucket(B), (0.0, 0.0, 0.0))
+                if n >= IN_USE_MIN_ROUNDS and pred > 0 and obs > 0:
+                    ratios[B, kind].append(obs / pred)
+                    rounds[B, kind] += n
+    bar.close()
+    out = {"batch_sizes": [], "round": [], "plain": [], "rounds": [],
+           "date": time.strftime("%Y-%m-%d %H:%M:%S"), "requests": IN_USE_REQUESTS,
+           "max_new_tokens": int(max_new_tokens), "repeats": int(repeats)}
+    for B in sizes:
+        if not ratios[B, "round"] or not ratios[B, "plain"]:
+            continue
+        out["batch_sizes"].append(B)
+        for kind in ("round", "plain"):
+            f = float(statistics.median(ratios[B, kind]))
+            out[kind].append(round(min(IN_USE_BAND[1], max(IN_USE_BAND[0], f)), 4))
+        out["rounds"].append([round(rounds[B, "round"], 1), round(rounds[B, "plain"], 1)])
+    cm.in_use = out if out["batch_sizes"] else {}
+    return cm.in_use
 
 
 # ---------------------------------------------------------------------------------------------

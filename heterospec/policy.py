@@ -1255,6 +1255,9 @@ class FittedPolicy(Policy):
 
     def _cost_stamp(self) -> Optional[str]:
         """When the cost model was measured: the time sums are corrections *of that model*."""
+        stamp = getattr(self.cost, "stamp", None)
+        if isinstance(stamp, str):
+            return stamp
         prov = getattr(self.cost, "provenance", None)
         return str(prov.get("date")) if isinstance(prov, dict) and prov.get("date") else None
 
@@ -1410,6 +1413,40 @@ class FittedPolicy(Policy):
     def needs_draft(self, batch_size: int) -> bool:
         # the model's plans, not the guard's: a guarded bucket still probes speculation
         return any(self.fitted_plan(b).speculate for b in {self.bucket(x) for x in range(1, batch_size + 1)})
+
+
+class ForcedPolicy(FittedPolicy):
+    """The fitted policy with one kind of round forced: every round its fitted speculative plan
+    (``speculate=True``; the guard, probes and plain steps never chosen), or every round a plain
+    step with the probe schedule out of sight (cold steps, as in a bucket held plain). It learns
+    as the fitted policy does, so its time sums (``_time``, ``_plain``) are the engine's own
+    rounds timed against the cost model: :func:`heterospec.costmodel.measure_in_use`."""
+
+    name = "fitted"
+
+    def __init__(self, tables: AcceptanceTables, cost, config: SpecConfig, speculate: bool, **kw) -> None:
+        super().__init__(tables, cost, config, **kw)
+        self.speculate = bool(speculate)
+
+    def plan(self, batch_size: int, context: Optional[int] = None) -> Plan:
+        plan = self.fitted_plan(batch_size, context)
+        if plan.speculate != self.speculate and plan.alternative is not None:
+            plan = plan.alternative
+        return plan
+
+    def round_plan(self, batch_size: int, context: Optional[int] = None) -> Plan:
+        plan = self.plan(batch_size, context)
+        self._plain_ahead[self.bucket(batch_size)] = 0 if plan.speculate else self.NEVER_PROBED
+        return plan
+
+    def needs_draft(self, batch_size: int) -> bool:
+        # plain: as a bucket the guard holds plain (the draft kept, its prompt pass deferred)
+        return self.speculate or super().needs_draft(batch_size)
+
+    def time_sums(self, speculative: bool) -> Dict[int, Tuple[float, float, float]]:
+        """Per batch bucket: (observed ms, predicted ms, rounds) of the rounds timed, forgotten
+        as the online corrections forget them."""
+        return {b: tuple(v) for b, v in (self._time if speculative else self._plain).items()}
 
 
 def _buckets():

@@ -531,3 +531,18 @@ def test_batch_sweep_repeats_report_paired_medians(monkeypatch):
     with pytest.raises(ValueError, match="repeats must be an integer >= 1"):
         bench.batch_sweep(eng, ["a", "b"], batch_sizes=[2], methods=["autoregressive"], out_dir=None,
                           progress=False, repeats=0)
+
+
+def test_costs_in_use_only_needs_a_saved_model(monkeypatch, tmp_path, capsys):
+    """`costs --in-use only` times the engine's rounds against this device's saved model: with
+    none it says so and exits 2 (nothing written), instead of measuring a model unasked."""
+    import heterospec.cli as cli
+    from heterospec import costmodel
+    monkeypatch.setattr(cli, "_engine", lambda args: object())
+    monkeypatch.setattr(costmodel, "load_for", lambda engine, path=None: None)
+    out = tmp_path / "cm.json"
+    assert cli.main(["costs", "--in-use", "only", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"no cost model for this device at {out}" in err and "measure one first" in err
+    assert not out.exists()
+    assert cli.build_parser().parse_args(["costs"]).in_use == "skip"

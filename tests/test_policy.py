@@ -1682,6 +1682,107 @@ def test_online_corrections_persist_for_the_next_engine(tmp_path, monkeypatch):
     assert other._online_state_path(other.tables, other.config) is None
 
 
+def _in_use_model(engine, plain=(20.0, 40.0)):
+    return costmodel.CostModel(
+        fingerprint=costmodel.fingerprint(engine), tokens=[1, 64], contexts=[128], target=[[10.0, 12.0]],
+        batch_sizes=[1, 2], plain=list(plain), draft=[[0.5, 0.5, 0.1], [0.6, 0.6, 0.1]], nodes=[1, 64],
+        verify=[[10.0, 12.0], [11.0, 14.0]], tree_top_k=3, provenance={"date": "monday"})
+
+
+def test_cost_model_in_use_factors_price_every_phase():
+    """The in-use factors (the engine's rounds over the curves) multiply the plain step by the
+    plain factor and a round's draft and verify by the round factor, interpolated in log2(B)
+    between the batch sizes measured and the nearest one's outside them; a model without them
+    (every file written before them) prices the curves alone, and the stamp the online
+    corrections are kept against moves with them."""
+    engine, _, _ = _tiny_engine()
+    raw = _in_use_model(engine)
+    cm = costmodel.CostModel(**{k: v for k, v in raw.to_dict().items() if k != "format"})
+    cm.in_use = {"batch_sizes": [1, 4], "round": [1.2, 0.8], "plain": [0.7, 0.9], "date": "tuesday"}
+    assert cm.in_use_factor("plain", 1) == pytest.approx(0.7) and cm.in_use_factor("round", 4) == pytest.approx(0.8)
+    assert cm.in_use_factor("plain", 2) == pytest.approx(0.8) and cm.in_use_factor("round", 2) == pytest.approx(1.0)
+    assert cm.in_use_factor("plain", 16) == pytest.approx(0.9) and raw.in_use_factor("plain", 2) == 1.0
+    for B in (1, 2, 3, 8):
+        assert cm.plain_ms(B) == pytest.approx(raw.plain_ms(B) * cm.in_use_factor("plain", B))
+        assert cm.draft_ms(B, 3, 2.0) == pytest.approx(raw.draft_ms(B, 3, 2.0) * cm.in_use_factor("round", B))
+        assert cm.verify_ms(B, 5, 512) == pytest.approx(raw.verify_ms(B, 5, 512) * cm.in_use_factor("round", B))
+    d = raw.to_dict()
+    d.pop("in_use")
+    old = costmodel.CostModel(**{k: v for k, v in d.items() if k != "format"})
+    assert old.in_use == {} and old.plain_ms(2) == raw.plain_ms(2)
+    assert raw.stamp == "monday" and cm.stamp == "monday in use tuesday"
+    tables = _tables()
+    cfg = SpecConfig(top_k=4, depth=3, total_tokens=8)
+    assert FittedPolicy(tables, cm, cfg).state()["cost_model"] == "monday in use tuesday"
+
+
+def test_forced_policy_runs_one_kind_of_round(tmp_path):
+    """ForcedPolicy: every round speculative (the guard never turns it plain), or every round a
+    plain step; greedy output the target's either way."""
+    from heterospec.policy import ForcedPolicy
+    engine, draft, _ = _tiny_engine(seed=23)
+    tables = _tables_for(engine)
+    cm = _in_use_model(engine, plain=(0.001, 0.002))    # plain steps priced nearly free: plain would win
+    prompt = [5, 9, 17, 33]
+    draft.set_prompts([prompt])
+    ar = engine.generate(prompt, max_new_tokens=16, method="autoregressive", chat=False)
+    for speculate in (True, False):
+        pol = ForcedPolicy(tables, cm, engine.config, speculate=speculate, ragged=engine.ragged_verify)
+        draft.set_prompts([prompt])
+        out = engine.generate(prompt, max_new_tokens=16, method="heterospec", chat=False, policy=pol, lookup=False)
+        assert out.token_ids == ar.token_ids
+        assert all(r.plain != speculate for r in out.stats.records), [r.plain for r in out.stats.records]
+        assert pol.time_sums(speculate) and not pol.time_sums(not speculate)
+
+
+def test_measure_in_use_times_the_engines_rounds_against_the_curves(monkeypatch):
+    """measure_in_use: per batch size the engine's timed rounds over the model's predictions, per
+    kind, set on the model; with every round timed at 30 ms the plain factor is 30 ms over the
+    model's plain step (within IN_USE_BAND)."""
+    engine, draft, _ = _tiny_engine(seed=23)
+    engine.tables = _tables_for(engine)
+    cm = _in_use_model(engine)
+    cm.in_use = {"batch_sizes": [1], "round": [2.0], "plain": [2.0]}       # replaced, not compounded
+    monkeypatch.setattr(engine, "_round_seconds", lambda *a, **k: 0.03)
+    monkeypatch.setattr(costmodel, "IN_USE_TOKENS", 24)
+    prompts = [[5 + i, 9, 17 + i, 33] for i in range(4)]
+    draft.set_prompts(prompts)
+    got = costmodel.measure_in_use(engine, cm, prompts, max_new_tokens=24, progress=False)
+    assert got is cm.in_use and got["batch_sizes"] == [1, 2]
+    assert got["plain"] == [pytest.approx(1.5), pytest.approx(0.75)]
+    assert all(costmodel.IN_USE_BAND[0] <= r <= costmodel.IN_USE_BAND[1] for r in got["round"])
+    assert all(n >= costmodel.IN_USE_MIN_ROUNDS for pair in got["rounds"] for n in pair)
+    with pytest.raises(ValueError, match="acceptance tables"):
+        costmodel.measure_in_use(_tiny_engine()[0], cm, prompts, progress=False)
+
+    with pytest.raises(ValueError, match="repeats"):
+        costmodel.measure_in_use(engine, cm, prompts, repeats=0, progress=False)
+
+
+def test_measure_in_use_takes_the_median_over_repeats(monkeypatch):
+    """One disturbed repeat (every round 10x slower) does not move the factors: they are the
+    median over the repeats, each timed with fresh policies."""
+    import heterospec.policy as policy_mod
+    engine, draft, _ = _tiny_engine(seed=23)
+    engine.tables = _tables_for(engine)
+    cm = _in_use_model(engine)
+    made = []
+
+    class Counted(policy_mod.ForcedPolicy):
+        def __init__(self, *a, **k):
+            made.append(self)
+            super().__init__(*a, **k)
+
+    monkeypatch.setattr(policy_mod, "ForcedPolicy", Counted)
+    # policies 0-1: the untimed warm-up; 2-3, 4-5, 6-7: the repeats; the second one disturbed
+    monkeypatch.setattr(engine, "_round_seconds", lambda *a, **k: 0.3 if len(made) in (5, 6) else 0.03)
+    prompts = [[5 + i, 9, 17 + i, 33] for i in range(4)]
+    draft.set_prompts(prompts)
+    got = costmodel.measure_in_use(engine, cm, prompts, max_new_tokens=24, repeats=3, progress=False)
+    assert len(made) == 8 and got["repeats"] == 3
+    assert got["plain"] == [pytest.approx(1.5), pytest.approx(0.75)]
+
+
 def _tables_for(engine):
     """Tables for the tiny engine's tree (top_k 3) from the synthetic ones."""
     t = _tables()
