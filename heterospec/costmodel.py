@@ -207,8 +207,8 @@ class CostModel:
         sizes, factors = self.in_use.get("batch_sizes") or [], self.in_use.get(kind) or []
         if not sizes or len(sizes) != len(factors):
             return 1.0
-        if B <= sizes[0] or len(sizes) == 1:
-            return float(factors[0]) if B <= sizes[0] else float(factors[-1])
+        if B <= sizes[0]:
+            return float(factors[0])
         if B >= sizes[-1]:
             return float(factors[-1])
         i = bisect_left(sizes, B)
@@ -680,7 +680,7 @@ def measure_in_use(engine, cm: CostModel, prompts: Sequence, batch_sizes: Option
     tables = engine.tables_for(cfg.top_k)
     if tables is None or tables.top_k != cfg.top_k or getattr(engine, "draft", None) is None:
         raise ValueError("measure_in_use needs a draft with acceptance tables for the engine's tree")
-    texts = [p for p in prompts]
+    texts = list(prompts)
     sizes = sorted({int(b) for b in (batch_sizes or cm.batch_sizes)})
     repeats = IN_USE_REPEATS if repeats is None else int(repeats)
     if not texts or not sizes or sizes[0] < 1 or repeats < 1:
