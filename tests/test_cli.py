@@ -125,27 +125,28 @@ def test_from_pretrained_draft_dtype(pair_dirs):
 
 def test_from_pretrained_measures_the_draft_dtype(pair_dirs, monkeypatch, tmp_path):
     """A bfloat16 target on a CPU that emulates bf16 may draft in float32: both are timed, the
-    faster kept; a float32 target's draft runs in float32 without timing."""
+    faster kept; a float32 target's draft runs in float32 without timing. (Stock linears: the
+    choice does not depend on them, and tuning them in three fresh caches took most of the time.)"""
     from heterospec import costmodel, engine as eng_mod
     monkeypatch.setenv("HETEROSPEC_CACHE", str(tmp_path))
     monkeypatch.setattr(eng_mod, "cpu_has_native_bf16", lambda: False)
     monkeypatch.setattr(costmodel, "draft_round_ms", lambda eng, drafts, **kw: [4.0, 2.0])
     t, d = pair_dirs
-    eng = heterospec.Engine.from_pretrained(t, d, dtype=torch.bfloat16)
+    eng = heterospec.Engine.from_pretrained(t, d, dtype=torch.bfloat16, linear="stock")
     assert eng.draft_dtype_report["chosen"] == "float32" and eng.draft.dtype == torch.float32
     # the float32 candidate holds the float16 file's exact values
-    ref = heterospec.Engine.from_pretrained(t, d, draft_dtype=torch.float32)
+    ref = heterospec.Engine.from_pretrained(t, d, draft_dtype=torch.float32, linear="stock")
     assert all(torch.equal(v, ref.draft.state_dict()[k]) for k, v in eng.draft.state_dict().items())
     monkeypatch.setattr(costmodel, "draft_round_ms", lambda eng, drafts, **kw: [2.0, 4.0])
     monkeypatch.setenv("HETEROSPEC_CACHE", str(tmp_path / "other"))
-    eng = heterospec.Engine.from_pretrained(t, d, dtype=torch.bfloat16)
+    eng = heterospec.Engine.from_pretrained(t, d, dtype=torch.bfloat16, linear="stock")
     assert eng.draft_dtype_report["chosen"] == "bfloat16" and eng.draft.dtype == torch.bfloat16
     monkeypatch.setattr(eng_mod, "cpu_has_native_bf16", lambda: True)
 
     def no_timing(*a, **kw):
         raise AssertionError("a single candidate is not timed")
     monkeypatch.setattr(costmodel, "draft_round_ms", no_timing)
-    eng = heterospec.Engine.from_pretrained(t, d, dtype=torch.float32)
+    eng = heterospec.Engine.from_pretrained(t, d, dtype=torch.float32, linear="stock")
     assert eng.draft.dtype == torch.float32
 
 
