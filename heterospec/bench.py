@@ -455,7 +455,7 @@ def batch_sweep(engine, prompts: Sequence[str], batch_sizes: Sequence[int] = (1,
     warm = prompts[:1]
     for m in methods:
         engine.generate_batch(warm, max_new_tokens=8, **bench_call(m))
-    calls, mismatches = [], 0
+    calls, mismatches, divergences = [], 0, []
     bar = tqdm(total=repeats * len(batch_sizes) * len(methods), desc="batch sweep", disable=not progress,
                unit="run")
     for rep in range(repeats):
@@ -475,8 +475,13 @@ def batch_sweep(engine, prompts: Sequence[str], batch_sizes: Sequence[int] = (1,
                               "rounds": len(recs)})
                 outs[m] = [r.token_ids for r in res]
                 bar.update(1)
-            if "autoregressive" in outs:
-                mismatches += sum(o != a for m, out in outs.items() for o, a in zip(out, outs["autoregressive"]))
+            ref = outs.get("autoregressive")
+            for m, out in (outs.items() if ref is not None else ()):
+                for j, (o, a) in enumerate(zip(out, ref)):
+                    if o != a:       # (after the timed calls) where it parted, and how close the target's choice was
+                        mismatches += 1
+                        divergences.append({"repeat": rep, "batch_size": B, "prompt": j, "method": m,
+                                            **first_divergence(engine, engine._encode(prompts[j], True), a, o)})
     bar.close()
     ar_of = {(c["repeat"], c["batch_size"]): c for c in calls if c["method"] == "autoregressive"}
     rows = []
@@ -500,7 +505,7 @@ def batch_sweep(engine, prompts: Sequence[str], batch_sizes: Sequence[int] = (1,
         plans = {B: pol.plan(B).to_dict() for B in batch_sizes}
     result = {"machine": machine_description(engine.device), "dtype": str(engine.target.lm_head.weight.dtype),
               "max_new_tokens": max_new_tokens, "repeats": repeats, "rows": rows, "calls": calls,
-              "greedy_mismatches": mismatches, "plans": plans}
+              "greedy_mismatches": mismatches, "greedy_divergences": divergences, "plans": plans}
     lines = ["| batch | " + " | ".join(methods) + " |", "|---" * (len(methods) + 1) + "|"]
     for B in batch_sizes:
         cells = [f"{by[(m, B)]['tokens_per_s']:.1f}" + (f" ({by[(m, B)]['vs_autoregressive']:.2f}x)"
@@ -508,7 +513,7 @@ def batch_sweep(engine, prompts: Sequence[str], batch_sizes: Sequence[int] = (1,
         lines.append(f"| {B} | " + " | ".join(cells) + " |")
     table = "\n".join(lines)
     print(table)
-    print(f"greedy outputs differing from autoregressive: {mismatches}")
+    print(f"greedy outputs differing from autoregressive: {mismatch_summary(divergences, result['dtype'])}")
     if out_dir:
         import matplotlib
         matplotlib.use("Agg")

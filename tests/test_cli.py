@@ -529,9 +529,41 @@ def test_batch_sweep_repeats_report_paired_medians(monkeypatch):
     assert row["eagle3"]["vs_autoregressive"] == pytest.approx(1.25)
     assert row["eagle3"]["tokens_per_s"] == pytest.approx(20 / 2.5)      # median of 20/1.6, 20/4, 20/2.5
     assert row["autoregressive"]["vs_autoregressive"] == pytest.approx(1.0)
+    assert out["greedy_mismatches"] == 0 and out["greedy_divergences"] == []
     with pytest.raises(ValueError, match="repeats must be an integer >= 1"):
         bench.batch_sweep(eng, ["a", "b"], batch_sizes=[2], methods=["autoregressive"], out_dir=None,
                           progress=False, repeats=0)
+
+
+def test_batch_sweep_says_where_greedy_outputs_part_and_whether_at_a_tie(monkeypatch, capsys):
+    """A sweep whose second request parts from autoregressive under one method: counted once per
+    differing output, located (prompt, batch size, method) and classified as the bench does."""
+    import types
+
+    from heterospec import bench
+
+    def generate_batch(prompts, max_new_tokens, method, **kw):
+        rec = types.SimpleNamespace(accept_len=0, plain=True, lookup=False)
+        toks = [[1, 2, 3], [1, 2, 3]] if method == "autoregressive" else [[1, 2, 3], [1, 9, 3]]
+        return [types.SimpleNamespace(token_ids=t, stats=types.SimpleNamespace(records=[rec])) for t in toks[:len(prompts)]]
+
+    seen = []
+
+    def first_divergence(engine, prompt_ids, ref, out):
+        seen.append((prompt_ids, ref, out))
+        return {"diverge_at": 1, "top2_margin": 0.01, "margin_ulps": 2.0}
+
+    monkeypatch.setattr(bench, "first_divergence", first_divergence)
+    eng = types.SimpleNamespace(generate_batch=generate_batch, device=torch.device("cpu"),
+                                _encode=lambda p, chat: [ord(c) for c in p],
+                                target=types.SimpleNamespace(lm_head=types.SimpleNamespace(
+                                    weight=torch.zeros(1, dtype=torch.bfloat16))))
+    out = bench.batch_sweep(eng, ["a", "b"], batch_sizes=[1, 2], methods=["autoregressive", "eagle3"],
+                            max_new_tokens=3, out_dir=None, progress=False, repeats=2)
+    assert out["greedy_mismatches"] == 2 and seen == [([ord("b")], [1, 2, 3], [1, 9, 3])] * 2
+    assert [(d["repeat"], d["batch_size"], d["prompt"], d["method"]) for d in out["greedy_divergences"]] == \
+        [(0, 2, 1, "eagle3"), (1, 2, 1, "eagle3")]
+    assert "2, every one at a rounding tie of torch.bfloat16" in capsys.readouterr().out
 
 
 def test_costs_in_use_only_needs_a_saved_model(monkeypatch, tmp_path, capsys):
