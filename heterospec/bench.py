@@ -455,7 +455,7 @@ def batch_sweep(engine, prompts: Sequence[str], batch_sizes: Sequence[int] = (1,
     warm = prompts[:1]
     for m in methods:
         engine.generate_batch(warm, max_new_tokens=8, **bench_call(m))
-    calls, mismatches, divergences = [], 0, []
+    calls, divergences = [], []
     bar = tqdm(total=repeats * len(batch_sizes) * len(methods), desc="batch sweep", disable=not progress,
                unit="run")
     for rep in range(repeats):
@@ -479,7 +479,6 @@ def batch_sweep(engine, prompts: Sequence[str], batch_sizes: Sequence[int] = (1,
             for m, out in (outs.items() if ref is not None else ()):
                 for j, (o, a) in enumerate(zip(out, ref)):
                     if o != a:       # (after the timed calls) where it parted, and how close the target's choice was
-                        mismatches += 1
                         divergences.append({"repeat": rep, "batch_size": B, "prompt": j, "method": m,
                                             **first_divergence(engine, engine._encode(prompts[j], True), a, o)})
     bar.close()
@@ -505,7 +504,7 @@ def batch_sweep(engine, prompts: Sequence[str], batch_sizes: Sequence[int] = (1,
         plans = {B: pol.plan(B).to_dict() for B in batch_sizes}
     result = {"machine": machine_description(engine.device), "dtype": str(engine.target.lm_head.weight.dtype),
               "max_new_tokens": max_new_tokens, "repeats": repeats, "rows": rows, "calls": calls,
-              "greedy_mismatches": mismatches, "greedy_divergences": divergences, "plans": plans}
+              "greedy_mismatches": len(divergences), "greedy_divergences": divergences, "plans": plans}
     lines = ["| batch | " + " | ".join(methods) + " |", "|---" * (len(methods) + 1) + "|"]
     for B in batch_sizes:
         cells = [f"{by[(m, B)]['tokens_per_s']:.1f}" + (f" ({by[(m, B)]['vs_autoregressive']:.2f}x)"

@@ -520,7 +520,8 @@ def time_shape(layer: nn.Linear, rows: Sequence[int] = TUNE_ROWS, budget_s: floa
     stream = [coded if fmt else _stream_pack(w)] if stream_linear_available(w.dtype) else []
     if stream and not torch.allclose(_stream_forward(x, stream[0], b, w.size(0)), F.linear(x, w, b), **tol):
         stream = []                      # a wrong result: not timed, so never chosen
-    n = cold_copies(w.numel() * w.element_size()) if copies is None else max(1, int(copies))
+    w_bytes = _nbytes(w)
+    n = cold_copies(w_bytes) if copies is None else max(1, int(copies))
     ws = [w] + [torch.randn_like(w) for _ in range(n - 1)]
     ps = [packed] + [_reorder(wi) for wi in ws[1:]]
     if not stream:
@@ -535,9 +536,9 @@ def time_shape(layer: nn.Linear, rows: Sequence[int] = TUNE_ROWS, budget_s: floa
     # pass a round, itself a mean over every copy, reads what more passes read. Both are skipped
     # for them (a large shape's timing took ~2x longer otherwise); copies that fit keep both, so
     # the timings of small shapes mean what they did.
-    llc, w_bytes = last_level_cache_bytes(), w.numel() * w.element_size()
-    s_bytes = sum(_nbytes(si) for si in ss)
-    beyond_cache = {"stock_ms": n * w_bytes > llc, "packed_ms": n * w_bytes > llc, "stream_ms": s_bytes > llc}
+    llc = last_level_cache_bytes()
+    beyond_cache = {"stock_ms": n * w_bytes > llc, "packed_ms": n * w_bytes > llc,
+                    "stream_ms": sum(_nbytes(si) for si in ss) > llc}
     out = {"ok": True, "rows": list(rows), "copies": n, "stock_ms": [], "packed_ms": []}
     if fmt:
         out["format"], out["stream_copies"] = fmt, len(ss)
