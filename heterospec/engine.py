@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections.abc
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -723,8 +724,14 @@ class Engine:
                     policy_s += time.perf_counter() - tp
                     continue
                 tp = time.perf_counter()
-                if pol is not None:
-                    plan = pol.round_plan(len(active), context) if speculative else pol.plan(len(active), context)
+                if pol is not None and speculative:
+                    # What the draft would first catch up on, asked only where the round would
+                    # switch to speculation (a host read: not on static rounds).
+                    catchup = None if self.static_rounds else functools.partial(self._catchup_tokens, st, active)
+                    plan = pol.round_plan(len(active), context, tokens_left=max_new_tokens - least, catchup=catchup)
+                    policy_s += time.perf_counter() - tp
+                elif pol is not None:
+                    plan = pol.plan(len(active), context)
                     policy_s += time.perf_counter() - tp
                 if plan is None or not plan.speculate or not speculative:
                     t_plain = time.perf_counter()
@@ -744,8 +751,7 @@ class Engine:
                         policy_s += time.perf_counter() - tp
                 else:
                     # tokens the draft catches up on this round (a host read: not on static rounds)
-                    pending = None if self.static_rounds else float(st.ext_num[active].float().mean()) + (
-                        0.0 if st.deferred is None else float(st.deferred[2][active].float().mean()))
+                    pending = None if self.static_rounds else self._catchup_tokens(st, active)
                     t_draft = time.perf_counter()
                     # Draft / verify split: CUDA events, read after the round's one host read.
                     timer = StageTimer(self.device)
@@ -1062,6 +1068,13 @@ class Engine:
         lo, hi = st.draft_hole.unbind(1)
         st.draft_hole = torch.stack([torch.where(lo == hi, st.draft_lens, lo), upto], dim=1)
         st.draft_lens = upto
+
+    @staticmethod
+    def _catchup_tokens(st: _Batch, active: List[int]) -> float:
+        """The tokens per running request the draft extends over before its next tree: its
+        pending entries, and the prompt where the call deferred the draft's prompt pass."""
+        return float(st.ext_num[active].float().mean()) + (
+            0.0 if st.deferred is None else float(st.deferred[2][active].float().mean()))
 
     def _graph_one_offs(self) -> int:
         return self.round_graphs.one_offs() if self.round_graphs is not None else 0

@@ -37,7 +37,7 @@ import operator
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -156,8 +156,12 @@ class Policy:
         """The plan for ``batch_size`` running requests with about ``context`` tokens each."""
         raise NotImplementedError
 
-    def round_plan(self, batch_size: int, context: Optional[int] = None) -> Plan:
-        """The plan of the next round (the fitted policy probes the alternative now and then)."""
+    def round_plan(self, batch_size: int, context: Optional[int] = None, tokens_left: Optional[int] = None,
+                   catchup: Optional[Callable[[], float]] = None) -> Plan:
+        """The plan of the next round (the fitted policy probes the alternative now and then, and
+        weighs a switch to speculation against the draft's catch-up: ``tokens_left``, the
+        tokens the call's slowest running request still has to go; ``catchup()``, the tokens per
+        request the draft is behind)."""
         return self.plan(batch_size, context)
 
     def new_requests(self, batch_size: int) -> None:
@@ -752,7 +756,8 @@ class FittedPolicy(Policy):
         self._observed_rounds: Dict[int, int] = {}    # rounds observed per bucket (refit gap)
         self._since_probe: Dict[int, int] = {}        # plain rounds since the last speculative probe
         self._backoff: Dict[int, int] = {}            # log2 of the speculative probe interval / PROBE_EVERY
-        self._recent_spec: Dict[int, List[Tuple[float, float]]] = {}   # last PROBE_BURST speculative rounds
+        # last PROBE_BURST speculative rounds: (tokens, seconds, the draft's catch-up seconds taken off them)
+        self._recent_spec: Dict[int, List[Tuple[float, float, float]]] = {}
         self._burst: Dict[int, int] = {}              # speculative rounds left in a plain bucket's probe
         self._plain_ahead: Dict[int, int] = {}        # plain rounds certain after the last one planned
         self._last_fit: Dict[int, Tuple[int, Plan]] = {}
@@ -920,7 +925,7 @@ class FittedPolicy(Policy):
         st, recent = self._realized.get(bucket), self._recent_spec.get(bucket)
         if st is None or not recent or st[5] < self.MIN_REALIZED[1] or st[4] <= 0:
             return False
-        return sum(t for t, _ in recent) / sum(x for _, x in recent) < st[3] / st[4]
+        return sum(r[0] for r in recent) / sum(r[1] for r in recent) < st[3] / st[4]
 
     def realized_loses(self, bucket: int) -> bool:
         """Whether speculation has delivered fewer tokens per second than plain steps here: then
@@ -997,12 +1002,20 @@ class FittedPolicy(Policy):
     # steps are cheap to probe and the realized-throughput guard needs a few early on.
     EARLY_PLAIN_PROBES = (3, 6, 12, 24, 48)
 
-    def round_plan(self, batch_size: int, context: Optional[int] = None) -> Plan:
+    def round_plan(self, batch_size: int, context: Optional[int] = None, tokens_left: Optional[int] = None,
+                   catchup: Optional[Callable[[], float]] = None) -> Plan:
         """The plan of the next round: :meth:`plan`, except that every ``PROBE_EVERY``-th round of
         a bucket runs the other kind (one plain step while speculating, one speculative round
         while decoding plainly), so that both time corrections stay measured - without it a
         wrong prediction for the mode not chosen would never be seen. A speculating bucket also
-        probes plain steps at rounds ``EARLY_PLAIN_PROBES``."""
+        probes plain steps at rounds ``EARLY_PLAIN_PROBES``.
+
+        ``tokens_left``: the tokens the call's slowest running request still has to go; ``catchup``:
+        a callable giving the tokens per request the draft would first catch up on (the engine
+        asks it only here). Where the draft is behind, a round switches to speculation only if
+        the rounds left repay the catch-up (:meth:`_repays`), and a plain bucket's probe burst
+        waits for a call with a burst's rounds left (its measurement is what it is for; a
+        burst cut short by the call's end measures a round or two for the same catch-up)."""
         b = self.bucket(batch_size)
         left = self._burst.get(b, 0)
         st = self._realized.get(b)
@@ -1030,7 +1043,7 @@ class FittedPolicy(Policy):
             # (the spacing is a multiple of PROBE_EVERY: the guard is consulted only then)
             if (n % self.PROBE_EVERY == 0 and n % self._plain_probe_every(b) == 0) or n in self.EARLY_PLAIN_PROBES:
                 return plan.alternative
-            return plan
+            return plan if self._repays(plan, tokens_left, catchup) else plan.alternative
         # A plain bucket probes speculation (a burst of PROBE_BURST rounds) every PROBE_EVERY
         # rounds, twice as long after each probe that lost (up to 2 ** MAX_BACKOFF times), and
         # further apart where the model prices a burst's loss above PROBE_LOSS_SHARE: a losing
@@ -1038,7 +1051,7 @@ class FittedPolicy(Policy):
         # 2 * Engine.draft_window tokens).
         since = self._since_probe[b] = self._since_probe.get(b, 0) + 1
         spacing = self._probe_spacing(b, plan)
-        if since >= spacing:
+        if since >= spacing and (tokens_left is None or tokens_left >= self.PROBE_BURST):
             self._since_probe[b] = 0
             self._backoff[b] = (min(self._backoff.get(b, 0) + 1, self.MAX_BACKOFF)
                                 if self._last_probe_lost(b) else 0)
@@ -1048,7 +1061,7 @@ class FittedPolicy(Policy):
             self._version += 1
             self._burst[b] = self.PROBE_BURST - 1
             return plan.alternative
-        self._plain_ahead[b] = spacing - since - 1
+        self._plain_ahead[b] = max(spacing - since - 1, 0)     # (0: a probe waits for a call with room)
         return plan
 
     NEVER_PROBED = 1 << 30    # plain_rounds_ahead of a plain plan with no alternative to probe
@@ -1094,6 +1107,42 @@ class FittedPolicy(Policy):
         except (KeyError, TypeError, ZeroDivisionError):
             return 0.0
 
+    def _catchup_ms(self, plan: Plan, extend_tokens: float) -> float:
+        """The cost model's price of the draft's catch-up beyond a steady round of speculative
+        ``plan``: ``extend_tokens`` (per request) against the tokens a round accepts (0 where
+        the model has no prediction or nothing is in excess)."""
+        exp = plan.expected or {}
+        spec = exp.get("speculative") or {}
+        if not plan.speculate or "tokens" not in spec:
+            return 0.0
+        B = max(int(exp.get("batch_size", 1)), 1)
+        steady = float(spec["tokens"]) / B
+        if extend_tokens <= steady:
+            return 0.0
+        return max(0.0, self.cost.draft_ms(B, 0, extend_tokens) - self.cost.draft_ms(B, 0, steady))
+
+    def _repays(self, plan: Plan, left: Optional[int], catchup: Optional[Callable[[], float]]) -> bool:
+        """Whether speculative ``plan``, whose first round catches the draft up on ``catchup()``
+        tokens per request, gains that back in the ``left`` tokens the call's slowest request
+        still has to go, as the model (with its time corrections) predicts: the saving of a
+        round against plain steps for the same tokens, times the rounds left. (Near the end of a
+        call that ran plainly - a batch falling to a bucket that speculates - the draft's
+        deferred prompt pass alone can cost more than the few rounds left would save.)"""
+        if left is None or catchup is None or not plan.speculate:
+            return True
+        exp = plan.expected or {}
+        spec, plain = exp.get("speculative") or {}, exp.get("plain") or {}
+        try:
+            B = max(int(exp.get("batch_size", 1)), 1)
+            per_round = float(spec["tokens"]) / B          # tokens per request a round gives
+            saved_ms = per_round * float(plain["ms"]) - float(spec["ms"])
+        except (KeyError, TypeError, ValueError):
+            return True
+        catch_ms = self._catchup_ms(plan, float(catchup()))
+        if catch_ms <= 0.0:
+            return True
+        return saved_ms > 0.0 and saved_ms * max(left, 0) / max(per_round, 1.0) >= catch_ms
+
     def _measured_probe_loss(self, bucket: int) -> float:
         """The same from the last burst's rounds (:attr:`_recent_spec`) against the bucket's
         measured plain steps: each speculative round's time beyond what plain steps take for its
@@ -1110,8 +1159,12 @@ class FittedPolicy(Policy):
         if st is None or not recent or st[5] < self.MIN_REALIZED[1] or st[3] <= 0 or st[4] <= 0:
             return None
         plain_round_s, plain_rate = st[4] / st[5], st[3] / st[4]       # seconds; tokens per request per s
-        loss_s = sum(s - t / plain_rate for t, s in recent) / len(recent)
-        return max(0.0, self.PROBE_BURST * loss_s / (self.PROBE_LOSS_SHARE * plain_round_s))
+        loss_s = sum(s - t / plain_rate for t, s, _ in recent) / len(recent)
+        # A plain bucket's probe also pays the draft's catch-up over the plain stretch before it
+        # (and over the prompts, where the call deferred their draft pass): observe takes it off
+        # the rounds' times, which judge steady speculation, but every probe pays it again.
+        catchup = sum(c for _, _, c in recent)
+        return max(0.0, (self.PROBE_BURST * loss_s + catchup) / (self.PROBE_LOSS_SHARE * plain_round_s))
 
     # A speculating bucket whose rounds have delivered CLEAR_WIN times the plain steps' rate or
     # more probes plain steps PROBE_EVERY << CLEAR_WIN_BACKOFF rounds apart: each probe gives up
@@ -1328,12 +1381,10 @@ class FittedPolicy(Policy):
         far the round moved the slowest one."""
         self._version += 1
         expected = plan.expected or {}
+        catchup_s = 0.0
         if seconds is not None and extend_tokens is not None and plan.speculate and expected.get("speculative"):
-            B = int(expected.get("batch_size", 1))
-            steady = float(expected["speculative"]["tokens"]) / max(B, 1)
-            if extend_tokens > steady:
-                excess = self.cost.draft_ms(B, 0, extend_tokens) - self.cost.draft_ms(B, 0, steady)
-                seconds = max(0.5 * seconds, seconds - 1e-3 * max(0.0, excess))
+            catchup_s = min(0.5 * seconds, 1e-3 * self._catchup_ms(plan, extend_tokens))
+            seconds -= catchup_s
         if "batch_size" in expected:
             ob = self.bucket(int(expected["batch_size"]))
             self._observed_rounds[ob] = self._observed_rounds.get(ob, 0) + 1
@@ -1350,7 +1401,7 @@ class FittedPolicy(Policy):
             st[k], st[k + 1], st[k + 2] = st[k] * f + tokens, st[k + 1] * f + seconds, st[k + 2] * f + 1.0
             if plan.speculate:
                 recent = self._recent_spec.setdefault(self.bucket(int(expected["batch_size"])), [])
-                recent.append((tokens, seconds))
+                recent.append((tokens, seconds, catchup_s))
                 del recent[:-self.PROBE_BURST]
         if not plan.speculate:
             predicted_ms = (expected.get("plain") or {}).get("ms")
@@ -1434,7 +1485,8 @@ class ForcedPolicy(FittedPolicy):
             plan = plan.alternative
         return plan
 
-    def round_plan(self, batch_size: int, context: Optional[int] = None) -> Plan:
+    def round_plan(self, batch_size: int, context: Optional[int] = None, tokens_left: Optional[int] = None,
+                   catchup: Optional[Callable[[], float]] = None) -> Plan:
         plan = self.plan(batch_size, context)
         self._plain_ahead[self.bucket(batch_size)] = 0 if plan.speculate else self.NEVER_PROBED
         return plan

@@ -176,7 +176,7 @@ def test_static_batch_credits_how_far_a_round_moved_the_slowest_request():
             super().__init__(cfg)
             self.progress, self.calls = [], 0
 
-        def round_plan(self, batch_size, context=None):
+        def round_plan(self, batch_size, context=None, tokens_left=None, catchup=None):
             self.calls += 1       # every third round a plain step: both kinds are credited
             plan = self.plan(batch_size, context)
             return plan if self.calls % 3 else Plan("spy", speculate=False, decide_depth=0, entropy_k=4,
@@ -256,7 +256,7 @@ def test_rounds_with_finished_rows_riding_along_are_not_timed(monkeypatch):
     seen = []
 
     class Spy(Eagle3Policy):
-        def round_plan(self, batch_size, context=None):
+        def round_plan(self, batch_size, context=None, tokens_left=None, catchup=None):
             seen.append([batch_size])
             return self.plan(batch_size, context)
 

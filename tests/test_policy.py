@@ -549,7 +549,7 @@ class _Scripted(Policy):
     def needs_draft(self, batch_size):
         return True
 
-    def round_plan(self, batch_size, context=None):
+    def round_plan(self, batch_size, context=None, tokens_left=None, catchup=None):
         self.n += 1
         return self._rounds(self.n)
 
@@ -704,6 +704,103 @@ def test_a_call_that_starts_plain_defers_the_draft_prompt_pass_to_its_first_draf
     draft.set_prompts(prompts)
     engine.generate_batch(prompts, max_new_tokens=4, method="heterospec", policy=FixedPolicy({3: spec}), chat=False)
     assert calls and calls[0][1].tolist() == [len(p) - 1 for p in prompts]
+
+
+def test_engine_tells_the_policy_the_rounds_left_and_the_draft_s_catch_up():
+    """Each round the engine passes ``round_plan`` the tokens its slowest running request still
+    has to go and a callable for the tokens per request the draft would first catch up on: in a
+    call that started plain, the deferred prompt pass (prompt length - 1 per running row) plus
+    the pending entry; after a drafted round, only what that round accepted."""
+    engine, draft, hf = _tiny_engine(seed=29)
+    engine.draft_window = 2
+    prompts = _prompts(hf.config.vocab_size, 3, seed=8)
+    spec = _mixed_plan(_edge_at_median(engine, draft, prompts))
+    plain = Plan("plain", speculate=False, decide_depth=0, entropy_k=3, edges=[], depth=[0], budget=[0], binned=False,
+                 alternative=spec)
+    seen = []
+
+    class Spy(_ScriptedCold):
+        def round_plan(self, batch_size, context=None, tokens_left=None, catchup=None):
+            seen.append((batch_size, tokens_left, catchup()))
+            return super().round_plan(batch_size, context)
+
+    draft.set_prompts(prompts)
+    ar = engine.generate_batch(prompts, max_new_tokens=50, method="autoregressive", chat=False)
+    draft.set_prompts(prompts)
+    pol = Spy(plain, lambda n: spec if n % 6 == 0 else plain, 6)
+    hs = engine.generate_batch(prompts, max_new_tokens=50, method="heterospec", policy=pol, chat=False)
+    assert [r.token_ids for r in hs] == [r.token_ids for r in ar]
+    assert seen[0][:2] == (3, 49)                 # prefill emitted each request's first token
+    assert seen[0][2] == pytest.approx(sum(len(p) - 1 for p in prompts) / 3 + 1)
+    lefts = [left for _, left, _ in seen]
+    assert all(a > b for a, b in zip(lefts, lefts[1:]))      # the slowest request moves every round
+    after = seen[6][2]                            # the round after the first drafted one (round 6)
+    assert 1 <= after <= spec.max_depth + 2       # its accepted path, no prompt any more
+
+
+def test_a_round_switches_to_speculation_only_where_the_rounds_left_repay_the_draft_s_catch_up():
+    """A speculating bucket whose draft is behind (a call that ran plainly: a deferred prompt
+    pass, a plain stretch) speculates only if the model's saving per round, over the rounds its
+    slowest request has left, pays for the catch-up the cost model prices; a steady round (no
+    excess catch-up) speculates whatever is left, and without the engine's hints the plan is
+    as before."""
+    class ExtendCost(LinearCost):
+        def draft_ms(self, B, forwards, extend_tokens=1.0):
+            return B * (self.c + self.e * forwards) + 0.5 * B * max(extend_tokens - 1.0, 0.0)
+
+    policy = FittedPolicy(_tables(easy_accept=0.7), ExtendCost(a=10.0, b=1.0, c=0.5, e=0.5),
+                          SpecConfig(top_k=4, depth=1, total_tokens=4))
+    policy.EARLY_PLAIN_PROBES = ()
+    spec = policy.plan(1)
+    assert spec.speculate
+    exp = spec.expected
+    per_round = exp["speculative"]["tokens"]
+    saved_ms = per_round * exp["plain"]["ms"] - exp["speculative"]["ms"]
+    assert saved_ms > 0
+    behind = per_round + 40.0                           # 40 tokens beyond a steady round: 20 ms
+    catch_ms = 0.5 * 40.0
+    need = catch_ms / saved_ms * per_round              # tokens left at which it breaks even
+    assert 2 < need < 500
+    assert not policy.round_plan(1, tokens_left=int(need) - 1, catchup=lambda: behind).speculate
+    assert policy.round_plan(1, tokens_left=int(need) + 1, catchup=lambda: behind).speculate
+    assert policy.round_plan(1, tokens_left=1, catchup=lambda: per_round).speculate     # steady
+    assert policy.round_plan(1, tokens_left=1).speculate and policy.round_plan(1).speculate
+
+
+def test_a_probe_burst_waits_for_a_call_with_a_burst_s_rounds_left_and_is_priced_with_its_catch_up():
+    """A plain bucket's probe due near the end of a call (fewer tokens left than a burst has
+    rounds) waits - ``plain_rounds_ahead`` 0 meanwhile, so the steps before it stay warm - and
+    comes with the first round that has room. The catch-up that burst paid (taken off its
+    rounds' times, which judge steady speculation) prices the spacing to the next probe."""
+    class ExtendCost(LinearCost):
+        def draft_ms(self, B, forwards, extend_tokens=1.0):
+            return B * (self.c + self.e * forwards) + 0.5 * B * max(extend_tokens - 1.0, 0.0)
+
+    policy = FittedPolicy(_tables(easy_accept=0.7), ExtendCost(a=10.0, b=4.0, c=4.0, e=4.0),
+                          SpecConfig(top_k=4, depth=1, total_tokens=4))
+    plan = policy.plan(1)
+    assert not plan.speculate and plan.alternative is not None
+    every = policy._probe_spacing(1, plan)
+    for _ in range(every - 1):
+        assert not policy.round_plan(1, tokens_left=100).speculate
+    for left in range(policy.PROBE_BURST - 1, 0, -1):             # due, but the call is ending
+        assert not policy.round_plan(1, tokens_left=left).speculate
+        assert policy.plain_rounds_ahead(1) == 0
+    steady = plan.alternative.expected["speculative"]["tokens"]
+    first = policy.round_plan(1, tokens_left=90)                   # the next call: room for a burst
+    assert first.speculate
+    policy.observe(first, [0], [1], seconds=0.060, extend_tokens=steady + 40)   # 20 ms of catch-up
+    for _ in range(policy.PROBE_BURST - 1):
+        p = policy.round_plan(1, tokens_left=80)
+        if p.speculate:
+            policy.observe(p, [0], [1], seconds=0.040, extend_tokens=p.expected["speculative"]["tokens"])
+    for _ in range(8):
+        policy.observe(plan, [], [], seconds=0.014)
+    recent = policy._recent_spec[1]
+    assert recent[0][2] == pytest.approx(0.020) and all(r[2] == 0.0 for r in recent[1:])
+    without = sum(r[1] - r[0] * 0.014 for r in recent) / len(recent) * policy.PROBE_BURST
+    assert policy._measured_probe_loss(1) == pytest.approx(
+        (without + 0.020) / (policy.PROBE_LOSS_SHARE * 0.014), rel=1e-3)
 
 
 def test_fitted_policy_tells_how_many_plain_rounds_its_probe_schedule_has_left():
