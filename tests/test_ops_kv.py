@@ -62,3 +62,43 @@ def test_compact_kv_golden(devices):
     # request 0: slots 3,4,5 <- 3,5,6 ; request 1 unchanged.
     assert k.cpu().flatten().tolist() == [0, 1, 2, 3, 5, 6, 6, 7, 10, 11, 12, 13, 14, 15, 16, 17]
     assert torch.equal(v, -k)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [[1, 2, 3], [0, 2], [3], [2, 0, 3, 1], [3, 3, 0], [0, 1, 2, 3]])
+def test_keep_rows_is_index_select_of_the_requests(devices, dtype, rows):
+    """KVCache.keep_rows keeps the requests ``rows`` in that order, in both K and V, and the
+    cache stays contiguous (compact_kv_ needs it) and writable. On a CPU it is written into the
+    cache's own storage (no new cache-sized allocation); any order, repeats included, works."""
+    from heterospec.models.kv_cache import KVCache
+
+    dev = devices
+    cache = KVCache(3, 4, 20, 2, 8, dtype=dtype, device=dev)
+    g = torch.Generator().manual_seed(len(rows))
+    cache.k.copy_(torch.randn(cache.k.shape, generator=g).to(dtype))
+    cache.v.copy_(torch.randn(cache.v.shape, generator=g).to(dtype))
+    idx = torch.tensor(rows, dtype=torch.int64, device=dev)
+    want_k, want_v = cache.k.index_select(1, idx).clone(), cache.v.index_select(1, idx).clone()
+    ptr = cache.k.data_ptr()
+    cache.keep_rows(idx)
+    assert torch.equal(cache.k, want_k) and torch.equal(cache.v, want_v)
+    assert cache.k.is_contiguous() and cache.v.is_contiguous() and cache.batch_size == len(rows)
+    assert dev != "cpu" or cache.k.data_ptr() == ptr
+    accept_path = torch.zeros(len(rows), 1, dtype=torch.int64, device=dev)
+    zeros = torch.zeros(len(rows), dtype=torch.int64, device=dev)
+    cache.compact(accept_path, zeros, zeros + 5)       # still a valid cache for the op
+
+
+def test_keep_rows_rejects_bad_rows_and_leaves_the_cache_as_it_was(devices):
+    from heterospec.models.kv_cache import KVCache
+
+    dev = devices
+    cache = KVCache(2, 3, 8, 1, 4, device=dev)
+    cache.k.copy_(torch.arange(cache.k.numel(), dtype=torch.float32).view(cache.k.shape))
+    before = cache.k.clone()
+    for bad, match in ((torch.tensor([[0, 1]]), "1-D"), (torch.tensor([], dtype=torch.int64), "non-empty"),
+                       (torch.tensor([0.0, 1.0]), "int64"), (torch.tensor([0, 3]), r"\[0, 3\)"),
+                       (torch.tensor([-1]), r"\[0, 3\)")):
+        with pytest.raises(ValueError, match=match):
+            cache.keep_rows(bad.to(dev))
+    assert torch.equal(cache.k, before) and cache.batch_size == 3

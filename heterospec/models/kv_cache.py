@@ -105,9 +105,42 @@ class KVCache:
         batch's later rounds cost what the requests still running need."""
         if rows.dim() != 1 or rows.numel() < 1:
             raise ValueError(f"keep_rows needs a non-empty 1-D index of requests, got shape {list(rows.shape)}")
-        self.k = self.k.index_select(1, rows)
-        self.v = self.v.index_select(1, rows)
+        if rows.dtype != torch.int64 or rows.device != self.k.device:
+            raise ValueError(f"keep_rows needs int64 rows on {self.k.device}, got {rows.dtype} on {rows.device}")
+        lo, hi = int(rows.min()), int(rows.max())        # (a host read: compaction is rare)
+        if lo < 0 or hi >= self.batch_size:
+            raise ValueError(f"keep_rows: rows must be in [0, {self.batch_size}), got {rows.tolist()}")
+        if self.k.device.type == "cpu" and rows.numel() <= self.batch_size:
+            self.k, self.v = _keep_rows_in_place(self.k, rows), _keep_rows_in_place(self.v, rows)
+        else:
+            self.k = self.k.index_select(1, rows)
+            self.v = self.v.index_select(1, rows)
 
     def compact(self, accept_path: torch.Tensor, accept_len: torch.Tensor, prefix_lens: torch.Tensor) -> None:
         """cache[l, b, L_b + i] = cache[l, b, L_b + accept_path[b, i]] for i in [0, accept_len[b]]."""
         ops.compact_kv_(self.k, self.v, accept_path, accept_len, prefix_lens)
+
+
+def _keep_rows_in_place(t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``t.index_select(1, rows)`` ([L, B, ...] -> [L, B', ...], B' <= B) written into ``t``'s own
+    storage, as a contiguous tensor at its start. On a CPU a new cache-sized tensor is fresh
+    pages, and faulting them in made a batch's compaction take several times a copy's time, and
+    vary with the allocator's state (bench/RESULTS.md, fifty-first session).
+
+    Layer by layer through a one-layer buffer: layer l of the result ends at (l + 1) * B' rows,
+    before layer l + 1 of ``t`` starts at (l + 1) * B rows, and it is written only after layer l
+    of ``t`` was read, so no row is overwritten before it is read (any order of ``rows``)."""
+    L, B = t.shape[:2]
+    rest = tuple(t.shape[2:])
+    size = (L, rows.numel()) + rest
+    stride = [1] * len(size)
+    for i in range(len(size) - 2, -1, -1):
+        stride[i] = stride[i + 1] * size[i + 1]
+    if not t.is_contiguous():
+        return t.index_select(1, rows)
+    out = t.as_strided(size, stride, t.storage_offset())
+    buf = t.new_empty(size[1:])
+    for layer in range(L):
+        torch.index_select(t[layer], 0, rows, out=buf)
+        out[layer].copy_(buf)
+    return out
