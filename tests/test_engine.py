@@ -414,3 +414,44 @@ def test_guard_credits_a_round_with_the_slowest_requests_progress():
     assert _progress(batch([11, 13, 14], done=(0,)), [0, 1, 2], 10) == 3
     # a round that finished every request: the most it gave one of them
     assert _progress(batch([12, 15], done=(0, 1)), [0, 1], 10) == 5
+
+
+def test_cpu_calls_reuse_their_kv_caches_and_a_nested_call_gets_its_own():
+    """A CPU engine keeps its KV caches between generate_batch calls of one batch size (cleared
+    up to what the call addresses), so later calls allocate none and decode exactly as the
+    first; a call nested in another (here from a stream callback) gets caches of its own, and
+    both are greedy identical to autoregressive decoding."""
+    engine, draft = _pair("eagle3-random", seed=3)
+    prompts = _prompts(engine.target.config.vocab_size, 3, seed=5)
+    made = []
+    for model in (engine.target, engine.draft):
+        new_cache = model.new_cache
+
+        def counted(batch_size, length, new_cache=new_cache, model=model):
+            made.append((model is engine.draft, batch_size, length))
+            return new_cache(batch_size, length)
+        model.new_cache = counted
+    ar = [r.token_ids for r in engine.generate_batch(prompts, max_new_tokens=12, method="autoregressive")]
+    first = [r.token_ids for r in engine.generate_batch(prompts, max_new_tokens=12, method="heterospec")]
+    assert first == ar
+    made.clear()
+    for n, method in ((12, "heterospec"), (7, "autoregressive"), (12, "heterospec"), (12, "autoregressive")):
+        out = [r.token_ids for r in engine.generate_batch(prompts, max_new_tokens=n, method=method)]
+        assert out == [t[:n] for t in ar]
+    assert made == []                                   # every call ran in the kept caches
+
+    single = engine.generate(prompts[0], max_new_tokens=5, method="autoregressive").token_ids
+    nested = []
+
+    def stream(row, ids):
+        if not nested:
+            nested.append(engine.generate(prompts[0], max_new_tokens=5, method="autoregressive").token_ids)
+    made.clear()
+    out = [r.token_ids for r in engine.generate_batch(prompts, max_new_tokens=12, method="heterospec",
+                                                      stream=stream)]
+    assert out == ar and nested == [single]
+    # the nested call's cache is its own (its exact length: not a kept, rounded one), and the
+    # outer call's caches are still the kept ones
+    own = [m for m in made if m[1] == 1]
+    assert own == [(False, 1, own[0][2])] and own[0][2] % 256 != 0
+    assert {k.shape[1] for _, k, _ in (c for c in engine._kept_caches.values() if c is not None)} == {3}
