@@ -458,8 +458,7 @@ class Engine:
         # batch size -> SplitTreeAttention (graph_attention "split", or a factory set by tests)
         self.split_attention_factory, self._split = None, {}
         self._graph_sdpa = None
-        self._kept_caches = {}       # id(model) -> (KV cache, its k, its v) kept between calls (_new_cache)
-        self._calls_running = 0      # generate_batch calls under way (a stream callback may nest one)
+        self._kept_caches = {}       # with graphs: id(model) -> (KV cache, its k, its v) kept between calls
         limit = int(getattr(target.config, "max_position_embeddings", 0) or 0) or 4096
         rotary = getattr(target, "rotary", None)
         if getattr(rotary, "exact_length", None):
@@ -671,7 +670,7 @@ class Engine:
         gen = make_generator(params.seed, self.device)
 
         policy_s = 0.0
-        with torch.inference_mode(), self._running():
+        with torch.inference_mode():
             t0 = time.perf_counter()
             # A call that starts plain defers the draft's prompt pass to its first drafted round
             # (none, if it stays plain; fewer rows, if requests finished by then).
@@ -931,14 +930,6 @@ class Engine:
         self._emit(st, [[int(t)] for t in first.tolist()], max_new_tokens, stream)
         return st
 
-    @contextlib.contextmanager
-    def _running(self):
-        self._calls_running += 1
-        try:
-            yield
-        finally:
-            self._calls_running -= 1
-
     def _new_cache(self, model, batch_size: int, length: int):
         """A KV cache for ``model``. With CUDA graphs the caches are kept between calls (their
         storage is baked into the graphs): a call of the same batch size that fits the kept cache
@@ -948,29 +939,14 @@ class Engine:
         different lengths (their trees differ), so interleaved calls reallocated every time and
         recaptured every graph (a capture costs ~30 rounds). The spare slots cost attention reads
         only (on CUDA the attention reads every slot of the cache); a much smaller call gets a
-        cache of its own.
-
-        A CPU engine keeps the caches of its generate_batch calls the same way: a cache-sized
-        allocation is fresh pages, and faulting them in cost a batch-16 call of the built-in pair
-        45-150 ms, more than zeroing the slots the call can address (the CPU attention reads no
-        slot past the longest request, so spare slots cost nothing there). Only one call at a
-        time holds them: a call nested in another (from a stream callback, or another thread)
-        and the tools' own prefills (cost model, calibration) get caches of their own."""
-        cpu = self.device.type == "cpu" and self.round_graphs is None
-        if cpu and self._calls_running != 1:
-            return model.new_cache(batch_size, length)
-        if self.round_graphs is None and not cpu:
+        cache of its own."""
+        if self.round_graphs is None:
             return model.new_cache(batch_size, length)
         kept = self._kept_caches.get(id(model))
         if kept is not None and kept[1].shape[1] == batch_size and \
                 length <= kept[1].shape[2] <= length + max(length, _CACHE_SLACK):
             cache, k, v = kept
-            if cpu:
-                k[:, :, :length].zero_()
-                v[:, :, :length].zero_()
-            else:
-                k.zero_(), v.zero_()
-            cache.k, cache.v = k, v         # its own storage (dropping finished rows rebinds it)
+            cache.k, cache.v = k.zero_(), v.zero_()   # its own storage (dropping finished rows rebinds it)
             return cache
         rounded = -(-length // _CACHE_BUCKET) * _CACHE_BUCKET
         if kept is not None and kept[1].shape[1] == batch_size and kept[1].shape[2] < length:
@@ -980,8 +956,7 @@ class Engine:
         length = rounded if rounded <= max(length, self.max_length) else length   # within the model's limit
         self._kept_caches[id(model)] = None          # let the old one go before allocating
         cache = model.new_cache(batch_size, length)
-        if isinstance(getattr(cache, "k", None), torch.Tensor):     # (a test double may keep no tensors)
-            self._kept_caches[id(model)] = (cache, cache.k, cache.v)
+        self._kept_caches[id(model)] = (cache, cache.k, cache.v)
         return cache
 
     def _pick(self, logits: torch.Tensor, params: SamplingParams, gen) -> torch.Tensor:
