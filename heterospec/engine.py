@@ -723,15 +723,14 @@ class Engine:
                                  self._round_seconds(t_round, one_offs, riding))
                     policy_s += time.perf_counter() - tp
                     continue
+                # What the draft would first catch up on (a host read: not on static rounds), read
+                # at most once a round: by the policy where the round would speculate, and below.
+                catchup = None if self.static_rounds or not speculative else \
+                    functools.cache(functools.partial(self._catchup_tokens, st, active))
                 tp = time.perf_counter()
-                if pol is not None and speculative:
-                    # What the draft would first catch up on, asked only where the round would
-                    # switch to speculation (a host read: not on static rounds).
-                    catchup = None if self.static_rounds else functools.partial(self._catchup_tokens, st, active)
-                    plan = pol.round_plan(len(active), context, tokens_left=max_new_tokens - least, catchup=catchup)
-                    policy_s += time.perf_counter() - tp
-                elif pol is not None:
-                    plan = pol.plan(len(active), context)
+                if pol is not None:
+                    plan = (pol.round_plan(len(active), context, tokens_left=max_new_tokens - least, catchup=catchup)
+                            if speculative else pol.plan(len(active), context))
                     policy_s += time.perf_counter() - tp
                 if plan is None or not plan.speculate or not speculative:
                     t_plain = time.perf_counter()
@@ -750,8 +749,7 @@ class Engine:
                                                FittedPolicy.bucket(len(active)))
                         policy_s += time.perf_counter() - tp
                 else:
-                    # tokens the draft catches up on this round (a host read: not on static rounds)
-                    pending = None if self.static_rounds else self._catchup_tokens(st, active)
+                    pending = None if catchup is None else catchup()     # tokens the draft catches up on
                     t_draft = time.perf_counter()
                     # Draft / verify split: CUDA events, read after the round's one host read.
                     timer = StageTimer(self.device)

@@ -40,6 +40,14 @@ class LinearCost:
         return B * (self.c + self.e * forwards)
 
 
+class ExtendCost(LinearCost):
+    """LinearCost whose draft also pays 0.5 ms per request for each extend token beyond the first
+    (the catch-up after plain steps)."""
+
+    def draft_ms(self, B, forwards, extend_tokens=1.0):
+        return B * (self.c + self.e * forwards) + 0.5 * B * max(extend_tokens - 1.0, 0.0)
+
+
 class StepCost:
     """A device where verifying two or more tokens jumps to ``verify_two`` ms (a one-token step:
     10 ms); draft ``draft[0] + draft[1] * forwards`` ms."""
@@ -670,17 +678,24 @@ def test_cold_plain_steps_keep_one_pending_entry_and_stay_greedy_lossless():
     assert all(h is None for _, _, h in seen)
 
 
-def test_a_call_that_starts_plain_defers_the_draft_prompt_pass_to_its_first_drafted_round():
-    """Where the plan at the call's batch size is plain, the draft's pass over the prompts runs
-    at the start of the first round that drafts (slots from 0, before the hole of the cold steps
-    in between), over the rows still running, and not at all in a call that stays plain; the
-    output is the target's either way (greedy identical to autoregressive)."""
+def _starts_plain():
+    """A tiny engine (draft window 2), 3 prompts, a speculative plan and a plain one whose
+    alternative it is: a call planned plain that drafts when the script says so."""
     engine, draft, hf = _tiny_engine(seed=29)
     engine.draft_window = 2
     prompts = _prompts(hf.config.vocab_size, 3, seed=8)
     spec = _mixed_plan(_edge_at_median(engine, draft, prompts))
     plain = Plan("plain", speculate=False, decide_depth=0, entropy_k=3, edges=[], depth=[0], budget=[0], binned=False,
                  alternative=spec)
+    return engine, draft, prompts, spec, plain
+
+
+def test_a_call_that_starts_plain_defers_the_draft_prompt_pass_to_its_first_drafted_round():
+    """Where the plan at the call's batch size is plain, the draft's pass over the prompts runs
+    at the start of the first round that drafts (slots from 0, before the hole of the cold steps
+    in between), over the rows still running, and not at all in a call that stays plain; the
+    output is the target's either way (greedy identical to autoregressive)."""
+    engine, draft, prompts, spec, plain = _starts_plain()
     calls = _spy_extends(draft)
     draft.set_prompts(prompts)
     ar = engine.generate_batch(prompts, max_new_tokens=50, method="autoregressive", chat=False)
@@ -711,12 +726,7 @@ def test_engine_tells_the_policy_the_rounds_left_and_the_draft_s_catch_up():
     has to go and a callable for the tokens per request the draft would first catch up on: in a
     call that started plain, the deferred prompt pass (prompt length - 1 per running row) plus
     the pending entry; after a drafted round, only what that round accepted."""
-    engine, draft, hf = _tiny_engine(seed=29)
-    engine.draft_window = 2
-    prompts = _prompts(hf.config.vocab_size, 3, seed=8)
-    spec = _mixed_plan(_edge_at_median(engine, draft, prompts))
-    plain = Plan("plain", speculate=False, decide_depth=0, entropy_k=3, edges=[], depth=[0], budget=[0], binned=False,
-                 alternative=spec)
+    engine, draft, prompts, spec, plain = _starts_plain()
     seen = []
 
     class Spy(_ScriptedCold):
@@ -744,10 +754,6 @@ def test_a_round_switches_to_speculation_only_where_the_rounds_left_repay_the_dr
     slowest request has left, pays for the catch-up the cost model prices; a steady round (no
     excess catch-up) speculates whatever is left, and without the engine's hints the plan is
     as before."""
-    class ExtendCost(LinearCost):
-        def draft_ms(self, B, forwards, extend_tokens=1.0):
-            return B * (self.c + self.e * forwards) + 0.5 * B * max(extend_tokens - 1.0, 0.0)
-
     policy = FittedPolicy(_tables(easy_accept=0.7), ExtendCost(a=10.0, b=1.0, c=0.5, e=0.5),
                           SpecConfig(top_k=4, depth=1, total_tokens=4))
     policy.EARLY_PLAIN_PROBES = ()
@@ -772,10 +778,6 @@ def test_a_probe_burst_waits_for_a_call_with_a_burst_s_rounds_left_and_is_priced
     rounds) waits - ``plain_rounds_ahead`` 0 meanwhile, so the steps before it stay warm - and
     comes with the first round that has room. The catch-up that burst paid (taken off its
     rounds' times, which judge steady speculation) prices the spacing to the next probe."""
-    class ExtendCost(LinearCost):
-        def draft_ms(self, B, forwards, extend_tokens=1.0):
-            return B * (self.c + self.e * forwards) + 0.5 * B * max(extend_tokens - 1.0, 0.0)
-
     policy = FittedPolicy(_tables(easy_accept=0.7), ExtendCost(a=10.0, b=4.0, c=4.0, e=4.0),
                           SpecConfig(top_k=4, depth=1, total_tokens=4))
     plan = policy.plan(1)
@@ -1469,10 +1471,6 @@ def test_fitted_policy_refits_at_once_when_fits_are_cheap_against_the_rounds():
 def test_draft_catch_up_after_plain_steps_is_not_held_against_speculation():
     """A round whose draft first extends over many tokens (a plain stretch, a new prompt) is
     timed without the cost model's price of that excess (at most half the round)."""
-    class ExtendCost(LinearCost):
-        def draft_ms(self, B, forwards, extend_tokens=1.0):
-            return B * (self.c + self.e * forwards) + 0.5 * B * max(extend_tokens - 1.0, 0.0)
-
     tables = _tables(easy_accept=0.7)
     policy = FittedPolicy(tables, ExtendCost(a=10.0, b=1.0, c=0.5, e=0.5), SpecConfig(top_k=4, depth=1, total_tokens=4))
     spec = policy.plan(1)

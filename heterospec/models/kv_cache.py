@@ -6,6 +6,8 @@ Slot `s` of request `b` holds the K/V of absolute position `s`. Rows are written
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .. import ops
@@ -110,7 +112,7 @@ class KVCache:
         lo, hi = int(rows.min()), int(rows.max())        # (a host read: compaction is rare)
         if lo < 0 or hi >= self.batch_size:
             raise ValueError(f"keep_rows: rows must be in [0, {self.batch_size}), got {rows.tolist()}")
-        if self.k.device.type == "cpu" and rows.numel() <= self.batch_size:
+        if self.k.device.type == "cpu" and rows.numel() <= self.batch_size and self.k.is_contiguous():
             self.k, self.v = _keep_rows_in_place(self.k, rows), _keep_rows_in_place(self.v, rows)
         else:
             self.k = self.k.index_select(1, rows)
@@ -122,25 +124,18 @@ class KVCache:
 
 
 def _keep_rows_in_place(t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """``t.index_select(1, rows)`` ([L, B, ...] -> [L, B', ...], B' <= B) written into ``t``'s own
-    storage, as a contiguous tensor at its start. On a CPU a new cache-sized tensor is fresh
-    pages, and faulting them in made a batch's compaction take several times a copy's time, and
-    vary with the allocator's state (bench/RESULTS.md, fifty-first session).
+    """``t.index_select(1, rows)`` (contiguous ``[L, B, ...]`` -> ``[L, B', ...]``, B' <= B) written
+    into ``t``'s own storage, as a contiguous tensor at its start. On a CPU a new cache-sized
+    tensor is fresh pages, and faulting them in made a batch's compaction take several times a
+    copy's time, and vary with the allocator's state (bench/RESULTS.md, fifty-first session).
 
     Layer by layer through a one-layer buffer: layer l of the result ends at (l + 1) * B' rows,
     before layer l + 1 of ``t`` starts at (l + 1) * B rows, and it is written only after layer l
     of ``t`` was read, so no row is overwritten before it is read (any order of ``rows``)."""
-    L, B = t.shape[:2]
-    rest = tuple(t.shape[2:])
-    size = (L, rows.numel()) + rest
-    stride = [1] * len(size)
-    for i in range(len(size) - 2, -1, -1):
-        stride[i] = stride[i + 1] * size[i + 1]
-    if not t.is_contiguous():
-        return t.index_select(1, rows)
-    out = t.as_strided(size, stride, t.storage_offset())
-    buf = t.new_empty(size[1:])
-    for layer in range(L):
+    shape = (t.shape[0], rows.numel()) + tuple(t.shape[2:])
+    out = t.view(-1)[:math.prod(shape)].view(shape)         # the storage's first L * B' rows
+    buf = t.new_empty(out.shape[1:])
+    for layer in range(t.shape[0]):
         torch.index_select(t[layer], 0, rows, out=buf)
         out[layer].copy_(buf)
     return out
