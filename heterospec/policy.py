@@ -626,7 +626,8 @@ def fit_plan(tables: AcceptanceTables, cost, batch_size: int, context: int = 256
     (:meth:`FittedPolicy.observe`); ``bin_freq``: per option index, the bin frequencies of this
     workload (instead of the calibration ones); ``bin_scale``: per option index, a factor per bin
     on the position-corrected acceptance (observed / predicted, per bin). The returned plan carries the best plan of the
-    other kind as ``alternative`` (None when no speculative action exists). At batch > 1 the
+    other kind as ``alternative`` (None when no speculative action exists, or the best verifies the
+    root only in every bin: a plain step plus draft forwards). At batch > 1 the
     (costlier) batch search runs on a shortlist: the 3 options best at batch 1 and the 3 whose
     search starts (the batch-1 optimum, the best action for all bins alike) are fastest at this
     batch size. ``shortlist``: a dict the caller keeps to reuse them (valid while ``cost`` and the
@@ -686,7 +687,9 @@ def fit_plan(tables: AcceptanceTables, cost, batch_size: int, context: int = 256
     plain_plan = Plan("fitted", speculate=False, decide_depth=0, entropy_k=tables.top_k, edges=[], depth=[0],
                       budget=[0], binned=False,
                       expected={"plain": plain, "speculative": best_eval, "batch_size": B, **scales})
-    if best is None:
+    if best is None or all(a[1] <= 1 for a in best[1]):
+        # (a plan that verifies the root only in every bin is a plain step plus the draft's
+        # forwards: never faster, and not worth probing)
         return plain_plan
     opt_i, acts = best
     opt = tables.options[opt_i]
@@ -760,6 +763,9 @@ class FittedPolicy(Policy):
         self._recent_spec: Dict[int, List[Tuple[float, float, float]]] = {}
         self._burst: Dict[int, int] = {}              # speculative rounds left in a plain bucket's probe
         self._plain_ahead: Dict[int, int] = {}        # plain rounds certain after the last one planned
+        # per plain bucket: (plan, context bucket, _stamp(), probe spacing) of its last full plan (round_plan)
+        self._stretch: Dict[int, Tuple[Plan, int, Tuple[int, int], Optional[int]]] = {}
+        self._plain_seen = 0                          # plain steps observed (see _fresh)
         self._last_fit: Dict[int, Tuple[int, Plan]] = {}
         self._shortlist: dict = {}                    # fit_plan's batch-1 option shortlist
         # per bucket: fits since its last full fit, and the options that fitted best in it
@@ -1017,6 +1023,26 @@ class FittedPolicy(Policy):
         waits for a call with a burst's rounds left (its measurement is what it is for; a
         burst cut short by the call's end measures a round or two for the same catch-up)."""
         b = self.bucket(batch_size)
+        c = self.context if context is None else self.context_bucket(context)
+        stretch = self._stretch.get(b)
+        if stretch is not None and stretch[1] == c and self._fresh(stretch[2]):
+            # A plain stretch: nothing but plain steps observed since this bucket's last full
+            # plan, and fewer than PLAIN_REPLAN of them. The plan and the probe spacing stand
+            # (each plain step moves the plain-time correction and the guard's plain rate by a
+            # few per cent of a step); only the probe schedule's counters move. A full plan per
+            # round was 1-2 % of a plain step at batch 1-4 on the 2-core box (bench/RESULTS.md,
+            # fifty-second session).
+            spacing = stretch[3]
+            if spacing is None:       # nothing to probe
+                self._rounds[b] += 1
+                return stretch[0]
+            since = self._since_probe.get(b, 0) + 1
+            if since < spacing:
+                self._rounds[b] += 1
+                self._since_probe[b] = since
+                self._plain_ahead[b] = spacing - since - 1
+                return stretch[0]
+        self._stretch.pop(b, None)
         left = self._burst.get(b, 0)
         st = self._realized.get(b)
         if left > 0 and st is not None and st[2] > 0 and st[4] > 0 and st[5] >= self.MIN_REALIZED[1] \
@@ -1038,6 +1064,7 @@ class FittedPolicy(Policy):
         if plan.alternative is None:
             if not plan.speculate:    # nothing to probe: plain for as long as nothing changes
                 self._plain_ahead[b] = self.NEVER_PROBED
+                self._stretch[b] = (plan, c, self._stamp(), None)
             return plan
         if plan.speculate:
             # (the spacing is a multiple of PROBE_EVERY: the guard is consulted only then)
@@ -1062,7 +1089,20 @@ class FittedPolicy(Policy):
             self._burst[b] = self.PROBE_BURST - 1
             return plan.alternative
         self._plain_ahead[b] = max(spacing - since - 1, 0)     # (0: a probe waits for a call with room)
+        self._stretch[b] = (plan, c, self._stamp(), spacing)
         return plan
+
+    # A plain stretch plans in full at least every PLAIN_REPLAN + 1 rounds (round_plan).
+    PLAIN_REPLAN = 8
+
+    def _stamp(self) -> Tuple[int, int]:
+        return self._version, self._plain_seen
+
+    def _fresh(self, stamp: Tuple[int, int]) -> bool:
+        """Whether nothing but plain steps moved the policy since ``stamp`` (:meth:`_stamp`), and
+        at most ``PLAIN_REPLAN`` of them."""
+        moved = self._version - stamp[0]
+        return moved <= self.PLAIN_REPLAN and moved == self._plain_seen - stamp[1]
 
     NEVER_PROBED = 1 << 30    # plain_rounds_ahead of a plain plan with no alternative to probe
 
@@ -1404,6 +1444,7 @@ class FittedPolicy(Policy):
                 recent.append((tokens, seconds, catchup_s))
                 del recent[:-self.PROBE_BURST]
         if not plan.speculate:
+            self._plain_seen += 1       # (the one version move of this observe: see _fresh)
             predicted_ms = (expected.get("plain") or {}).get("ms")
             if seconds is not None and predicted_ms and "batch_size" in expected:
                 bucket = self.bucket(int(expected["batch_size"]))

@@ -1374,6 +1374,26 @@ def _tables_of_options(accepts=(0.5, 0.6, 0.7, 0.8, 0.9)):
     return AcceptanceTables(4, DEPTHS, NODES, opts)
 
 
+def test_a_speculative_plan_that_verifies_the_root_only_everywhere_is_no_alternative():
+    """Where every bin's best action verifies the root only (verify nodes dear, drafts rarely
+    accepted), the speculative plan is a plain step plus the draft's forwards: fit_plan returns
+    the plain plan with nothing to probe, and the fitted policy keeps the bucket plain for good
+    (no probe bursts, ``plain_rounds_ahead`` never)."""
+    tables, cost = _tables(easy_accept=0.3), LinearCost(a=10.0, b=10.0, c=1.0, e=1.0)
+    from heterospec.policy import _MemoCost, _fit_option
+    acts, _ = _fit_option(tables, tables.options[0], _MemoCost(cost), 1, 256, False, None, (), None)
+    assert all(a[1] == 1 for a in acts)            # the best speculative actions: root only
+    plan = fit_plan(tables, cost, 1)
+    assert not plan.speculate and plan.alternative is None
+    policy = FittedPolicy(tables, cost, SpecConfig(top_k=4, depth=1, total_tokens=4))
+    assert not any(policy.round_plan(1).speculate for _ in range(3 * policy.PROBE_EVERY))
+    assert policy.plain_rounds_ahead(1) == policy.NEVER_PROBED
+    # one bin with an action worth verifying: a speculative alternative again
+    tables = _tables(easy_accept=0.97)
+    plan = fit_plan(tables, cost, 1)
+    assert (plan.alternative if not plan.speculate else plan).budget[0] > 0
+
+
 def test_fit_plan_fits_only_the_options_asked_and_reports_their_scores():
     tables, cost = _tables_of_options(), LinearCost(a=10.0, b=0.3, c=0.2, e=0.2)
     scores = {}
@@ -1531,6 +1551,62 @@ def test_guard_held_bucket_probes_as_often_as_its_measured_loss_allows():
     # The same bucket without burst measurements is spaced by PROBE_EVERY (doubled per lost probe).
     policy._recent_spec.clear()
     assert policy._probe_spacing(1, policy.plan(1)) == policy.PROBE_EVERY << policy._backoff.get(1, 0)
+
+
+def test_a_plain_stretch_plans_in_full_every_few_rounds_and_probes_on_the_same_schedule():
+    """Between two full plans of a plain bucket (at most PLAIN_REPLAN plain steps apart) a
+    round keeps the stretch's plan and probe spacing: the probe bursts come on the rounds a full
+    plan every round gives them, while plan() runs on a fraction of the rounds; any evidence
+    but a plain step's time (a speculative round, a new call) ends the stretch at once."""
+    def guard_held():
+        policy = FittedPolicy(_tables(easy_accept=0.7), LinearCost(a=10.0, b=1.0, c=0.5, e=0.5),
+                              SpecConfig(top_k=4, depth=1, total_tokens=4))
+        policy.EARLY_PLAIN_PROBES = ()
+        spec = policy.plan(1)
+        for _ in range(8):
+            # 2 tokens per request: a burst prices the spacing at 247.5 plain rounds (a ceiling
+            # clear of float noise in the forgotten sums)
+            policy.observe(spec, [0], [1], seconds=0.02495)
+            policy.observe(spec.alternative, [], [], seconds=0.010)
+        assert policy.realized_loses(1) and not policy.plan(1).speculate
+        return policy
+
+    def run(policy, rounds):
+        got = []
+        for _ in range(rounds):
+            p = policy.round_plan(1, tokens_left=100)
+            got.append((p.speculate, policy.plain_rounds_ahead(1)))
+            policy.observe(p, [0] if p.speculate else [], [1] if p.speculate else [],
+                           seconds=0.02495 if p.speculate else 0.010)
+        return got
+
+    full = guard_held()
+    full.PLAIN_REPLAN = 0                    # every round planned in full (as before stretches)
+    stretched = guard_held()
+    plans = []
+    plan = stretched.plan
+    stretched.plan = lambda *a, **k: plans.append(1) or plan(*a, **k)
+    want = run(full, 700)
+    assert run(stretched, 700) == want
+    assert sum(k for k, _ in want) >= 2 * stretched.PROBE_BURST       # (two probe bursts in there)
+    assert len(plans) < 700 / (stretched.PLAIN_REPLAN + 1) + 4 * stretched.PROBE_BURST
+    # A new call (at batch 1 the guard's verdict is re-judged on the new prompt's rounds) ends
+    # a stretch: its first round speculates ...
+    policy = guard_held()
+    assert policy.fitted_plan(1).speculate
+    assert not any(k for k, _ in run(policy, 3))
+    policy.new_requests(1)
+    assert policy.round_plan(1, tokens_left=100).speculate
+    # ... as a speculative round's evidence does (one observed outside the schedule): the next
+    # round plans in full.
+    policy = guard_held()
+    plans, plan = [], policy.plan
+    policy.plan = lambda *a, **k: plans.append(1) or plan(*a, **k)
+    run(policy, 3)
+    assert len(plans) == 1
+    policy.observe(policy.fitted_plan(1), [0], [3], seconds=0.005)
+    policy.round_plan(1, tokens_left=100)
+    assert len(plans) == 2
 
 
 def test_a_fresh_larger_bucket_prices_its_probes_by_a_smaller_bucket_s_lost_burst():
