@@ -2,6 +2,9 @@
 with CALL_REJUDGE 0.5 (new) and 0 (old: every call re-judged down to CALL_CARRY * B rounds),
 interleaved per call in rotating order, each policy fresh (no saved online state), own engines:
     python bench/results/cpu-amx-s52/ab_call_carry.py float32 2 12
+It needs the change it judged (tried, not kept): in FittedPolicy.new_requests, cap the carried
+rounds only where `cap <= (1 - CALL_REJUDGE) * MIN_REALIZED[0]`, with CALL_REJUDGE = 0.5. On the
+shipped code both policies are the same.
 """
 import sys, time, warnings, statistics
 import torch
