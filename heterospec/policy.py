@@ -754,7 +754,8 @@ class FittedPolicy(Policy):
         # engine's lookup gate and the round's plan ask for it once per round.
         self._version = 0
         self._plan_memo: Tuple[int, Dict[Tuple[int, int], Plan]] = (-1, {})
-        # Per bucket: speculative tokens/request, seconds, rounds; plain the same (the guard).
+        # Per bucket: speculative tokens/request, seconds, rounds; plain the same; the speculative
+        # rounds' squared tokens/request (the guard; see GUARD_Z).
         self._realized: Dict[int, List[float]] = {}
         self._observed_rounds: Dict[int, int] = {}    # rounds observed per bucket (refit gap)
         self._since_probe: Dict[int, int] = {}        # plain rounds since the last speculative probe
@@ -896,17 +897,34 @@ class FittedPolicy(Policy):
         """``(speculative, plain)`` tokens per request per second measured at this bucket, or
         None until both were measured ``MIN_REALIZED`` times. The speculative rate includes
         ``GUARD_PRIOR_ROUNDS / B`` rounds of the model's prediction."""
+        v = self._verdict(bucket)
+        return None if v is None else v[:2]
+
+    # The guard holds a bucket plain only where speculation's measured rate is more than GUARD_Z
+    # standard errors (from its rounds' spread of tokens per request) below the plain steps':
+    # a verdict re-judged on a new call's first round or two (CALL_CARRY) turned bfloat16 batch
+    # 2 plain after one ordinary round (an accepted length of 0-1 is common at this draft's
+    # acceptance) in 6 of 8 calls whose speculation, run throughout, won 4-8 %
+    # (bench/RESULTS.md, fifty-second session). A loss well beyond a round's noise still turns
+    # it at once.
+    GUARD_Z = 1.0
+
+    def _verdict(self, bucket: int) -> Optional[Tuple[float, float, float]]:
+        """``(speculative, plain, standard error of the speculative)`` rates of :meth:`realized`."""
         st = self._realized.get(bucket)
         if st is None:
             return None
-        st_tok, st_s, st_n, pl_tok, pl_s, pl_n = st
+        st_tok, st_s, st_n, pl_tok, pl_s, pl_n, st_sq = st
         if st_n < self.MIN_REALIZED[0] or pl_n < self.MIN_REALIZED[1] or st_s <= 0 or pl_s <= 0:
             return None
+        mean = st_tok / st_n
+        spread = math.sqrt(max(st_sq / st_n - mean * mean, 0.0))      # of a round's tokens per request
         prior = self._speculative_prior(bucket)
+        n = st_n
         if prior is not None:
             tok, sec, rounds = prior
-            st_tok, st_s = st_tok + rounds * tok, st_s + rounds * sec
-        return st_tok / st_s, pl_tok / pl_s
+            st_tok, st_s, n = st_tok + rounds * tok, st_s + rounds * sec, st_n + rounds
+        return st_tok / st_s, pl_tok / pl_s, spread / math.sqrt(n) / (st_s / n)
 
     # A call's requests are new contexts: the guard's speculative evidence was measured on the
     # requests before them. At a new call it keeps at most CALL_CARRY rounds per request of the
@@ -923,7 +941,7 @@ class FittedPolicy(Policy):
         cap = self.CALL_CARRY * batch_size
         if st is not None and st[2] > cap:
             k = cap / st[2]
-            st[0], st[1], st[2] = st[0] * k, st[1] * k, cap
+            st[0], st[1], st[2], st[6] = st[0] * k, st[1] * k, cap, st[6] * k
 
     def _last_probe_lost(self, bucket: int) -> bool:
         """Whether the last ``PROBE_BURST`` speculative rounds of this bucket (in a plain bucket:
@@ -941,8 +959,8 @@ class FittedPolicy(Policy):
         # (speculation gains less as the batch grows: each request's tree adds rows to a forward
         # that is less and less bound by reading the weights). A bucket that inherits a loss
         # decodes plainly and probes, as if it had measured it.
-        r = self._own_or_below(bucket, self.realized)
-        return r is not None and r[0] < r[1]
+        v = self._own_or_below(bucket, self._verdict)
+        return v is not None and v[0] + self.GUARD_Z * v[2] < v[1]
 
     def held_plain(self, bucket: int) -> bool:
         """Whether the guard holds this bucket plain (:meth:`realized_loses`) and the bucket's
@@ -1050,7 +1068,7 @@ class FittedPolicy(Policy):
             # The probe's rounds so far lose clearly: end it (a burst costs several rounds at a
             # large batch) and let them count as a full measurement, so the guard acts on it.
             k = self.MIN_REALIZED[0] / st[2]
-            st[0], st[1], st[2] = st[0] * k, st[1] * k, self.MIN_REALIZED[0]
+            st[0], st[1], st[2], st[6] = st[0] * k, st[1] * k, self.MIN_REALIZED[0], st[6] * k
             left = self._burst[b] = 0
             self._version += 1
         plan = self.plan(batch_size, context)
@@ -1084,7 +1102,7 @@ class FittedPolicy(Policy):
                                 if self._last_probe_lost(b) else 0)
             st = self._realized.get(b)
             if st is not None:
-                st[0] = st[1] = st[2] = 0.0
+                st[0] = st[1] = st[2] = st[6] = 0.0
             self._version += 1
             self._burst[b] = self.PROBE_BURST - 1
             return plan.alternative
@@ -1384,8 +1402,11 @@ class FittedPolicy(Policy):
                               for i, v in state.get("bin_scale_used", {}).items()}
             if any(len(pair) != 2 or any(len(row) != npos for row in pair) for v in bin_acc.values() for pair in v):
                 return                  # not these sums: start from the tables
-            if any(len(v) != 6 or min(v) < 0 for v in realized.values()):
+            if any(len(v) not in (6, 7) or min(v) < 0 for v in realized.values()):
                 return                  # not the guard's sums: start from the tables
+            # (a state saved before the squared tokens were kept: no spread, the plain verdict)
+            realized = {b: v + [(v[0] * v[0] / v[2]) if v[2] > 0 else 0.0] if len(v) == 6 else v
+                        for b, v in realized.items()}
             nopt = len(self.tables.options)
             for d in (bins, bins_used, bin_acc, bin_scale_used):
                 if any(not 0 <= i < nopt or len(v) != len(self.tables.options[i].counts) for i, v in d.items()):
@@ -1431,7 +1452,7 @@ class FittedPolicy(Policy):
         if seconds is not None and seconds > 0:
             self._round_s += seconds
         if seconds is not None and seconds > 0 and "batch_size" in expected and (bins or not plan.speculate):
-            st = self._realized.setdefault(self.bucket(int(expected["batch_size"])), [0.0] * 6)
+            st = self._realized.setdefault(self.bucket(int(expected["batch_size"])), [0.0] * 7)
             k = 0 if plan.speculate else 3
             if progress is not None:
                 tokens = float(progress)
@@ -1440,6 +1461,7 @@ class FittedPolicy(Policy):
             f = self.REALIZED_FORGET
             st[k], st[k + 1], st[k + 2] = st[k] * f + tokens, st[k + 1] * f + seconds, st[k + 2] * f + 1.0
             if plan.speculate:
+                st[6] = st[6] * f + tokens * tokens
                 recent = self._recent_spec.setdefault(self.bucket(int(expected["batch_size"])), [])
                 recent.append((tokens, seconds, catchup_s))
                 del recent[:-self.PROBE_BURST]

@@ -1303,6 +1303,39 @@ def test_a_new_request_is_judged_on_its_own_rounds_at_batch_1_only():
     assert not policy.realized_loses(1)
 
 
+def test_guard_turns_plain_only_on_a_loss_clear_of_its_rounds_spread():
+    """The guard compares speculation's measured rate with plain steps' within GUARD_Z standard
+    errors of the rounds' tokens per request: rounds of 1 and 3 tokens (mean 2) a little slower
+    than plain steps for the same tokens keep speculating; rounds of exactly 2 tokens at the same
+    rate turn the bucket plain, as do the noisy rounds once they lose clearly."""
+    def policy_after(tokens, seconds, rounds=40):
+        policy = FittedPolicy(_tables(easy_accept=0.7), LinearCost(a=10.0, b=1.0, c=0.5, e=0.5),
+                              SpecConfig(top_k=4, depth=1, total_tokens=4))
+        spec = policy.plan(1)
+        assert spec.speculate
+        for i in range(rounds):
+            policy.observe(spec, [0], [tokens[i % len(tokens)] - 1], seconds=seconds)
+            policy.observe(spec.alternative, [], [], seconds=0.010)
+        return policy
+
+    noisy = policy_after((1, 3), 0.0215)
+    spec_rate, plain_rate = noisy.realized(1)
+    assert spec_rate < plain_rate and not noisy.realized_loses(1)        # within the noise
+    steady = policy_after((2,), 0.0215)
+    assert steady.realized(1) == pytest.approx(noisy.realized(1), rel=0.02) and steady.realized_loses(1)
+    assert policy_after((1, 3), 0.030).realized_loses(1)                 # a clear loss
+    # the spread survives a save and a load; a state saved without it loads with none
+    state = noisy.state()
+    again = FittedPolicy(_tables(easy_accept=0.7), LinearCost(a=10.0, b=1.0, c=0.5, e=0.5),
+                         SpecConfig(top_k=4, depth=1, total_tokens=4))
+    again.load_state(state)
+    assert not again.realized_loses(1)
+    state["realized"] = {b: v[:6] for b, v in state["realized"].items()}
+    again.load_state(state)
+    r = again.realized(1)
+    assert r[0] < r[1] and again.realized_loses(1)
+
+
 def test_guard_is_not_turned_by_a_few_unlucky_rounds_but_by_a_real_loss():
     """Five speculative rounds that accepted nothing (8 % likely at an acceptance of 0.4) and
     ran 10 % slower than a plain step: the model's prediction (a clear win) outweighs them; the
