@@ -1,6 +1,7 @@
-"""Exploration for the next session (52nd; not a product change): a guard that holds a bucket
-plain only where speculation loses by more than Z standard errors of its measured rate, against
-the shipped guard, each with its own engine and fresh policy, interleaved with autoregressive;
+"""A/B of the guard's margin (52nd session; run before FittedPolicy.GUARD_Z shipped, as this
+subclass): a guard that holds a bucket plain only where speculation loses by more than Z standard
+errors of its measured rate, against the guard without a margin (GUARD_Z 0 since it shipped),
+each with its own engine and fresh policy, interleaved with autoregressive;
 the same B prompts every call (as batch-sweep) or new ones per call (`new`):
     python bench/results/cpu-amx-s52/ab_variance_guard.py bfloat16 2 8 same
 """
@@ -47,6 +48,7 @@ pols = {}
 for k, e in engs.items():
     cls = VarianceGuard if k == "variance" else HP.FittedPolicy
     pols[k] = cls(e.tables_for(e.config.top_k), e.cost_model, e.config, ragged=e.ragged_verify)
+pols["shipped"].GUARD_Z = 0.0          # the guard as it was when this A/B ran
 sets = load_prompt_sets(["mtbench", "alpaca"], 16, 0)
 prompts = [p.text for ps in sets.values() for p in ps]
 for e in engs.values():
