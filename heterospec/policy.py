@@ -940,8 +940,14 @@ class FittedPolicy(Policy):
         st = self._realized.get(self.bucket(batch_size))
         cap = self.CALL_CARRY * batch_size
         if st is not None and st[2] > cap:
-            k = cap / st[2]
-            st[0], st[1], st[2], st[6] = st[0] * k, st[1] * k, cap, st[6] * k
+            self._keep_speculative_rounds(st, cap)
+
+    @staticmethod
+    def _keep_speculative_rounds(st: List[float], rounds: float) -> None:
+        """Scale a bucket's speculative guard sums (tokens, seconds, rounds, squared tokens) to
+        ``rounds`` rounds of the same mean and spread (0: drop them)."""
+        k = rounds / st[2] if st[2] > 0 else 0.0
+        st[0], st[1], st[2], st[6] = st[0] * k, st[1] * k, st[2] * k, st[6] * k
 
     def _last_probe_lost(self, bucket: int) -> bool:
         """Whether the last ``PROBE_BURST`` speculative rounds of this bucket (in a plain bucket:
@@ -1067,8 +1073,7 @@ class FittedPolicy(Policy):
                 and st[0] / st[1] < self.PROBE_ABORT * st[3] / st[4]:
             # The probe's rounds so far lose clearly: end it (a burst costs several rounds at a
             # large batch) and let them count as a full measurement, so the guard acts on it.
-            k = self.MIN_REALIZED[0] / st[2]
-            st[0], st[1], st[2], st[6] = st[0] * k, st[1] * k, self.MIN_REALIZED[0], st[6] * k
+            self._keep_speculative_rounds(st, self.MIN_REALIZED[0])
             left = self._burst[b] = 0
             self._version += 1
         plan = self.plan(batch_size, context)
@@ -1102,7 +1107,7 @@ class FittedPolicy(Policy):
                                 if self._last_probe_lost(b) else 0)
             st = self._realized.get(b)
             if st is not None:
-                st[0] = st[1] = st[2] = st[6] = 0.0
+                self._keep_speculative_rounds(st, 0.0)
             self._version += 1
             self._burst[b] = self.PROBE_BURST - 1
             return plan.alternative

@@ -6,21 +6,17 @@ It needs the change it judged (tried, not kept): in FittedPolicy.new_requests, c
 rounds only where `cap <= (1 - CALL_REJUDGE) * MIN_REALIZED[0]`, with CALL_REJUDGE = 0.5. On the
 shipped code both policies are the same.
 """
-import sys, time, warnings, statistics
-import torch
-from heterospec import Engine
+import sys, time, statistics
 from heterospec.policy import FittedPolicy
-from heterospec.bench import load_prompt_sets
-warnings.simplefilter("ignore")
+from _setup import benchmark_prompts, engine
 dtype, B, calls = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-engs = {k: Engine.from_pretrained(device="cpu", dtype=getattr(torch, dtype)) for k in ("new", "old")}
+engs = {k: engine(dtype) for k in ("new", "old")}
 pols = {}
 for k, e in engs.items():
     cfg = e.config
     pols[k] = FittedPolicy(e.tables_for(cfg.top_k), e.cost_model, cfg, ragged=e.ragged_verify)
 pols["old"].CALL_REJUDGE = 0.0
-sets = load_prompt_sets(["mtbench", "alpaca"], 16, 0)
-prompts = [p.text for ps in sets.values() for p in ps]
+prompts = benchmark_prompts()
 runs = {"ar": lambda ps: engs["new"].generate_batch(ps, max_new_tokens=96, method="autoregressive"),
         "new": lambda ps: engs["new"].generate_batch(ps, max_new_tokens=96, method="heterospec", policy=pols["new"]),
         "old": lambda ps: engs["old"].generate_batch(ps, max_new_tokens=96, method="heterospec", policy=pols["old"])}

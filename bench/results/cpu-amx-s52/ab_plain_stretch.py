@@ -3,15 +3,12 @@ stretches (PLAIN_REPLAN 8, shipped) and with a full plan every round (PLAIN_REPL
 engine and one policy (the attribute toggled per call), interleaved in rotating order:
     python bench/results/cpu-amx-s52/ab_plain_stretch.py float32 4 12
 """
-import sys, time, warnings, statistics
-import torch
-from heterospec import Engine
-from heterospec.bench import load_prompt_sets, bench_call
-warnings.simplefilter("ignore")
+import sys, time, statistics
+from heterospec.bench import bench_call
+from _setup import benchmark_prompts, engine
 dtype, B, calls = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-eng = Engine.from_pretrained(device="cpu", dtype=getattr(torch, dtype))
-sets = load_prompt_sets(["mtbench", "alpaca"], 16, 0)
-prompts = [p.text for ps in sets.values() for p in ps]
+eng = engine(dtype)
+prompts = benchmark_prompts()
 for m in ("autoregressive", "heterospec", "heterospec"):
     eng.generate_batch(prompts[:B], max_new_tokens=96, **bench_call(m))
 pol = next(iter(eng._fitted.values()))

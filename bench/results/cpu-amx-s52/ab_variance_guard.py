@@ -5,12 +5,9 @@ each with its own engine and fresh policy, interleaved with autoregressive;
 the same B prompts every call (as batch-sweep) or new ones per call (`new`):
     python bench/results/cpu-amx-s52/ab_variance_guard.py bfloat16 2 8 same
 """
-import sys, time, math, warnings, statistics
-import torch
+import sys, time, math, statistics
 import heterospec.policy as HP
-from heterospec import Engine
-from heterospec.bench import load_prompt_sets
-warnings.simplefilter("ignore")
+from _setup import benchmark_prompts, engine
 dtype, B, calls, mode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 
 
@@ -43,14 +40,13 @@ class VarianceGuard(HP.FittedPolicy):
         return r[0] + self.Z * se < r[1]
 
 
-engs = {k: Engine.from_pretrained(device="cpu", dtype=getattr(torch, dtype)) for k in ("shipped", "variance")}
+engs = {k: engine(dtype) for k in ("shipped", "variance")}
 pols = {}
 for k, e in engs.items():
     cls = VarianceGuard if k == "variance" else HP.FittedPolicy
     pols[k] = cls(e.tables_for(e.config.top_k), e.cost_model, e.config, ragged=e.ragged_verify)
 pols["shipped"].GUARD_Z = 0.0          # the guard as it was when this A/B ran
-sets = load_prompt_sets(["mtbench", "alpaca"], 16, 0)
-prompts = [p.text for ps in sets.values() for p in ps]
+prompts = benchmark_prompts()
 for e in engs.values():
     e.generate_batch(prompts[:1], max_new_tokens=8, method="autoregressive")
 runs = {"ar": lambda ps: engs["shipped"].generate_batch(ps, max_new_tokens=96, method="autoregressive"),

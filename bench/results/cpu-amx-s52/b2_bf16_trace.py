@@ -4,16 +4,12 @@ autoregressive, the round kinds, the guard's sums at the end, and each speculati
 with the catch-up the policy took off it:
     python bench/results/cpu-amx-s52/b2_bf16_trace.py bfloat16 2 8
 """
-import sys, time, warnings
-import torch
+import sys, time
 import heterospec.policy as HP
-from heterospec import Engine
-from heterospec.bench import load_prompt_sets, bench_call
-warnings.simplefilter("ignore")
+from _setup import benchmark_prompts, engine
 dtype, B, calls = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-eng = Engine.from_pretrained(device="cpu", dtype=getattr(torch, dtype))
-sets = load_prompt_sets(["mtbench", "alpaca"], 16, 0)
-prompts = [p.text for ps in sets.values() for p in ps]
+eng = engine(dtype)
+prompts = benchmark_prompts()
 cfg = eng.config
 pol = HP.FittedPolicy(eng.tables_for(cfg.top_k), eng.cost_model, cfg, ragged=eng.ragged_verify)
 log = []

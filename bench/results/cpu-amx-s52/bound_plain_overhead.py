@@ -4,16 +4,13 @@ Python (52nd session): the same calls with round_plan memoised, observe and the 
 shipped code:
     python bench/results/cpu-amx-s52/bound_plain_overhead.py float32 8 6
 """
-import sys, time, warnings, statistics
-import torch
+import sys, time, statistics
 import heterospec.policy as HP, heterospec.lookup as HL
-from heterospec import Engine
-from heterospec.bench import load_prompt_sets, bench_call
-warnings.simplefilter("ignore")
+from heterospec.bench import bench_call
+from _setup import benchmark_prompts, engine
 dtype, B, calls = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-eng = Engine.from_pretrained(device="cpu", dtype=getattr(torch, dtype))
-sets = load_prompt_sets(["mtbench", "alpaca"], 16, 0)
-prompts = [p.text for ps in sets.values() for p in ps]
+eng = engine(dtype)
+prompts = benchmark_prompts()
 ps = prompts[:B]
 for m in ("autoregressive", "heterospec", "heterospec"):
     eng.generate_batch(ps, max_new_tokens=96, **bench_call(m))

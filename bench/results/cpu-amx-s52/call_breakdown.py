@@ -1,16 +1,13 @@
 """(52nd session: more phases wrapped.) Where a batch-B call spends its time outside the target steps, AR against heterospec (fifty-first session):
     python bench/results/cpu-amx-s51/call_breakdown.py float32 16
 """
-import sys, time, warnings, collections, statistics
-import torch
+import sys, time, collections
 import heterospec.engine as HE, heterospec.lookup as HL, heterospec.policy as HP
-from heterospec import Engine
-from heterospec.bench import load_prompt_sets, bench_call
-warnings.simplefilter("ignore")
+from heterospec.bench import bench_call
+from _setup import benchmark_prompts, engine
 dtype = sys.argv[1]; B = int(sys.argv[2])
-eng = Engine.from_pretrained(device="cpu", dtype=getattr(torch, dtype))
-sets = load_prompt_sets(["mtbench", "alpaca"], 16, 0)
-prompts = [p.text for ps in sets.values() for p in ps]
+eng = engine(dtype)
+prompts = benchmark_prompts()
 acc = collections.defaultdict(float)
 def wrap(cls, name):
     f = getattr(cls, name)

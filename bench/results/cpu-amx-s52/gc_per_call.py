@@ -2,15 +2,12 @@
 count and time per generation (gc.callbacks), and the objects tracked:
     python bench/results/cpu-amx-s52/gc_per_call.py float32 4
 """
-import sys, time, warnings, gc, collections
-import torch
-from heterospec import Engine
-from heterospec.bench import load_prompt_sets, bench_call
-warnings.simplefilter("ignore")
+import sys, time, gc, collections
+from heterospec.bench import bench_call
+from _setup import benchmark_prompts, engine
 dtype, B = sys.argv[1], int(sys.argv[2])
-eng = Engine.from_pretrained(device="cpu", dtype=getattr(torch, dtype))
-sets = load_prompt_sets(["mtbench", "alpaca"], 16, 0)
-prompts = [p.text for ps in sets.values() for p in ps]
+eng = engine(dtype)
+prompts = benchmark_prompts()
 ps = prompts[:B]
 acc, t0 = collections.defaultdict(lambda: [0, 0.0]), [0.0]
 def cb(phase, info):

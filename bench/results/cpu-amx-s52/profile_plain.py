@@ -1,15 +1,12 @@
 """cProfile of a batch-B call that heterospec decodes plainly, against autoregressive (52nd session):
     python bench/results/cpu-amx-s52/profile_plain.py float32 8
 """
-import sys, time, warnings, cProfile, pstats, io
-import torch
-from heterospec import Engine
-from heterospec.bench import load_prompt_sets, bench_call
-warnings.simplefilter("ignore")
+import sys, time, cProfile, pstats
+from heterospec.bench import bench_call
+from _setup import benchmark_prompts, engine
 dtype, B = sys.argv[1], int(sys.argv[2])
-eng = Engine.from_pretrained(device="cpu", dtype=getattr(torch, dtype))
-sets = load_prompt_sets(["mtbench", "alpaca"], 16, 0)
-prompts = [p.text for ps in sets.values() for p in ps]
+eng = engine(dtype)
+prompts = benchmark_prompts()
 ps = prompts[:B]
 for m in ("autoregressive", "heterospec"):
     eng.generate_batch(ps, max_new_tokens=96, **bench_call(m))

@@ -1,15 +1,12 @@
 """Per call (all requests' rounds) of a batch-B sweep-like sequence: heterospec's rounds by kind and wall vs autoregressive (52nd session):
     python bench/results/cpu-amx-s52/rounds_by_call.py float32 2 6
 """
-import sys, time, warnings
-import torch
-from heterospec import Engine
-from heterospec.bench import load_prompt_sets, bench_call
-warnings.simplefilter("ignore")
+import sys, time
+from heterospec.bench import bench_call
+from _setup import benchmark_prompts, engine
 dtype, B, calls = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-eng = Engine.from_pretrained(device="cpu", dtype=getattr(torch, dtype))
-sets = load_prompt_sets(["mtbench", "alpaca"], 16, 0)
-prompts = [p.text for ps in sets.values() for p in ps]
+eng = engine(dtype)
+prompts = benchmark_prompts()
 for i in range(calls):
     ps = [prompts[(i * B + j) % len(prompts)] for j in range(B)]
     row = []
