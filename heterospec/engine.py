@@ -729,7 +729,8 @@ class Engine:
                     functools.cache(functools.partial(self._catchup_tokens, st, active))
                 tp = time.perf_counter()
                 if pol is not None:
-                    plan = (pol.round_plan(len(active), context, tokens_left=max_new_tokens - least, catchup=catchup)
+                    plan = (pol.round_plan(len(active), context, tokens_left=max_new_tokens - least, catchup=catchup,
+                                           timed=not riding)
                             if speculative else pol.plan(len(active), context))
                     policy_s += time.perf_counter() - tp
                 if plan is None or not plan.speculate or not speculative:

@@ -157,11 +157,12 @@ class Policy:
         raise NotImplementedError
 
     def round_plan(self, batch_size: int, context: Optional[int] = None, tokens_left: Optional[int] = None,
-                   catchup: Optional[Callable[[], float]] = None) -> Plan:
+                   catchup: Optional[Callable[[], float]] = None, timed: bool = True) -> Plan:
         """The plan of the next round (the fitted policy probes the alternative now and then, and
         weighs a switch to speculation against the draft's catch-up: ``tokens_left``, the
         tokens the call's slowest running request still has to go; ``catchup()``, the tokens per
-        request the draft is behind)."""
+        request the draft is behind; ``timed``: whether the round's wall time will reach
+        ``observe``, False while finished requests' rows ride along in a static batch)."""
         return self.plan(batch_size, context)
 
     def new_requests(self, batch_size: int) -> None:
@@ -1033,7 +1034,7 @@ class FittedPolicy(Policy):
     EARLY_PLAIN_PROBES = (3, 6, 12, 24, 48)
 
     def round_plan(self, batch_size: int, context: Optional[int] = None, tokens_left: Optional[int] = None,
-                   catchup: Optional[Callable[[], float]] = None) -> Plan:
+                   catchup: Optional[Callable[[], float]] = None, timed: bool = True) -> Plan:
         """The plan of the next round: :meth:`plan`, except that every ``PROBE_EVERY``-th round of
         a bucket runs the other kind (one plain step while speculating, one speculative round
         while decoding plainly), so that both time corrections stay measured - without it a
@@ -1045,7 +1046,11 @@ class FittedPolicy(Policy):
         asks it only here). Where the draft is behind, a round switches to speculation only if
         the rounds left repay the catch-up (:meth:`_repays`), and a plain bucket's probe burst
         waits for a call with a burst's rounds left (its measurement is what it is for; a
-        burst cut short by the call's end measures a round or two for the same catch-up)."""
+        burst cut short by the call's end measures a round or two for the same catch-up).
+        For the same reason it waits for a ``timed`` round: the tail of a static batch, whose
+        finished rows ride along until the batch is compacted, is not timed, and a burst there
+        cost its rounds, taught the guard nothing and came back every ``PROBE_EVERY`` rounds
+        (batch 16 falling to bucket 12 on the 2-core box, bench/RESULTS.md, fifty-third session)."""
         b = self.bucket(batch_size)
         c = self.context if context is None else self.context_bucket(context)
         stretch = self._stretch.get(b)
@@ -1101,7 +1106,7 @@ class FittedPolicy(Policy):
         # 2 * Engine.draft_window tokens).
         since = self._since_probe[b] = self._since_probe.get(b, 0) + 1
         spacing = self._probe_spacing(b, plan)
-        if since >= spacing and (tokens_left is None or tokens_left >= self.PROBE_BURST):
+        if since >= spacing and timed and (tokens_left is None or tokens_left >= self.PROBE_BURST):
             self._since_probe[b] = 0
             self._backoff[b] = (min(self._backoff.get(b, 0) + 1, self.MAX_BACKOFF)
                                 if self._last_probe_lost(b) else 0)
@@ -1554,7 +1559,7 @@ class ForcedPolicy(FittedPolicy):
         return plan
 
     def round_plan(self, batch_size: int, context: Optional[int] = None, tokens_left: Optional[int] = None,
-                   catchup: Optional[Callable[[], float]] = None) -> Plan:
+                   catchup: Optional[Callable[[], float]] = None, timed: bool = True) -> Plan:
         plan = self.plan(batch_size, context)
         self._plain_ahead[self.bucket(batch_size)] = 0 if plan.speculate else self.NEVER_PROBED
         return plan

@@ -176,7 +176,7 @@ def test_static_batch_credits_how_far_a_round_moved_the_slowest_request():
             super().__init__(cfg)
             self.progress, self.calls = [], 0
 
-        def round_plan(self, batch_size, context=None, tokens_left=None, catchup=None):
+        def round_plan(self, batch_size, context=None, tokens_left=None, catchup=None, timed=True):
             self.calls += 1       # every third round a plain step: both kinds are credited
             plan = self.plan(batch_size, context)
             return plan if self.calls % 3 else Plan("spy", speculate=False, decide_depth=0, entropy_k=4,
@@ -211,6 +211,36 @@ def test_static_batch_credits_how_far_a_round_moved_the_slowest_request():
     assert sum(spy.progress) == n - 1               # from the prefill's token to the last one
     assert spy.progress != pytest.approx(means), "precondition: the batch mean differs"
     assert [r.token_ids for r in batch] == [_reference(engine, draft, p, n) for p in prompts]
+
+
+def test_a_round_is_planned_untimed_while_finished_rows_ride_along():
+    """The engine tells ``round_plan`` whether the round's time will count (``timed``): False
+    exactly for the rounds whose ``observe`` gets no seconds, those of a static batch whose
+    finished requests' rows still ride along in the forwards; the fitted policy starts no probe
+    burst in them (tests/test_policy.py)."""
+    from heterospec.policy import Eagle3Policy
+
+    class Spy(Eagle3Policy):
+        def __init__(self, cfg):
+            super().__init__(cfg)
+            self.timed, self.seconds = [], []
+
+        def round_plan(self, batch_size, context=None, tokens_left=None, catchup=None, timed=True):
+            self.timed.append(timed)
+            return self.plan(batch_size, context)
+
+        def observe(self, plan, bins, accepted, seconds=None, extend_tokens=None, progress=None):
+            self.seconds.append(seconds)
+
+    engine, draft = _pair("noisy", seed=7)
+    engine.target.config.eos_token_ids = ()
+    prompts = _prompts(engine.target.config.vocab_size, 4, seed=7)
+    draft.set_prompts(prompts)
+    spy = Spy(engine.config)
+    batch = engine.generate_batch(prompts, max_new_tokens=24, method="heterospec", policy=spy)
+    assert spy.timed == [s is not None for s in spy.seconds]
+    assert True in spy.timed and False in spy.timed, "precondition: requests finish rounds apart"
+    assert [r.token_ids for r in batch] == [_reference(engine, draft, p, 24) for p in prompts]
 
 
 def test_dropping_finished_requests_with_the_eagle3_draft(monkeypatch):
@@ -256,7 +286,7 @@ def test_rounds_with_finished_rows_riding_along_are_not_timed(monkeypatch):
     seen = []
 
     class Spy(Eagle3Policy):
-        def round_plan(self, batch_size, context=None, tokens_left=None, catchup=None):
+        def round_plan(self, batch_size, context=None, tokens_left=None, catchup=None, timed=True):
             seen.append([batch_size])
             return self.plan(batch_size, context)
 

@@ -288,7 +288,7 @@ class ScriptedFitted(FittedPolicy):
     def needs_draft(self, batch_size):
         return True
 
-    def round_plan(self, batch_size, context=None, tokens_left=None, catchup=None):
+    def round_plan(self, batch_size, context=None, tokens_left=None, catchup=None, timed=True):
         self.n += 1
         return self.rounds(self.n)
 

@@ -557,7 +557,7 @@ class _Scripted(Policy):
     def needs_draft(self, batch_size):
         return True
 
-    def round_plan(self, batch_size, context=None, tokens_left=None, catchup=None):
+    def round_plan(self, batch_size, context=None, tokens_left=None, catchup=None, timed=True):
         self.n += 1
         return self._rounds(self.n)
 
@@ -730,7 +730,7 @@ def test_engine_tells_the_policy_the_rounds_left_and_the_draft_s_catch_up():
     seen = []
 
     class Spy(_ScriptedCold):
-        def round_plan(self, batch_size, context=None, tokens_left=None, catchup=None):
+        def round_plan(self, batch_size, context=None, tokens_left=None, catchup=None, timed=True):
             seen.append((batch_size, tokens_left, catchup()))
             return super().round_plan(batch_size, context)
 
@@ -1584,6 +1584,25 @@ def test_guard_held_bucket_probes_as_often_as_its_measured_loss_allows():
     # The same bucket without burst measurements is spaced by PROBE_EVERY (doubled per lost probe).
     policy._recent_spec.clear()
     assert policy._probe_spacing(1, policy.plan(1)) == policy.PROBE_EVERY << policy._backoff.get(1, 0)
+
+
+def test_a_probe_burst_waits_for_a_timed_round():
+    """A plain bucket's probe burst, when due, waits while the engine's rounds are untimed (the
+    tail of a static batch: finished rows ride along and observe gets no seconds) and starts at
+    the first timed round; untimed rounds never speculate there."""
+    tables = _tables(easy_accept=0.7)
+    cost = LinearCost(a=10.0, b=1.0, c=0.5, e=0.5)
+    policy = FittedPolicy(tables, cost, SpecConfig(top_k=4, depth=1, total_tokens=4))
+    plan = policy.plan(1)
+    for r in range(30):           # speculation measured twice as slow as predicted: held plain
+        policy.observe(plan, [0], [_as_predicted(plan, 0, r, 30)], seconds=2e-3 * plan.expected["speculative"]["ms"])
+    plain = policy.plan(1)
+    assert not plain.speculate and plain.alternative is not None
+    every = policy._probe_spacing(1, plain)
+    untimed = [policy.round_plan(1, timed=False).speculate for _ in range(3 * every)]
+    assert not any(untimed)
+    timed = [policy.round_plan(1).speculate for _ in range(FittedPolicy.PROBE_BURST + 1)]
+    assert timed == [True] * FittedPolicy.PROBE_BURST + [False]
 
 
 def test_a_plain_stretch_plans_in_full_every_few_rounds_and_probes_on_the_same_schedule():

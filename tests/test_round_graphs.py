@@ -294,7 +294,7 @@ def test_replayed_rounds_after_long_plain_stretches_keep_the_window():
         def plan(self, batch_size, context=None):
             return MIXED
 
-        def round_plan(self, batch_size, context=None, tokens_left=None, catchup=None):
+        def round_plan(self, batch_size, context=None, tokens_left=None, catchup=None, timed=True):
             self.i += 1
             return MIXED if self.i % 9 == 0 else Plan("plain", speculate=False)
 
