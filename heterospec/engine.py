@@ -685,12 +685,9 @@ class Engine:
                 # The policy's plan for the requests still running: a tree, or one plain step.
                 active = st.active()
                 least = min(len(st.outputs[b]) for b in active)
-                if (len(active) < st.size and FittedPolicy.bucket(len(active)) < FittedPolicy.bucket(st.size)
-                        and max_new_tokens - least >= COMPACT_MIN_LEFT):
-                    # Finished requests leave the batch once it falls to a smaller batch bucket
-                    # and has rounds enough left to repay the copy of both caches (about a
-                    # round's time), so the later rounds cost, and the plan prices, what the
-                    # requests still running need.
+                if self._compaction_pays(st.size, len(active), max_new_tokens - least):
+                    # Finished requests leave the batch (the later rounds cost, the plan prices
+                    # and the policy times what the requests still running need).
                     st.drop_finished()
                     active = st.active()
                 # A static batch ends with its slowest request: the guard judges a round by how
@@ -744,7 +741,8 @@ class Engine:
                     if plan is not None and hasattr(pol, "observe"):     # plain steps are timed too
                         seconds = self._round_seconds(t_plain, one_offs, riding)
                         tp = time.perf_counter()
-                        pol.observe(plan, [], [], seconds, progress=_progress(st, behind, least))
+                        pol.observe(plan, [], [], seconds, progress=_progress(st, behind, least),
+                                    batch_size=len(active))
                         if gate is not None:
                             gate.observe_plain(seconds, pol.costs.plain_ms(len(active), FittedPolicy.context_bucket(context)),
                                                FittedPolicy.bucket(len(active)))
@@ -765,7 +763,8 @@ class Engine:
                         seconds = self._round_seconds(t_draft, one_offs, riding)
                         tp = time.perf_counter()
                         pol.observe(plan, [r.bin for r in recs], [r.accept_len for r in recs], seconds,
-                                    extend_tokens=pending, progress=_progress(st, behind, least))
+                                    extend_tokens=pending, progress=_progress(st, behind, least),
+                                    batch_size=len(active))
                         policy_s += time.perf_counter() - tp
             # For the lookups of later calls: only the calls that look up feed it (~3 ms of Python
             # a request, which no other method is charged).
@@ -1074,6 +1073,24 @@ class Engine:
         pending entries, and the prompt where the call deferred the draft's prompt pass."""
         return float(st.ext_num[active].float().mean()) + (
             0.0 if st.deferred is None else float(st.deferred[2][active].float().mean()))
+
+    def _compaction_pays(self, rows: int, running: int, left: int) -> bool:
+        """Whether a batch of ``rows`` rows with ``running`` requests still running, the slowest
+        ``left`` tokens from its end, drops its finished requests' rows now. The copy of both
+        caches costs about one step of the whole batch; each later step of the running requests
+        alone saves the cost model's difference between the two plain steps, for at most
+        ``left`` steps. (A finished row rides along in every forward, and while one does no
+        round is timed: in a static batch's tail the guard saw nothing, and a bucket whose model
+        predicted a gain speculated there, losing, every call; bench/RESULTS.md, fifty-third
+        session.) Without a cost model loaded: once the batch falls to a smaller batch bucket."""
+        if running >= rows or left < COMPACT_MIN_LEFT:
+            return False
+        from .costmodel import CostModel
+        cm = self._cost_model if isinstance(self._cost_model, CostModel) else None
+        if cm is None:
+            return FittedPolicy.bucket(running) < FittedPolicy.bucket(rows)
+        whole = cm.plain_ms(rows)
+        return (whole - cm.plain_ms(running)) * left >= whole
 
     def _graph_one_offs(self) -> int:
         return self.round_graphs.one_offs() if self.round_graphs is not None else 0
@@ -1674,9 +1691,8 @@ def _lookup_state_path(pol) -> Optional[str]:
     return None if path is None else path.removesuffix(".json") + ".lookup.json"
 
 
-# Tokens the longest-running request must still have to come before finished requests are
-# dropped from a batch: a compaction costs about one round, dropping a quarter of the rows or
-# more saves a part of every later round.
+# Tokens the longest-running request must still have to come before finished requests may be
+# dropped from a batch (Engine._compaction_pays weighs the rest).
 COMPACT_MIN_LEFT = 16
 
 

@@ -1265,7 +1265,13 @@ class FittedPolicy(Policy):
 
     def time_scale(self, bucket: int) -> float:
         """Observed / predicted speculative round time at this batch bucket, in steps of 0.05
-        within [0.5, 3]; 1 until ``MIN_ROUNDS`` rounds were timed."""
+        within [0.5, 3]. Until ``MIN_ROUNDS`` speculative rounds were timed at some bucket:
+        the bucket's plain-step correction (:meth:`plain_scale`). What made plain steps slower
+        or faster than the model on this device (its speed, longer contexts) makes rounds so
+        too, and a plain correction alone, 1.2 in the tail of batch-16 calls, predicted
+        speculation 25 % ahead there where it lost (bench/RESULTS.md, fifty-third session)."""
+        if bucket not in self._time_used and not any(v[2] >= self.MIN_ROUNDS for v in self._time.values()):
+            return self.plain_scale(bucket)
         return self._time_ratio(self._time, self._time_used, bucket)
 
     def plain_scale(self, bucket: int) -> float:
@@ -1437,7 +1443,8 @@ class FittedPolicy(Policy):
 
     def observe(self, plan: Plan, bins: Sequence[int], accepted: Sequence[int],
                 seconds: Optional[float] = None, drafted: Optional[Sequence[int]] = None,
-                extend_tokens: Optional[float] = None, progress: Optional[float] = None) -> None:
+                extend_tokens: Optional[float] = None, progress: Optional[float] = None,
+                batch_size: Optional[int] = None) -> None:
         """Record a round of ``plan``: for a speculative round each request's bin and accepted
         drafts, and the round's wall time; for a plain step its wall time only. A request counts
         for the positions its bin's action drafted (none when the bin verifies the root only),
@@ -1449,9 +1456,18 @@ class FittedPolicy(Policy):
         speculation rather than the one-off catch-up. ``progress``: the tokens per request the
         guard credits the round with (default: the mean over the requests, what a continuous
         batch gains); a static batch ends with its slowest request, and its caller passes how
-        far the round moved the slowest one."""
+        far the round moved the slowest one. ``batch_size``: the requests the round ran for, where
+        the plan was fitted at its batch bucket's smallest size: the predictions the time
+        corrections compare with are scaled to it by the cost model's plain steps, so that a
+        correction measures the model's error and not the bucket's width. (15 requests priced
+        as 12 read as plain steps 1.3x slower than modelled; buckets not measured inherited that
+        correction, for plain steps only, and predicted speculation 30 % ahead of plain steps in
+        a static batch's tail, where it lost: bench/RESULTS.md, fifty-third session.)"""
         self._version += 1
         expected = plan.expected or {}
+        width = 1.0          # the cost model's plain step at batch_size / at the fitted size
+        if batch_size is not None and "batch_size" in expected and int(batch_size) != int(expected["batch_size"]):
+            width = self._memo.plain_ms(int(batch_size)) / self._memo.plain_ms(int(expected["batch_size"]))
         catchup_s = 0.0
         if seconds is not None and extend_tokens is not None and plan.speculate and expected.get("speculative"):
             catchup_s = min(0.5 * seconds, 1e-3 * self._catchup_ms(plan, extend_tokens))
@@ -1481,7 +1497,7 @@ class FittedPolicy(Policy):
             if seconds is not None and predicted_ms and "batch_size" in expected:
                 bucket = self.bucket(int(expected["batch_size"]))
                 obs, pred, n = self._plain.get(bucket, (0.0, 0.0, 0.0))
-                base = predicted_ms / float(expected.get("plain_scale", 1.0))
+                base = predicted_ms / float(expected.get("plain_scale", 1.0)) * width
                 self._plain[bucket] = [obs * self.FORGET + 1e3 * seconds, pred * self.FORGET + base,
                                        n * self.FORGET + 1.0]
             return
@@ -1493,7 +1509,7 @@ class FittedPolicy(Policy):
             bucket = self.bucket(int((plan.expected or {}).get("batch_size", 1)))
             obs, pred, n = self._time.get(bucket, (0.0, 0.0, 0.0))
             # The prediction already carries the time scale it was fitted with: undo it.
-            base = predicted_ms / float((plan.expected or {}).get("time_scale", 1.0))
+            base = predicted_ms / float((plan.expected or {}).get("time_scale", 1.0)) * width
             self._time[bucket] = [obs * self.FORGET + 1e3 * seconds, pred * self.FORGET + base,
                                   n * self.FORGET + 1.0]
         if plan.survival is None:

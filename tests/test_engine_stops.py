@@ -182,7 +182,7 @@ def test_static_batch_credits_how_far_a_round_moved_the_slowest_request():
             return plan if self.calls % 3 else Plan("spy", speculate=False, decide_depth=0, entropy_k=4,
                                                      edges=[], depth=[0], budget=[0], binned=False)
 
-        def observe(self, plan, bins, accepted, seconds=None, extend_tokens=None, progress=None):
+        def observe(self, plan, bins, accepted, seconds=None, extend_tokens=None, progress=None, batch_size=None):
             self.progress.append(progress)
 
     engine, draft = _pair("noisy", seed=7)
@@ -229,7 +229,7 @@ def test_a_round_is_planned_untimed_while_finished_rows_ride_along():
             self.timed.append(timed)
             return self.plan(batch_size, context)
 
-        def observe(self, plan, bins, accepted, seconds=None, extend_tokens=None, progress=None):
+        def observe(self, plan, bins, accepted, seconds=None, extend_tokens=None, progress=None, batch_size=None):
             self.seconds.append(seconds)
 
     engine, draft = _pair("noisy", seed=7)
@@ -241,6 +241,29 @@ def test_a_round_is_planned_untimed_while_finished_rows_ride_along():
     assert spy.timed == [s is not None for s in spy.seconds]
     assert True in spy.timed and False in spy.timed, "precondition: requests finish rounds apart"
     assert [r.token_ids for r in batch] == [_reference(engine, draft, p, 24) for p in prompts]
+
+
+def test_finished_rows_are_dropped_where_the_cost_model_says_the_copy_pays():
+    """With a cost model loaded, a batch drops its finished rows once the plain steps the running
+    requests save (the model's step of all rows against one of theirs, for the tokens left)
+    repay about one step of the whole batch, bucket change or not, and never with fewer than
+    COMPACT_MIN_LEFT tokens left or nothing finished; without one, at a smaller batch bucket."""
+    from heterospec import costmodel
+    from heterospec.engine import COMPACT_MIN_LEFT
+
+    engine, _ = _pair("noisy", seed=7)
+    # plain_ms(B) = 10 + B ms: each row costs 1 ms a step, the whole 16-row step 26 ms
+    engine._cost_model = costmodel.CostModel(fingerprint={}, tokens=[1, 64], contexts=[256],
+                                             target=[[11.0, 74.0]], batch_sizes=[1], plain=[11.0],
+                                             draft=[[1.0, 1.0, 0.0]], nodes=[1, 2], verify=[[11.0, 12.0]])
+    assert engine._cost_model.plain_ms(16) == pytest.approx(26.0)
+    pays = engine._compaction_pays
+    assert not pays(16, 15, 25) and pays(16, 15, 26)            # one row: 26 steps repay the copy
+    assert pays(16, 13, 9 if COMPACT_MIN_LEFT <= 9 else COMPACT_MIN_LEFT)        # three rows: 9 steps
+    assert not pays(16, 8, COMPACT_MIN_LEFT - 1) and pays(16, 8, COMPACT_MIN_LEFT)
+    assert not pays(16, 16, 1000) and not pays(1, 1, 1000)
+    engine._cost_model = None                                  # no model: the batch bucket decides
+    assert not pays(15, 13, 1000) and pays(15, 11, 1000) and not pays(15, 11, COMPACT_MIN_LEFT - 1)
 
 
 def test_dropping_finished_requests_with_the_eagle3_draft(monkeypatch):
@@ -290,7 +313,7 @@ def test_rounds_with_finished_rows_riding_along_are_not_timed(monkeypatch):
             seen.append([batch_size])
             return self.plan(batch_size, context)
 
-        def observe(self, plan, bins, accepted, seconds=None, extend_tokens=None, progress=None):
+        def observe(self, plan, bins, accepted, seconds=None, extend_tokens=None, progress=None, batch_size=None):
             seen[-1].append(seconds)
 
     engine, draft = _pair("noisy", seed=7)

@@ -1586,6 +1586,54 @@ def test_guard_held_bucket_probes_as_often_as_its_measured_loss_allows():
     assert policy._probe_spacing(1, policy.plan(1)) == policy.PROBE_EVERY << policy._backoff.get(1, 0)
 
 
+def test_time_corrections_compare_a_round_with_its_own_batch_size_not_its_bucket_s():
+    """A round of 15 requests runs a plan fitted for bucket 12: told the batch size, observe
+    scales the predictions its time corrections compare with by the cost model's plain step at
+    15 against 12, so rounds that took what the model says for 15 requests leave both
+    corrections at 1 (without it they read as the model's error, 1.15x here)."""
+    tables = _tables(easy_accept=0.7)
+    cost = LinearCost(a=10.0, b=1.0, c=0.5, e=0.5)            # plain: 10 + B ms
+    for told in (True, False):
+        policy = FittedPolicy(tables, cost, SpecConfig(top_k=4, depth=1, total_tokens=4))
+        plain = policy.plan(15)
+        if plain.speculate:
+            plain = plain.alternative
+        assert plain.expected["batch_size"] == 12
+        spec = plain.alternative
+        kw = {"batch_size": 15} if told else {}
+        for r in range(40):
+            policy.observe(plain, [], [], seconds=1e-3 * 25.0, **kw)       # the model's plain step at 15
+            policy.observe(spec, [0], [_as_predicted(spec, 0, r, 40)],
+                           seconds=1e-3 * spec.expected["speculative"]["ms"] * 25.0 / 22.0, **kw)
+        want = 1.0 if told else 1.15
+        assert policy.plain_scale(12) == pytest.approx(want) and policy.time_scale(12) == pytest.approx(want)
+
+
+def test_without_timed_speculative_rounds_a_bucket_s_rounds_take_its_plain_correction():
+    """Until speculative rounds were timed anywhere, a bucket's round-time correction is its
+    plain-step correction (measured, or inherited from the nearest measured bucket): plain steps
+    measured 1.3x slower than the model do not make speculation look 1.3x cheaper. Once rounds
+    are timed, their own correction takes over."""
+    tables = _tables(easy_accept=0.7)
+    cost = LinearCost(a=10.0, b=1.0, c=0.5, e=0.5)
+    policy = FittedPolicy(tables, cost, SpecConfig(top_k=4, depth=1, total_tokens=4))
+    plain = policy.plan(8)
+    plain = plain if not plain.speculate else plain.alternative
+    for _ in range(20):
+        policy.observe(plain, [], [], seconds=1.3e-3 * plain.expected["plain"]["ms"])
+    assert policy.plain_scale(8) == pytest.approx(1.3)
+    assert policy.time_scale(8) == pytest.approx(1.3) and policy.time_scale(4) == pytest.approx(1.3)
+    ratio = lambda p: p.expected["speculative"]["tokens_per_s"] / p.expected["plain"]["tokens_per_s"]
+    before = FittedPolicy(tables, cost, SpecConfig(top_k=4, depth=1, total_tokens=4)).plan(8)
+    assert ratio(policy.plan(8)) == pytest.approx(ratio(before), rel=0.02)     # the model's verdict stands
+    spec = policy.plan(8)
+    spec = spec if spec.speculate else spec.alternative
+    for r in range(20):
+        policy.observe(spec, [0], [_as_predicted(spec, 0, r, 20)],
+                       seconds=1e-3 * spec.expected["speculative"]["ms"] / spec.expected["time_scale"])
+    assert policy.time_scale(8) == pytest.approx(1.0) and policy.plain_scale(8) == pytest.approx(1.3)
+
+
 def test_a_probe_burst_waits_for_a_timed_round():
     """A plain bucket's probe burst, when due, waits while the engine's rounds are untimed (the
     tail of a static batch: finished rows ride along and observe gets no seconds) and starts at
