@@ -132,6 +132,10 @@ class _Batch:
     # The draft's prompt pass, deferred from prefill to the first round that drafts (a call that
     # starts plain): ([B, n] tokens, [B, n, 3H] features, [B] entries), slots 0 .. entries - 1.
     deferred: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
+    # What a cold plain step left (Engine._cold_step): while these very tensors are still the
+    # batch's (ext_tokens, draft_hole, draft_lens, ext_num), the next cold step only moves the
+    # hole's end.
+    cold_tail: Optional[tuple] = field(default=None, repr=False)
     host_lens: List[int] = field(default_factory=list)   # prefix_lens as the host knows them
     outputs: List[List[int]] = field(default_factory=list)
     finished: List[Optional[str]] = field(default_factory=list)
@@ -972,14 +976,14 @@ class Engine:
         t0 = time.perf_counter()
         drafting = st.ext_tokens is not None
         root, feat = self._plain_step(st, params, gen, drafting)
-        stepped = st.prefix_lens.clone() if drafting and cold else None   # the new entry's position
-        st.prefix_lens += 1
+        if drafting and cold:      # (the old lengths: the new entry's position)
+            stepped, st.prefix_lens = st.prefix_lens, st.prefix_lens + 1
+        else:
+            st.prefix_lens += 1
         st.host_lens = [n + 1 for n in st.host_lens]
         st.root = root
         if drafting and cold:
-            self._forget_all_pending(st, stepped)
-            st.ext_tokens, st.ext_feats = root[:, None], feat[:, None].to(st.ext_feats.dtype)
-            st.ext_num = torch.ones_like(st.ext_num)
+            self._cold_step(st, root, feat, stepped)
         elif drafting:   # entry ext_num[b]: the old root's feature, paired with the new token
             B, n = st.ext_tokens.shape
             rows = torch.arange(B, device=self.device)
@@ -1008,15 +1012,16 @@ class Engine:
             st.ext_feats[rows, st.ext_num] = feat
             st.ext_num = st.ext_num + 1
         dt = time.perf_counter() - t0
+        # One record for the step's requests (they are alike, and nothing changes a plain record)
+        rec = RoundRecord(accept_len=0, verified=1, depth=0, entropy=float("nan"), bin=-1, tcr=1, pstar_rank=0,
+                          pstar_accepted=False, draft_s=0.0, verify_s=dt, plain=True) if record else None
         for b in st.active():
             s = st.stats[b]
             s.target_calls += 1
             s.verified_tokens += 1
             s.verify_s += dt
             if record:
-                s.records.append(RoundRecord(accept_len=0, verified=1, depth=0, entropy=float("nan"), bin=-1,
-                                             tcr=1, pstar_rank=0, pstar_accepted=False, draft_s=0.0,
-                                             verify_s=dt, plain=True))
+                s.records.append(rec)
         self._emit(st, [[int(t)] for t in st.root.tolist()], max_new_tokens, stream)
 
     def _append_pending(self, st: _Batch, tokens: torch.Tensor, feats: torch.Tensor, num: torch.Tensor) -> None:
@@ -1056,6 +1061,28 @@ class Engine:
         st.draft_hole = torch.stack([lo, hi], dim=1)
         st.draft_lens = st.draft_lens + drop
         st.ext_num = st.ext_num - drop
+
+    def _cold_step(self, st: _Batch, root: torch.Tensor, feat: torch.Tensor, stepped: torch.Tensor) -> None:
+        """The draft's side of a cold plain step whose new entry sits at ``stepped``: every older
+        pending entry joins the hole and the new one is all that is pending. After a cold step
+        whose tensors are still the batch's (:attr:`_Batch.cold_tail`: nothing drafted,
+        appended or compacted since) the hole already ends at the entry that step added, and
+        only its end moves. Few ops, because each costs 10-20 us here: right after a forward
+        has streamed the weights through them, the CPU's caches hold none of the dispatcher's
+        state (a plain step's draft bookkeeping took ~0.2 ms at batch 4, 1.2 % of the step,
+        on the 2-core box: bench/RESULTS.md, fifty-third session)."""
+        tail = st.cold_tail
+        if (tail is not None and tail[0] is st.ext_tokens and tail[1] is st.draft_hole
+                and tail[2] is st.draft_lens and tail[3] is st.ext_num):
+            st.draft_hole[:, 1] = stepped       # (the hole a cold step made: only this batch holds it)
+        else:
+            self._forget_all_pending(st, stepped)
+            st.ext_num = torch.ones_like(st.ext_num)
+        st.draft_lens = stepped
+        fresh = feat[:, None]
+        st.ext_tokens = root[:, None]
+        st.ext_feats = fresh if fresh.dtype == st.ext_feats.dtype else fresh.to(st.ext_feats.dtype)
+        st.cold_tail = (st.ext_tokens, st.draft_hole, st.draft_lens, st.ext_num)
 
     @staticmethod
     def _forget_all_pending(st: _Batch, upto: torch.Tensor) -> None:

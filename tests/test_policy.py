@@ -678,6 +678,36 @@ def test_cold_plain_steps_keep_one_pending_entry_and_stay_greedy_lossless():
     assert all(h is None for _, _, h in seen)
 
 
+def test_a_chain_of_cold_steps_leaves_the_draft_state_a_full_cold_step_would():
+    """Consecutive cold steps move only the hole's end (Engine._cold_step): after each step the
+    hole, the draft length and the pending entry equal those of a batch whose every cold step
+    took the full path, and a batch whose draft tensors were replaced in between (a round, a
+    compaction) takes the full path again."""
+    from heterospec.config import SamplingParams
+    engine, draft, hf = _tiny_engine(seed=29)
+    prompts = _prompts(hf.config.vocab_size, 3, seed=8)
+    params = SamplingParams()
+    draft.set_prompts(prompts)
+    ids = [list(p) for p in prompts]
+    cache_len = max(len(p) for p in ids) + 40
+    with torch.inference_mode():
+        chain, full = (engine._prefill(ids, "heterospec", params, None, cache_len, 100, None, True,
+                                       defer_prompt=True) for _ in range(2))
+        names = ("draft_hole", "draft_lens", "ext_tokens", "ext_feats", "ext_num", "prefix_lens", "root")
+        for step in range(8):
+            if step == 5:      # a replaced draft tensor ends the chain: the full path again
+                chain.ext_num = chain.ext_num.clone()
+            hole_before = chain.draft_hole
+            full.cold_tail = None
+            for st in (chain, full):
+                engine._decode_one(st, params, None, 100, None, cold=True)
+            assert (chain.draft_hole is hole_before) == (step not in (0, 5))
+            for name in names:
+                assert torch.equal(getattr(chain, name), getattr(full, name)), (step, name)
+            assert bool((chain.draft_hole[:, 1] == chain.prefix_lens - 1).all())
+            assert bool((chain.draft_lens == chain.prefix_lens - 1).all()) and chain.ext_tokens.shape[1] == 1
+
+
 def _starts_plain():
     """A tiny engine (draft window 2), 3 prompts, a speculative plan and a plain one whose
     alternative it is: a call planned plain that drafts when the script says so."""
