@@ -309,7 +309,7 @@ stage_train_draft() {
   "$PY" -m heterospec.cli train-draft train --device cuda --target "$target" --data "$data" --run "$run" \
     --init heterospec/assets/smollm2-135m-instruct-eagle3 --ttt-steps 7 --lr 3e-4 --warmup 20 "${head[@]}" \
     --batch-tokens "${GPU_TRAIN_BATCH_TOKENS:-16384}" --steps 100000 --time-budget "$budget" --ckpt-every 100 \
-    --eval-every 100000 --val-seqs 16 2>&1 | tr '\r' '\n' | grep -v '^train-draft: *[0-9]*%' | tail -n 40
+    --eval-every 200 --val-seqs 16 2>&1 | tr '\r' '\n' | grep -v '^train-draft: *[0-9]*%' | tail -n 40
   "$PY" -m heterospec.cli train-draft export --run "$run" --target "$target" --dest "$STATE/draft-out"
   cp "$run/train_log.jsonl" "$run/train_config.json" "$STATE/draft-out/" 2> /dev/null || true
   rm -f "$OUT"/draft.tar.part-*

@@ -785,8 +785,13 @@ def test_e2e_reports_the_graph_events_of_its_timed_runs(tmp_path):
     engine = _engine()
     engine.tokenizer = None
     sets = {"toy": [Prompt(id="a", text=[5, 9, 17, 33], source="toy"), Prompt(id="b", text=[7, 8, 9], source="toy")]}
+    calls = []
+    generate = engine.generate
+    engine.generate = lambda prompt, **kw: calls.append((prompt, kw.get("max_new_tokens"))) or generate(prompt, **kw)
     res = run_e2e(engine, sets, n=2, max_new_tokens=12, out_dir=str(tmp_path), methods=("autoregressive", "eagle3"),
                   progress=False)
+    # the warm-up (one call a method before the timed ones) runs at the timed length
+    assert calls[:2] == [([5, 9, 17, 33], 12)] * 2
     totals = res["meta"]["graphs_in_timed_runs"]
     assert totals and totals["eagle3"].get("replayed", 0) > 0 and totals["autoregressive"].get("replayed", 0) > 0
     assert all("graphs" in r for r in res["runs"])

@@ -155,3 +155,15 @@ def test_filter_real_training_prompts_against_synthetic_refs():
     assert not {p.text for p in planted} & {p.text for p in kept}
     # near-duplicate template fills may go too, but not a large share of the set
     assert len(kept) >= len(train) - 25
+
+
+def test_graph_warmup_prompts_are_no_benchmark_or_calibration_prompt():
+    """run_e2e warms graph engines up on WARMUP_PROMPTS: none may be (a near duplicate of) a
+    prompt it then times, nor of the calibration split."""
+    from heterospec.bench import WARMUP_PROMPTS
+    from heterospec.train.disjoint import reference_sets
+
+    idx = reference_sets(log=lambda *_: None)
+    assert len(WARMUP_PROMPTS) >= 3
+    for text in WARMUP_PROMPTS:
+        assert idx.overlaps(text) == set(), text
