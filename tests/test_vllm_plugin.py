@@ -892,12 +892,13 @@ def autoregressive(tmp_path_factory):
                      "--max-new-tokens", "48")
 
 
-def _speculating_costs(path, copies_paid=False):
+def _speculating_costs(path, copies_paid=False, kmax=6):
     """Frozen step costs of a device where verifying costs little: the plan drafts at every batch
     size, with per-bin lengths, so the identity and sampling checks see mixed draft lengths.
     ``copies_paid``: the context-lookup gate starts as on a device where chains copied after a
     match of 4 or more tokens were accepted 90 % of the time, so lookup steps run beside the
-    drafted ones whatever the shipped draft's chain tables predict for drafting."""
+    drafted ones whatever the shipped draft's chain tables predict for drafting (``kmax``: the
+    run's K, the gate's chain length)."""
     costs = StepCosts()
     for b in (1, 8):
         for x in (0, 1, 6):
@@ -908,7 +909,7 @@ def _speculating_costs(path, copies_paid=False):
     if copies_paid:
         from heterospec.lookup import MATCH_BUCKETS, SOURCES, LookupGate
 
-        gate = LookupGate(6)
+        gate = LookupGate(kmax)
         state = gate.state()
         # (the rows of chains from the request's own context; the history's keep the prior)
         state["tried"] = [[10.0 if m >= 4 and s == 0 else 0.0] * gate.kmax for s in range(len(SOURCES)) for m in MATCH_BUCKETS]

@@ -156,7 +156,9 @@ def test_vllm_heterospec_at_tp3_greedy_equals_autoregressive(tmp_path, monkeypat
     """vLLM at tensor_parallel_size=3 on the CPU (gloo; three ranks share the cores). The shipped
     draft (8,192 rows) stops at start with a message naming ``tp-draft``; its TP copy (8,256 rows)
     with frozen costs that speculate runs: every rank runs rank 0's steps (lookup, drafting with
-    the path stop, plain), and the greedy output is vLLM autoregressive's at TP 3."""
+    the path stop, plain), and the greedy output is vLLM autoregressive's at TP 3. The lookup gate
+    starts as on a device where copied chains paid (``copies_paid``): with a draft whose chains
+    predict more than copies do (run 6 on, 4 Dec 2026) rank 0 would otherwise never look up here."""
     from heterospec.defaults import default_draft_dir, default_target_dir
     draft = tmp_path / "draft-tp3"
     write_tp_draft(default_draft_dir(), default_target_dir(), draft, 3)
@@ -169,7 +171,8 @@ def test_vllm_heterospec_at_tp3_greedy_equals_autoregressive(tmp_path, monkeypat
     trace = tmp_path / "trace.jsonl"
     monkeypatch.setenv("HETEROSPEC_VLLM_TRACE", str(trace))
     hs = _generate(tmp_path, "--method", "heterospec", "--k", "4", "--draft", str(draft), *common,
-                   "--options", _speculating_costs(tmp_path / "costs.json"), prompts=TP_PROMPTS)
+                   "--options", _speculating_costs(tmp_path / "costs.json", copies_paid=True, kmax=4),
+                   prompts=TP_PROMPTS)
     assert hs[4]["token_ids"] == ar[4]["token_ids"]
     steps = [json.loads(line) for line in trace.read_text().splitlines()]
     by_rank = {}
