@@ -263,13 +263,12 @@ def run_e2e(engine, sets: Sequence[str], n: int = 8, max_new_tokens: int = 128, 
     # each on an H200, 30x a replayed round), and a plan meets most of its configurations (the
     # deeper graph per bin depth, the verify graph per budget) only over several requests: graph
     # engines warm up on WARMUP_PROMPTS (none of them a timed prompt) at the timed length, as a
-    # server captures its graphs before its first requests (fifth GPU run: 19 captures in the
-    # timed calls after a one-prompt warm-up).
-    warm, warm_tokens = [next(iter(prompt_sets.values()))[0].text], 8
-    if getattr(engine, "round_graphs", None) is not None:
-        # (an engine without a tokenizer takes token ids only: its first prompt, at full length)
-        warm = list(WARMUP_PROMPTS) if getattr(engine, "tokenizer", None) is not None else warm
-        warm_tokens = max_new_tokens
+    # server captures its graphs before its first requests. An engine without a tokenizer takes
+    # token ids only: its first prompt.
+    graphs = getattr(engine, "round_graphs", None) is not None
+    texts = graphs and getattr(engine, "tokenizer", None) is not None
+    warm = list(WARMUP_PROMPTS) if texts else [next(iter(prompt_sets.values()))[0].text]
+    warm_tokens = max_new_tokens if graphs else 8
     for m in methods:
         for w in warm:
             engine.generate(w, max_new_tokens=warm_tokens, **bench_call(m))
