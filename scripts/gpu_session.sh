@@ -252,17 +252,23 @@ stage_e2e() {
 # requests (train-draft selfchat, GPU_SELFCHAT_N samples, at most GPU_SELFCHAT_S seconds; each
 # chunk opened with one kind of request, GPU_SELFCHAT_OPENINGS=tasks, or none), then
 # answers a selfchat-heavy mix of prompts into token-only shards ($STATE/distill-gpu,
-# GPU_DISTILL_PROMPTS prompts, at most GPU_DISTILL_S seconds). The benchmark sets the host lacks (python3.11-doc, reasoning-gym) are reported, not
-# checked: re-check the returned prompts here before training on them. Returned as
+# GPU_DISTILL_PROMPTS prompts, at most GPU_DISTILL_S seconds, GPU_DISTILL_SHARD prompts per
+# generation batch). Seeds (GPU_SELFCHAT_SEED, GPU_DISTILL_SEED) default to ones no tracked set
+# used, so the requests and the templated prompts are new. The benchmark sets the host lacks
+# (python3.11-doc, reasoning-gym) are checked against the e2e bundle's disjoint-refs.json.gz
+# (scripts/gpu_wheels.sh writes it here); without it they are reported, not checked: re-check
+# the returned prompts here before training on them. Returned as
 # $OUT/draft_data.tar.gz (selfchat.jsonl + distill-gpu/), and train_draft trains on it.
 stage_draft_data() {
   set -e
   local target="$HETEROSPEC_CACHE/smollm2-135m-instruct" sc="$STATE/selfchat.jsonl" data="$STATE/distill-gpu"
   [[ "${GPU_DRAFT_DATA:-0}" == 1 ]] || { echo "not asked for (GPU_DRAFT_DATA=1 runs it)"; exit 75; }
   need_target
+  local refs="$PAYLOAD/e2e/disjoint-refs.json.gz"
+  [[ -f "$refs" ]] && export HETEROSPEC_DISJOINT_REFS="$refs"
   HETEROSPEC_SELFCHAT="$sc" "$PY" -m heterospec.cli train-draft selfchat --target "$target" --out "$sc" \
     --num-samples "${GPU_SELFCHAT_N:-16384}" --batch 512 --time-budget "${GPU_SELFCHAT_S:-150}" \
-    --openings "${GPU_SELFCHAT_OPENINGS:-tasks}" 2>&1 | tr '\r' '\n' | tail -n 8
+    --seed "${GPU_SELFCHAT_SEED:-5}" --openings "${GPU_SELFCHAT_OPENINGS:-tasks}" 2>&1 | tr '\r' '\n' | tail -n 8
   # The distill's --time-budget counts its generation only (loading, building and checking the
   # prompts come first: ~60 s on an H100 on 26 Nov, when the stage's limit cut it before the
   # packing below and nothing came back). So: generation ends 120 s before the deadline, and an
@@ -272,7 +278,8 @@ stage_draft_data() {
   ((left >= 30)) || { echo "no time left to distill (${left}s)"; exit 75; }
   HETEROSPEC_SELFCHAT="$sc" timeout -k 5 $((DEADLINE - $(date +%s) - 30)) "$PY" -m heterospec.cli train-draft distill \
     --target "$target" --device cuda --dtype bfloat16 --out "$data" --num-prompts "${GPU_DISTILL_PROMPTS:-12000}" \
-    --seed 1 --mix selfchat=0.6,code=0.15,docs=0.1,math=0.1,instruct=0.05 --shard-size 256 --no-taps \
+    --seed "${GPU_DISTILL_SEED:-5}" --mix "${GPU_DISTILL_MIX:-selfchat=0.9,code=0.1}" \
+    --shard-size "${GPU_DISTILL_SHARD:-512}" --no-taps \
     --allow-missing-references --time-budget "$left" 2>&1 | tr '\r' '\n' | grep -v '^distill: *[0-9]*%' | tail -n 20 || true
   # one file (the device returns at most 8): ~2 bytes a token before gzip, ~11 MB for 12,000 prompts
   tar -C "$STATE" -czf "$OUT/draft_data.tar.gz" selfchat.jsonl distill-gpu

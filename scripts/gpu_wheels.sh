@@ -74,6 +74,9 @@ if [[ ! -f "$P/e2e/$name" ]] || ! cmp -s "$GGUF" "$P/e2e/$name"; then
   cp "$GGUF" "$P/e2e/$name"
 fi
 (cd "$P/e2e" && sha256sum "$name") > "$P/e2e/gguf.sha256"
+# The benchmark sets' texts, so that the draft_data stage checks its prompts against every set
+# (the GPU host cannot fetch python3.11-doc or reasoning-gym); ~0.3 MiB
+"$PY" -m heterospec.cli train-draft references --out "$P/e2e/disjoint-refs.json.gz"
 
 DRAFT=heterospec/assets/smollm2-135m-instruct-eagle3/model.safetensors
 [[ -f "$DRAFT" ]] || echo "warning: $DRAFT is missing: the e2e stage needs the trained draft" >&2

@@ -62,6 +62,23 @@ def target():
     return tiny_target()
 
 
+def test_token_only_generation_writes_what_the_tapped_one_does(target):
+    """taps=False (token-only shards) skips the hooks, not a token: same tokens, argmax, ends."""
+    prompts = [[1, 5, 6, 7], [1, 9, 10, 11, 12, 13, 14], [1, 3]]
+    sampled = [False, True, False]
+    kw = dict(sampled=sampled, pad_id=EOS)
+    with_taps = D.generate_with_taps(target, prompts, 8, [EOS],
+                                     generator=torch.Generator().manual_seed(3), **kw)
+    tokens_only = D.generate_with_taps(target, prompts, 8, [EOS], taps=False,
+                                       generator=torch.Generator().manual_seed(3), **kw)
+    assert not target.model.layers[2]._forward_pre_hooks  # no hook left behind
+    for a, b in zip(with_taps, tokens_only):
+        assert b["features"] is None and b["final_hidden"] is None
+        assert torch.equal(a["tokens"], b["tokens"])
+        assert torch.equal(a["target_argmax"], b["target_argmax"])
+        assert (a["finished"], a["prompt_len"]) == (b["finished"], b["prompt_len"])
+
+
 def test_taps_match_full_forward(target):
     prompts = [[1, 5, 6, 7], [1, 9, 10, 11, 12, 13, 14]]
     res = D.generate_with_taps(target, prompts, 6, [EOS], pad_id=EOS)
@@ -501,6 +518,45 @@ def test_token_only_shard_keeps_everything_but_the_taps(tmp_path, target):
     D.write_shard(tmp_path / "big.safetensors", [big], taps=False)
     back = D.read_shard(tmp_path / "big.safetensors")[0]
     assert back.tokens.tolist() == [1, 70000, 5] and back.target_argmax.tolist() == [70000, 5]
+
+
+class _CharTokenizer:
+    """Just enough of a tokenizer for run_distill: a chat template of BOS + one id per char."""
+
+    eos_token_id = pad_token_id = EOS
+    unk_token_id = 0
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True):
+        return [1] + [3 + ord(c) % (VOCAB - 3) for c in messages[-1]["content"]]
+
+    def convert_tokens_to_ids(self, token):
+        return None
+
+
+def test_token_only_distill_run_writes_greedy_answers(tmp_path, target):
+    """run_distill with store_taps=False (the GPU lease's --no-taps) writes token-only shards
+    whose greedy answers are the target's."""
+    from heterospec.train.prompts import Prompt
+
+    prompts = [Prompt(id=f"q{i}", text="ab" * (i + 1), source="test") for i in range(5)]
+    cfg = D.DistillConfig(out_dir=str(tmp_path / "out"), num_prompts=5, shard_size=2,
+                          max_new_tokens=6, sampled_fraction=0.0, disjoint=False,
+                          store_taps=False, device="cpu", dtype="float32")
+    summary = D.run_distill(cfg, model=target, tokenizer=_CharTokenizer(), prompts=prompts,
+                            log=lambda *a: None)
+    assert summary["shards"] == 3 and summary["planned"] == 3
+    seen = 0
+    for path in D.list_shards(tmp_path / "out"):
+        shard = D.DistillShard(path)
+        assert not shard.has_taps
+        for q in shard:
+            seen += 1
+            with torch.no_grad():
+                logits = target(q.tokens[None]).logits[0]
+            P = q.prompt_len
+            assert torch.equal(logits[P - 1:-1].argmax(-1), q.tokens[P:])
+            assert torch.equal(q.target_argmax[P - 1:], q.tokens[P:])
+    assert seen == 5
 
 
 def test_recomputed_taps_match_generation(tmp_path, target):

@@ -167,3 +167,39 @@ def test_graph_warmup_prompts_are_no_benchmark_or_calibration_prompt():
     assert len(WARMUP_PROMPTS) >= 3
     for text in WARMUP_PROMPTS:
         assert idx.overlaps(text) == set(), text
+
+
+def test_a_missing_benchmark_set_is_read_from_the_reference_file(tmp_path, monkeypatch):
+    """The offline GPU host lacks some sets' data: with $HETEROSPEC_DISJOINT_REFS (a file of
+    `heterospec train-draft references`) they are checked against the file's texts, not skipped."""
+    from heterospec import datasets as DS
+
+    def texts(name, *a, **k):
+        if name in ("gsm", "cnndm"):
+            raise DS.MissingDataError(f"{name} is not here")
+        return BENCH[name]
+
+    path = tmp_path / "refs.json.gz"
+    monkeypatch.setattr(DJ, "benchmark_texts", lambda name, *a, **k: BENCH[name])
+    assert DJ.write_reference_file(path, sets=("gsm",)) == {"gsm": 1}
+    monkeypatch.setattr(DJ, "benchmark_texts", texts)
+    # without the file: a clear error, or (allow_missing) reported and not checked
+    monkeypatch.delenv(DJ.REFERENCES_ENV, raising=False)
+    with pytest.raises(DS.MissingDataError, match="gsm"):
+        DJ.reference_sets(calibration=(), log=lambda *_: None)
+    log = []
+    idx = DJ.reference_sets(calibration=(), allow_missing=True, log=log.append)
+    assert idx.sizes["gsm"] == 0 and any("gsm unavailable" in m for m in log)
+    # with it: gsm is checked from the file; cnndm is not in the file, so it still needs allow_missing
+    monkeypatch.setenv(DJ.REFERENCES_ENV, str(path))
+    with pytest.raises(DS.MissingDataError, match="cnndm"):
+        DJ.reference_sets(calibration=(), log=lambda *_: None)
+    idx = DJ.reference_sets(calibration=(), allow_missing=True, log=lambda *_: None)
+    assert idx.sizes["gsm"] == 1 and idx.sizes["cnndm"] == 0
+    assert idx.overlaps(BENCH["gsm"][0].upper()) == {"gsm"}
+    # a file of anything else is refused by name
+    bad = tmp_path / "bad.json.gz"
+    bad.write_bytes(b"not gzip")
+    monkeypatch.setenv(DJ.REFERENCES_ENV, str(bad))
+    with pytest.raises(ValueError, match="not a reference file"):
+        DJ.reference_sets(calibration=(), allow_missing=True, log=lambda *_: None)

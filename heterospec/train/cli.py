@@ -105,6 +105,11 @@ def build_parser(prog: str = "heterospec train-draft") -> argparse.ArgumentParse
     p.add_argument("--data", default=None, help="source data dir (default ~/.cache/heterospec/distill-v2)")
     p.add_argument("--out", required=True, help="destination dir, e.g. data/distill-v2")
 
+    p = sub.add_parser("references", help="write the benchmark sets' texts to one file, for a machine "
+                                          "that cannot fetch them (its distill reads it from "
+                                          "$HETEROSPEC_DISJOINT_REFS)")
+    p.add_argument("--out", required=True, help="file to write (gzipped JSON)")
+
     p = sub.add_parser("bench-distill", help="measure distillation speed (response tokens/s); "
                                              "writes nothing")
     common(p)
@@ -194,7 +199,8 @@ def main(argv=None) -> int:
     if unknown:
         ap.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.cmd is None:
-        ap.error("a step is required: selfchat, distill, bench-distill, pack, vocab, train, simulate or export")
+        ap.error("a step is required: selfchat, distill, bench-distill, references, pack, vocab, train, "
+                 "simulate or export")
     if args.cmd == "bench-distill":
         from .distill import bench_generation
 
@@ -227,6 +233,11 @@ def main(argv=None) -> int:
                            max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                            target_dir=args.target, time_budget=args.time_budget, openings=args.openings)
         print(json.dumps(res, indent=1), flush=True)
+        return 0
+    if args.cmd == "references":
+        from .disjoint import write_reference_file
+
+        print(json.dumps(write_reference_file(args.out)), flush=True)
         return 0
     if args.cmd == "pack":
         from .distill import pack_shards

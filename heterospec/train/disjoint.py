@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 __all__ = ["normalise", "ngrams", "OverlapIndex", "filter_prompts", "reference_sets",
+           "benchmark_texts", "write_reference_file", "read_reference_file", "REFERENCES_ENV",
            "BENCHMARK_SETS", "CALIBRATION_DRAWS", "NGRAM", "CONTAINMENT"]
 
 NGRAM = 8
@@ -139,29 +140,85 @@ def filter_prompts(prompts: Sequence, index: OverlapIndex, text=lambda p: p.text
 CALIBRATION_DRAWS = ((256, 0), (64, 0), (64, 7))
 
 
+#: A file of benchmark texts (``write_reference_file``) for machines that cannot fetch a set's
+#: data (the offline GPU host lacks python3.11-doc and reasoning-gym): a set missing there is
+#: checked against the file's texts instead of being skipped.
+REFERENCES_ENV = "HETEROSPEC_DISJOINT_REFS"
+
+
+def benchmark_texts(name: str, gsm_n: int = 1000, cnndm_n: int | None = None) -> list[str]:
+    """The reference texts of one benchmark set (raises ``MissingDataError`` without its data).
+    Fixed sets whole (mtbench: both turns); the generated ones larger than the benchmarks use
+    (gsm: ``gsm_n`` prompts, 5x the benchmark's 200; cnndm: every eval-split passage)."""
+    from .. import datasets as DS
+
+    if name == "mtbench":
+        return [p.text for t in (0, 1) for p in DS.load_prompts("mtbench", turn=t)]
+    if name == "gsm":
+        return [p.text for p in DS.load_prompts("gsm", n=gsm_n)]
+    if name == "cnndm":
+        return [p.text for p in DS.load_prompts("cnndm", n=cnndm_n or 10 ** 9)]
+    return [p.text for p in DS.load_prompts(name)]
+
+
+def write_reference_file(path, sets: Sequence[str] = BENCHMARK_SETS) -> dict:
+    """Write every named set's reference texts to ``path`` (gzipped JSON {set: [texts]}, a few
+    hundred KB); needs every set's data here. Returns {set: number of texts}."""
+    import gzip
+    import json
+    import os
+
+    data = {name: benchmark_texts(name) for name in sets}
+    tmp = f"{path}.tmp{os.getpid()}"
+    with gzip.open(tmp, "wt", encoding="utf-8") as f:
+        json.dump({"format": "heterospec-disjoint-refs-v1", "sets": data}, f)
+    os.replace(tmp, path)
+    return {k: len(v) for k, v in data.items()}
+
+
+def read_reference_file(path) -> dict[str, list[str]]:
+    """{set: [texts]} from a file of ``write_reference_file``; a clear error for anything else."""
+    import gzip
+    import json
+
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: not a reference file of heterospec train-draft references ({exc})") from exc
+    ok = isinstance(doc, dict) and doc.get("format") == "heterospec-disjoint-refs-v1"
+    sets = doc.get("sets") if ok else None
+    if not isinstance(sets, dict) or not all(
+            isinstance(v, list) and all(isinstance(t, str) for t in v) for v in sets.values()):
+        raise ValueError(f"{path}: not a reference file of heterospec train-draft references")
+    return sets
+
+
 def reference_sets(calibration=CALIBRATION_DRAWS, gsm_n: int = 1000, cnndm_n: int | None = None,
                    allow_missing: bool = False, log=print) -> OverlapIndex:
-    """The index over every benchmark set and the calibration split.
+    """The index over every benchmark set (``benchmark_texts``) and the calibration split.
 
-    Fixed sets are taken whole (mtbench: both turns). The generated sets are taken larger than
-    the benchmarks use (gsm: ``gsm_n`` prompts, default 5x the benchmark's 200; cnndm: every
-    eval-split passage). A set whose data is missing raises ``MissingDataError`` (its message
-    names the fetch command) unless ``allow_missing``, which only logs it (the report then shows
-    the set with 0 references)."""
+    A set whose data is missing is read from the reference file named by ``$HETEROSPEC_DISJOINT_REFS``
+    when that file holds it; else it raises ``MissingDataError`` (its message names the fetch
+    command) unless ``allow_missing``, which only logs it (the report then shows the set with 0
+    references)."""
+    import os
+
     from .. import datasets as DS
 
     idx = OverlapIndex()
+    ref_file = os.environ.get(REFERENCES_ENV)
+    stored = None
     for name in BENCHMARK_SETS:
         try:
-            if name == "mtbench":
-                texts = [p.text for t in (0, 1) for p in DS.load_prompts("mtbench", turn=t)]
-            elif name == "gsm":
-                texts = [p.text for p in DS.load_prompts("gsm", n=gsm_n)]
-            elif name == "cnndm":
-                texts = [p.text for p in DS.load_prompts("cnndm", n=cnndm_n or 10 ** 9)]
-            else:
-                texts = [p.text for p in DS.load_prompts(name)]
+            texts = benchmark_texts(name, gsm_n, cnndm_n)
         except DS.MissingDataError as exc:
+            if ref_file:
+                stored = read_reference_file(ref_file) if stored is None else stored
+                if name in stored:
+                    log(f"disjointness: reference set {name} read from {ref_file} ({len(stored[name])} texts)")
+                    idx.add(name, stored[name])
+                    continue
             if not allow_missing:
                 raise
             log(f"disjointness: reference set {name} unavailable ({exc}); NOT checked")

@@ -212,9 +212,11 @@ def _to_fp16(x: torch.Tensor) -> torch.Tensor:
 def generate_with_taps(model, prompts: list[list[int]], max_new_tokens: int,
                        eos_ids: Sequence[int], sampled: Sequence[bool] | None = None,
                        temperature: float = 0.7, generator: torch.Generator | None = None,
-                       pad_id: int = 0) -> list[dict]:
+                       pad_id: int = 0, taps: bool = True) -> list[dict]:
     """Batched generation with a HF ``LlamaForCausalLM`` (KV cache, left padding), recording
     the EAGLE-3 taps and the final normed hidden state at every fed position.
+    ``taps=False`` records tokens only (``features`` / ``final_hidden`` are None): no hooks and
+    no per-step copies of the taps to the host, for token-only shards.
 
     Finished sequences are dropped from the batch (the KV cache is compacted), so the batch
     shrinks as answers end. Returns per prompt: ``tokens`` (prompt + response, int64),
@@ -224,7 +226,7 @@ def generate_with_taps(model, prompts: list[list[int]], max_new_tokens: int,
 
     num_layers = model.config.num_hidden_layers
     dev = next(model.parameters()).device
-    taps = _Taps(model, aux_layer_ids(num_layers))
+    tap = _Taps(model, aux_layer_ids(num_layers)) if taps else None
     try:
         B = len(prompts)
         sampled = [False] * B if sampled is None else list(sampled)
@@ -241,10 +243,14 @@ def generate_with_taps(model, prompts: list[list[int]], max_new_tokens: int,
         cache = DynamicCache(config=model.config)
         out = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
                     use_cache=True, logits_to_keep=1)
-        feats, final = taps.take()
-        feats, final = _to_fp16(feats).cpu(), _to_fp16(final).cpu()
-        res_feats = [[feats[b, P - len(p):]] for b, p in enumerate(prompts)]
-        res_final = [[final[b, P - len(p):]] for b, p in enumerate(prompts)]
+        res_feats: list[list] = [[] for _ in range(B)]
+        res_final: list[list] = [[] for _ in range(B)]
+        if tap is not None:
+            feats, final = tap.take()
+            feats, final = _to_fp16(feats).cpu(), _to_fp16(final).cpu()
+            for b, p in enumerate(prompts):
+                res_feats[b].append(feats[b, P - len(p):])
+                res_final[b].append(final[b, P - len(p):])
         gen = [[] for _ in range(B)]
         amax = [[] for _ in range(B)]  # target argmax at rows >= P-1 (free: logits exist there)
         finished = [False] * B
@@ -283,20 +289,22 @@ def generate_with_taps(model, prompts: list[list[int]], max_new_tokens: int,
             out = model(input_ids=tok.unsqueeze(-1), attention_mask=mask, position_ids=pos_now,
                         past_key_values=cache, use_cache=True)
             next_pos[active] += 1
-            feats, final = taps.take()
-            f16, h16 = _to_fp16(feats[:, 0]).cpu(), _to_fp16(final[:, 0]).cpu()
-            for j, b in enumerate(active.tolist()):
-                res_feats[b].append(f16[j:j + 1])
-                res_final[b].append(h16[j:j + 1])
+            if tap is not None:
+                feats, final = tap.take()
+                f16, h16 = _to_fp16(feats[:, 0]).cpu(), _to_fp16(final[:, 0]).cpu()
+                for j, b in enumerate(active.tolist()):
+                    res_feats[b].append(f16[j:j + 1])
+                    res_final[b].append(h16[j:j + 1])
             logits = out.logits[:, -1].float()
     finally:
-        taps.remove()
+        if tap is not None:
+            tap.remove()
     results = []
     for b, p in enumerate(prompts):
         toks = torch.tensor(list(p) + gen[b], dtype=torch.long)
-        f = torch.cat(res_feats[b])
-        h = torch.cat(res_final[b])
-        assert f.shape[0] == toks.numel() - 1, (f.shape, toks.numel())
+        f = torch.cat(res_feats[b]) if tap is not None else None
+        h = torch.cat(res_final[b]) if tap is not None else None
+        assert f is None or f.shape[0] == toks.numel() - 1, (f.shape, toks.numel())
         am = torch.full((toks.numel() - 1,), -1, dtype=torch.long)
         am[len(p) - 1:] = torch.tensor(amax[b][:toks.numel() - len(p)], dtype=torch.long)
         results.append({"tokens": toks, "features": f, "final_hidden": h, "target_argmax": am,
@@ -618,7 +626,7 @@ def run_distill(cfg: DistillConfig, model=None, tokenizer=None, prompts=None,
         ts = time.time()
         res = generate_with_taps(model, [ids for _, ids in items], cfg.max_new_tokens, eos,
                                  sampled=sampled, temperature=cfg.temperature, generator=gen,
-                                 pad_id=pad)
+                                 pad_id=pad, taps=cfg.store_taps)
         seqs = [Sequence_(prompt_id=p.id, tokens=r["tokens"], prompt_len=r["prompt_len"],
                           features=r["features"], final_hidden=r["final_hidden"], sampled=s,
                           finished=r["finished"], target_argmax=r["target_argmax"])
