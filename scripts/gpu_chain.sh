@@ -29,6 +29,9 @@ copy_out() { [[ -n "${OUT:-}" && -d "${OUT:-}" ]] && cp "$STATE"/out/* "$OUT"/ 2
 
 # wait_for BUNDLE: until the payload says it is unpacked, the last call has come, or the deadline.
 wait_for() {
+  if [[ -f "$STATE/payload/MANIFEST" ]] && ! grep -q "^$1 " "$STATE/payload/MANIFEST"; then
+    echo "[chain] $1: not in this payload (GPU_BUNDLES)"; return 1
+  fi
   until grep -q "$1 unpacked" "$STATE/payload/status" 2> /dev/null; do
     [[ -f "$STATE/payload_final" ]] && { echo "[chain] $1: the last call came without it"; return 1; }
     (($(now) < $(deadline) - 60)) || { echo "[chain] $1: not complete before the deadline"; return 1; }

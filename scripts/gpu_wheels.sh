@@ -22,6 +22,8 @@
 # calls are gone: the session reports FlashInfer / e2e as pending (the SDPA-only stages still run).
 #
 # Usage: bash scripts/gpu_wheels.sh            (idempotent; prints each call's size)
+#        GPU_BUNDLES=e2e bash scripts/gpu_wheels.sh  (the real pair only: a lease for the draft needs
+#                                                  no FlashInfer, so two calls fewer)
 #        CHUNK_MIB=28 bash scripts/gpu_wheels.sh   (parts of 28 MiB; default: what the tree leaves, <= 32)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -90,12 +92,14 @@ rm -rf .gpu-carry
 mkdir -p .gpu-carry
 off=0
 : > "$P/MANIFEST"
-for b in fi e2e; do
+BUNDLES=(${GPU_BUNDLES:-fi e2e})
+for b in "${BUNDLES[@]}"; do
+  [[ "$b" == fi || "$b" == e2e ]] || { echo "GPU_BUNDLES: fi and/or e2e, got $b" >&2; exit 1; }
   size=$(stat -c %s "$P/$b.tar")
   echo "$b $off $size $(sha256sum "$P/$b.tar" | cut -d' ' -f1)" >> "$P/MANIFEST"
   off=$((off + size))
 done
-cat "$P/fi.tar" "$P/e2e.tar" | split -b "${CHUNK_MIB}m" -d -a 2 - "$P/stream.part-"
+for b in "${BUNDLES[@]}"; do cat "$P/$b.tar"; done | split -b "${CHUNK_MIB}m" -d -a 2 - "$P/stream.part-"
 n=0
 for part in "$P"/stream.part-*; do
   n=$((n + 1))

@@ -139,22 +139,38 @@ def test_gpu_chain_dry_run(tmp_path):
     assert p.returncode == 2 and "gpu_chain.sh start" in p.stdout
 
 
-def test_gpu_chain_leaves_out_the_stages_asked(tmp_path):
-    """GPU_CHAIN_SKIP: stages whose code did not change since the last run are left out of the
-    driver (a short lease then reaches train_draft); a session left with none is not started."""
+def _dry_chain(tmp_path, **extra_env) -> str:
+    """A dry-run chain (start, then finish at once) in tmp_path; returns its chain.log."""
     out = tmp_path / "out"
     out.mkdir()
-    env = dict(os.environ, GPU_DRY_RUN="1", GPU_STATE=str(tmp_path / "state"), OUT=str(out), PYTHON=sys.executable,
-               GPU_CHAIN_SKIP="test_ops bench_ops latency")
+    env = dict(os.environ, GPU_DRY_RUN="1", GPU_STATE=str(tmp_path / "state"), OUT=str(out),
+               PYTHON=sys.executable, **extra_env)
     chain = os.path.join(ROOT, "scripts/gpu_chain.sh")
     assert subprocess.run(["bash", chain, "start", "70"], env=env, capture_output=True, text=True,
                           timeout=60).returncode == 0
     assert subprocess.run(["bash", chain, "finish", "5"], env=env, capture_output=True, text=True,
                           timeout=120).returncode == 0
-    log = (out / "chain.log").read_text()
+    return (out / "chain.log").read_text()
+
+
+def test_gpu_chain_leaves_out_the_stages_asked(tmp_path):
+    """GPU_CHAIN_SKIP: stages whose code did not change since the last run are left out of the
+    driver (a short lease then reaches train_draft); a session left with none is not started."""
+    log = _dry_chain(tmp_path, GPU_CHAIN_SKIP="test_ops bench_ops latency")
     assert "stages: test_engine test_models;" in log and "driver done" in log
     ran = " ".join(line.split("stages: ", 1)[1] for line in log.splitlines() if "stages: " in line)
     assert not {"test_ops", "bench_ops", "latency"} & set(ran.replace(";", " ").split()), ran
+
+
+def test_gpu_chain_does_not_wait_for_a_bundle_left_out_of_the_payload(tmp_path):
+    """GPU_BUNDLES=e2e (a lease for the draft carries no FlashInfer): the driver sees from the
+    MANIFEST that fi never comes and goes on at once instead of waiting for the last call."""
+    payload = tmp_path / "state" / "payload"
+    payload.mkdir(parents=True)
+    (payload / "MANIFEST").write_text("e2e 0 100 " + "0" * 64 + "\n")
+    log = _dry_chain(tmp_path)
+    assert "[chain] fi: not in this payload" in log and "driver done" in log
+    assert "fi: the last call came without it" not in log
 
 
 def test_gpu_session_dry_run(tmp_path):

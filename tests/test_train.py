@@ -633,3 +633,28 @@ def test_bfloat16_autocast_trains_like_float32(tmp_path, target):
     assert losses[-1] < 0.8 * losses[0], losses[::5]
     # the weights and the optimizer stay float32
     assert all(p.dtype == torch.float32 for p in bf.draft.parameters())
+
+
+def test_distill_skips_prompts_another_set_answered(tmp_path, target):
+    """--skip-answered: a plan begun elsewhere (its shards here) is not answered twice, and the
+    run resumes with the same setting (the manifest keeps it as JSON does)."""
+    from heterospec.train.prompts import Prompt
+
+    prompts = [Prompt(id=f"q{i}", text="ab" * (i + 1), source="test") for i in range(6)]
+    first = D.DistillConfig(out_dir=str(tmp_path / "a"), num_prompts=6, shard_size=2,
+                            max_new_tokens=3, disjoint=False, store_taps=False, device="cpu",
+                            dtype="float32", max_shards=1)
+    D.run_distill(first, model=target, tokenizer=_CharTokenizer(), prompts=prompts, log=lambda *a: None)
+    done = {pid for f in D.list_shards(tmp_path / "a") for pid in D.DistillShard(f).prompt_ids}
+    assert len(done) == 2
+    cfg = D.DistillConfig(out_dir=str(tmp_path / "b"), num_prompts=6, shard_size=2, max_new_tokens=3,
+                          disjoint=False, store_taps=False, device="cpu", dtype="float32",
+                          skip_answered=(str(tmp_path / "a"),), max_shards=1)
+    log = []
+    out = D.run_distill(cfg, model=target, tokenizer=_CharTokenizer(), prompts=prompts, log=log.append)
+    assert out["planned"] == 2 and any("skip-answered: 2 prompts" in m for m in log)
+    out = D.run_distill(cfg, model=target, tokenizer=_CharTokenizer(), prompts=prompts, log=lambda *a: None)
+    assert out["shards"] == 2   # resumed under the same manifest
+    got = {pid for f in D.list_shards(tmp_path / "b") for pid in D.DistillShard(f).prompt_ids}
+    assert len(got) == 4 and not got & done
+    assert "skip_answered" not in json.loads((tmp_path / "a" / "manifest.json").read_text())["config"]

@@ -82,6 +82,9 @@ def build_parser(prog: str = "heterospec train-draft") -> argparse.ArgumentParse
     p.add_argument("--no-taps", action="store_true",
                    help="write token-only shards (~2 bytes a token; the trainer recomputes the "
                         "taps), e.g. straight into the data set kept in git: --out data/distill-v2")
+    p.add_argument("--skip-answered", nargs="+", default=(), metavar="DIR",
+                   help="leave out the prompts whose ids the shards in these data dirs answered "
+                        "already (e.g. a plan begun on another machine)")
 
     p = sub.add_parser("selfchat", help="let the target write user requests (the selfchat prompt "
                                         "source); resumable")
@@ -220,7 +223,7 @@ def main(argv=None) -> int:
                             time_budget_s=args.time_budget, threads=args.threads, mix=args.mix,
                             device=args.device, dtype=args.dtype,
                             allow_missing_references=args.allow_missing_references,
-                            store_taps=not args.no_taps)
+                            store_taps=not args.no_taps, skip_answered=tuple(args.skip_answered))
         print(json.dumps(run_distill(cfg, target_dir=args.target), indent=1), flush=True)
         return 0
     if args.cmd == "selfchat":

@@ -125,6 +125,7 @@ class DistillConfig:
     device: str = "auto"              # auto: cuda if available, else cpu
     dtype: str = "auto"               # auto: bf16 on cuda / native-bf16 CPUs, else float32
     store_taps: bool = True           # False: token-only shards (the trainer recomputes taps)
+    skip_answered: tuple = ()         # data dirs whose shards' prompts are answered already: left out
 
 # settings that do not change the data (or only its precision, or what of it is stored) and
 # may differ on resume
@@ -263,12 +264,15 @@ def generate_with_taps(model, prompts: list[list[int]], max_new_tokens: int,
             act = active.tolist()
             for b, t in zip(act, tok.tolist()):
                 amax[b].append(t)
-            if samp[active].any():
-                probs = torch.softmax(logits / temperature, dim=-1)
+            rows = samp[active].nonzero().squeeze(-1)
+            if rows.numel():
+                # only the sampled rows (a quarter): a full-batch softmax moved to a CPU generator
+                # cost more than the target's step on a GPU
+                probs = torch.softmax(logits[rows] / temperature, dim=-1)
                 if generator is not None and generator.device != probs.device:
                     probs = probs.to(generator.device)
-                drawn = torch.multinomial(probs, 1, generator=generator).squeeze(-1).to(dev)
-                tok = torch.where(samp[active], drawn, tok)
+                tok = tok.clone()
+                tok[rows] = torch.multinomial(probs, 1, generator=generator).squeeze(-1).to(dev)
             done_now = torch.isin(tok, eos)
             for b, t, d in zip(act, tok.tolist(), done_now.tolist()):
                 gen[b].append(t)
@@ -585,6 +589,14 @@ def run_distill(cfg: DistillConfig, model=None, tokenizer=None, prompts=None,
         tmp.write_text(json.dumps(report, indent=1))
         os.replace(tmp, out / "disjointness.json")
         prompt_info = dict(prompt_info or {}, disjointness=report)
+    if cfg.skip_answered:
+        # prompts another set answered already (e.g. a plan begun on another host whose Python
+        # builds other code prompts, so that it cannot be resumed here): not answered twice
+        answered = {pid for d in cfg.skip_answered for f in list_shards(d)
+                    for pid in DistillShard(f).prompt_ids}
+        before = len(prompts)
+        prompts = [p for p in prompts if p.id not in answered]
+        log(f"skip-answered: {before - len(prompts)} prompts answered in {', '.join(map(str, cfg.skip_answered))}")
     counts: dict = {}
     for p in prompts:
         src = getattr(p, "source", "?").split(":")[0]
@@ -599,7 +611,10 @@ def run_distill(cfg: DistillConfig, model=None, tokenizer=None, prompts=None,
         "target": str(target_dir) if target_dir else getattr(model.config, "_name_or_path", ""),
         "num_layers": L, "hidden_size": model.config.hidden_size,
         "vocab_size": model.config.vocab_size, "aux_layers": list(aux_layer_ids(L)),
-        "config": {k: v for k, v in asdict(cfg).items() if k not in _RUN_ONLY},
+        # as JSON holds it (a resumed run compares it with the file); skip_answered only when set,
+        # so manifests written before it existed still match
+        "config": json.loads(json.dumps({k: v for k, v in asdict(cfg).items() if k not in _RUN_ONLY
+                                         and not (k == "skip_answered" and not v)})),
         "prompt_list_sha256": list_sha, "prompts": prompt_info, "generation_dtype": gen_dtype,
     }
     _check_or_write_manifest(out, manifest)
@@ -620,7 +635,8 @@ def run_distill(cfg: DistillConfig, model=None, tokenizer=None, prompts=None,
             log(f"time budget reached; stopping before shard {i}")
             break
         items = plan[i]
-        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + i)
+        # on the target's device: a CUDA run draws other samples than a CPU run (both seeded)
+        gen = torch.Generator(device=next(model.parameters()).device).manual_seed(cfg.seed * 1_000_003 + i)
         rng = random.Random(f"distill-{cfg.seed}-{i}")
         sampled = [rng.random() < cfg.sampled_fraction for _ in items]
         ts = time.time()
