@@ -294,7 +294,9 @@ stage_draft_data() {
 # Issue 11: continue the shipped draft's training on the GPU for the time left (GPU_TRAIN_S at
 # most), warm-started from the shipped draft over all of data/distill-v2 (and the draft_data
 # stage's shards when it ran), and bring the exported draft back in 15 MiB parts
-# ($OUT/draft.tar.part-*: cat them, untar, compare offline here).
+# ($OUT/draft.tar.part-*: cat them, untar), with its offline comparison against the shipped one
+# on three of the five sets ($OUT/judge.tar.gz; GPU_JUDGE=0 trains instead; compare on all five
+# here before shipping it).
 stage_train_draft() {
   need_build
   set -e
@@ -313,8 +315,12 @@ stage_train_draft() {
   echo "training shards: $(ls "$data" | wc -l)"
   # --time-budget counts step time only: 100 s for loading, the evaluations, the final one, the
   # export and its parts (on 4 Dec, 60 s were too few: the stage's limit cut the export)
-  local end=$((${STAGE_END:-$DEADLINE} < DEADLINE ? ${STAGE_END:-$DEADLINE} : DEADLINE))
+  # GPU_JUDGE=1 (default): GPU_JUDGE_S more for judging the new draft against the shipped one
+  local end=$((${STAGE_END:-$DEADLINE} < DEADLINE ? ${STAGE_END:-$DEADLINE} : DEADLINE)) judge_s=0
+  [[ "${GPU_JUDGE:-1}" == 1 ]] && judge_s="${GPU_JUDGE_S:-150}"
   local left=$((end - $(date +%s) - 100)) cap="${GPU_TRAIN_S:-240}"
+  ((left - judge_s >= 120)) || judge_s=0   # a short stage trains rather than judges
+  left=$((left - judge_s))
   local budget=$((left < cap ? left : cap))
   ((budget >= 30)) || { echo "no time left to train (${left}s)"; exit 75; }
   # the draft's own lm_head trains too (GPU_TRAIN_HEAD=0: frozen at the target's rows), as EAGLE-3's
@@ -330,6 +336,17 @@ stage_train_draft() {
   rm -f "$OUT"/draft.tar.part-*
   tar -C "$STATE" -cf - draft-out | split -b 15M - "$OUT/draft.tar.part-"
   ls -l "$OUT"/draft.tar.part-*
+  # The judgement here (minutes on a GPU, ~45 on the 2-core box): the offline five-set comparison
+  # (bench/draft_compare.py) on the sets this host has (gsm and cnndm need data it lacks)
+  local t=$((end - $(date +%s) - 10))
+  if ((judge_s > 0 && t >= 60)); then
+    timeout -k 5 "$t" "$PY" bench/draft_compare.py --device cuda --threads 4 \
+      --drafts heterospec/assets/smollm2-135m-instruct-eagle3 "$STATE/draft-out" --labels shipped new \
+      --sets ${GPU_JUDGE_SETS:-mtbench humaneval alpaca} --n 6 --max-new-tokens 192 --out "$STATE/judge" 2>&1 |
+      cr_lines | grep --line-buffered -v '%|' || true
+    [[ -d "$STATE/judge" ]] && tar -C "$STATE" -czf "$OUT/judge.tar.gz" judge
+  fi
+  true
 }
 export -f cr_lines say pytest_run status_of set_status need_build need_target wait_fi stage_env stage_install stage_fi_warm stage_build stage_test_ops \
   stage_test_models stage_test_engine stage_bench_ops stage_latency stage_e2e stage_draft_data stage_train_draft
@@ -395,7 +412,7 @@ PLAN=(
   "latency       420  150"
   "e2e           480  240"
   "draft_data    $((${GPU_SELFCHAT_S:-150} + ${GPU_DISTILL_S:-240} + 240))  150"
-  "train_draft   $((${GPU_TRAIN_S:-240} + 120))  130"
+  "train_draft   $((${GPU_TRAIN_S:-240} + 120 + ${GPU_JUDGE_S:-150}))  130"
 )
 ONLY="$*"
 declare -A ROW
