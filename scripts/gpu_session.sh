@@ -257,9 +257,10 @@ stage_e2e() {
 # requests (train-draft selfchat, GPU_SELFCHAT_N samples, at most GPU_SELFCHAT_S seconds; each
 # chunk opened with one kind of request, GPU_SELFCHAT_OPENINGS=tasks, or none), then
 # answers a selfchat-heavy mix of prompts into token-only shards ($STATE/distill-gpu,
-# GPU_DISTILL_PROMPTS prompts, at most GPU_DISTILL_S seconds, GPU_DISTILL_SHARD prompts per
-# generation batch). Seeds (GPU_SELFCHAT_SEED, GPU_DISTILL_SEED) default to ones no tracked set
-# used, so the requests and the templated prompts are new. The benchmark sets the host lacks
+# GPU_DISTILL_PROMPTS prompts, at most GPU_DISTILL_S seconds, GPU_DISTILL_SHARD = 1024 prompts per
+# generation batch; GPU_SELFCHAT_BATCH = 1024 requests a chunk: a step of the 135M target is
+# mostly launches on a GPU, so wider batches write more a second; 512 ran on 4 Dec, 1024 not yet). Seeds (GPU_SELFCHAT_SEED, GPU_DISTILL_SEED) default to one
+# no tracked set used, so the requests and the templated prompts are new. The benchmark sets the host lacks
 # (python3.11-doc, reasoning-gym) are checked against the e2e bundle's disjoint-refs.json.gz
 # (scripts/gpu_wheels.sh writes it here); without it they are reported, not checked: re-check
 # the returned prompts here before training on them. Returned as
@@ -271,9 +272,14 @@ stage_draft_data() {
   need_target
   local refs="$PAYLOAD/e2e/disjoint-refs.json.gz"
   [[ -f "$refs" ]] && export HETEROSPEC_DISJOINT_REFS="$refs"
+  # a seed no kept file used: 5 + the GPU-written request files in git (seed 5 was the first,
+  # data/selfchat/user_turns-tasks-seed5-gpu.jsonl; keep the next as ...-seed<N>-gpu.jsonl)
+  local seed="${GPU_SELFCHAT_SEED:-$((5 + $(ls "$ROOT"/data/selfchat/*-gpu.jsonl 2> /dev/null | wc -l)))}"
+  echo "selfchat and distill seed $seed"
   HETEROSPEC_SELFCHAT="$sc" "$PY" -m heterospec.cli train-draft selfchat --target "$target" --out "$sc" \
-    --num-samples "${GPU_SELFCHAT_N:-16384}" --batch 512 --time-budget "${GPU_SELFCHAT_S:-150}" \
-    --seed "${GPU_SELFCHAT_SEED:-5}" --openings "${GPU_SELFCHAT_OPENINGS:-tasks}" 2>&1 | tr '\r' '\n' | tail -n 8
+    --num-samples "${GPU_SELFCHAT_N:-16384}" --batch "${GPU_SELFCHAT_BATCH:-1024}" \
+    --time-budget "${GPU_SELFCHAT_S:-150}" --seed "$seed" --openings "${GPU_SELFCHAT_OPENINGS:-tasks}" 2>&1 |
+    cr_lines | grep --line-buffered -v '^selfchat: *[0-9]*%' || true
   # The distill's --time-budget counts its generation only (loading, building and checking the
   # prompts come first: ~60 s on an H100 on 26 Nov, when the stage's limit cut it before the
   # packing below and nothing came back). So: generation ends 120 s before the deadline, and an
@@ -284,8 +290,8 @@ stage_draft_data() {
   ((left >= 30)) || { echo "no time left to distill (${left}s)"; exit 75; }
   HETEROSPEC_SELFCHAT="$sc" timeout -k 5 $((end - $(date +%s) - 30)) "$PY" -m heterospec.cli train-draft distill \
     --target "$target" --device cuda --dtype bfloat16 --out "$data" --num-prompts "${GPU_DISTILL_PROMPTS:-12000}" \
-    --seed "${GPU_DISTILL_SEED:-5}" --mix "${GPU_DISTILL_MIX:-selfchat=0.9,code=0.1}" \
-    --shard-size "${GPU_DISTILL_SHARD:-512}" --no-taps \
+    --seed "${GPU_DISTILL_SEED:-$seed}" --mix "${GPU_DISTILL_MIX:-selfchat=0.9,code=0.1}" \
+    --shard-size "${GPU_DISTILL_SHARD:-1024}" --no-taps \
     --allow-missing-references --time-budget "$left" 2>&1 | cr_lines | grep --line-buffered -v '^distill: *[0-9]*%' || true
   # one file (the device returns at most 8): ~2 bytes a token before gzip, ~11 MB for 12,000 prompts
   tar -C "$STATE" -czf "$OUT/draft_data.tar.gz" selfchat.jsonl distill-gpu
