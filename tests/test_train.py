@@ -658,3 +658,8 @@ def test_distill_skips_prompts_another_set_answered(tmp_path, target):
     got = {pid for f in D.list_shards(tmp_path / "b") for pid in D.DistillShard(f).prompt_ids}
     assert len(got) == 4 and not got & done
     assert "skip_answered" not in json.loads((tmp_path / "a" / "manifest.json").read_text())["config"]
+    # a directory without shards is named, not taken as "nothing answered"
+    empty = D.DistillConfig(out_dir=str(tmp_path / "c"), num_prompts=6, disjoint=False,
+                            skip_answered=(str(tmp_path / "nowhere"),), device="cpu", dtype="float32")
+    with pytest.raises(ValueError, match=r"no distilled shards .*nowhere"):
+        D.run_distill(empty, model=target, tokenizer=_CharTokenizer(), prompts=prompts, log=lambda *a: None)

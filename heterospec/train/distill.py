@@ -592,8 +592,12 @@ def run_distill(cfg: DistillConfig, model=None, tokenizer=None, prompts=None,
     if cfg.skip_answered:
         # prompts another set answered already (e.g. a plan begun on another host whose Python
         # builds other code prompts, so that it cannot be resumed here): not answered twice
-        answered = {pid for d in cfg.skip_answered for f in list_shards(d)
-                    for pid in DistillShard(f).prompt_ids}
+        answered = set()
+        for d in cfg.skip_answered:
+            shards = list_shards(d)
+            if not shards:
+                raise ValueError(f"skip-answered: no distilled shards (shard_*.safetensors) in {d}")
+            answered.update(pid for f in shards for pid in DistillShard(f).prompt_ids)
         before = len(prompts)
         prompts = [p for p in prompts if p.id not in answered]
         log(f"skip-answered: {before - len(prompts)} prompts answered in {', '.join(map(str, cfg.skip_answered))}")
