@@ -19,7 +19,7 @@ import pytest
 from heterospec.policy import CHAIN_TABLES_FILENAME, AcceptanceTables, BinningOption, fit_plan
 from heterospec.vllm_plugin.costs import StepCosts, _Line
 from heterospec.vllm_plugin.options import HeteroSpecSetupError, load_chain_tables, requested
-from heterospec.vllm_plugin.patch import SUPPORTED_VLLM, _wrong_version_guard
+from heterospec.vllm_plugin.patch import SUPPORTED_VLLM, _wrap_executor_init, _wrong_version_guard
 
 
 class _Cfg:
@@ -342,6 +342,31 @@ def test_wrong_version_guard():
     assert len(calls) == 1
     with pytest.raises(RuntimeError, match=f"supports vLLM {SUPPORTED_VLLM} only; this is vLLM 0.31.0"):
         guarded(None, _Cfg({"heterospec": {}}))
+
+
+def test_a_config_heterospec_cannot_serve_stops_before_the_executor_starts_its_ranks(tmp_path):
+    """The executor checks HeteroSpec's configuration before it starts any worker: a refused
+    draft or missing tables is one clear error, not one per rank after every rank's start."""
+    from types import SimpleNamespace as NS
+
+    started = []
+    init = _wrap_executor_init(lambda self, cfg: started.append(cfg))
+
+    def cfg(tp, rows, draft):
+        hf = NS(draft_vocab_size=rows, vocab_size=49152)
+        spec = NS(method="eagle3", model=str(draft), draft_model_config=NS(hf_config=hf))
+        return NS(additional_config={"heterospec": {}}, speculative_config=spec,
+                  parallel_config=NS(tensor_parallel_size=tp), scheduler_config=NS(async_scheduling=False),
+                  max_concurrent_batches=1)
+
+    with pytest.raises(HeteroSpecSetupError, match="8192-token vocabulary does not split across 3"):
+        init(NS(), cfg(3, 8192, tmp_path))
+    with pytest.raises(HeteroSpecSetupError, match="no chain acceptance tables"):
+        init(NS(), cfg(1, 8192, tmp_path))               # an empty draft directory: no tables
+    assert started == []
+    plain = NS(additional_config={})                       # HeteroSpec not asked for: no check
+    _wrap_executor_init(lambda self, c: started.append(c))(NS(), plain)
+    assert started == [plain]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "int32", "int64"])
