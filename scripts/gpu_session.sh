@@ -319,8 +319,11 @@ stage_train_draft() {
     prefix=$((prefix + 1))
   done
   echo "training shards: $(ls "$data" | wc -l)"
-  # --time-budget counts step time only: 100 s for loading, the evaluations, the final one, the
-  # export and its parts (on 4 Dec, 60 s were too few: the stage's limit cut the export)
+  # --time-budget counts step time only (and shapes the LR schedule): 100 s for loading, the
+  # evaluations, the final one, the export and its parts. That margin was cut twice (4 Dec: 60 s,
+  # then 100 s: ~32 s of loading before the first step and ~42 s of checkpoints and evaluations
+  # between steps), so --stop-at also ends the steps on the wall clock, 90 s before the stage's
+  # end (less the judgement's time), whatever came before.
   # GPU_JUDGE=1 (default): GPU_JUDGE_S more for judging the new draft against the shipped one
   local end="${STAGE_END:-$DEADLINE}" judge_s=0
   [[ "${GPU_JUDGE:-1}" == 1 ]] && judge_s="${GPU_JUDGE_S:-150}"
@@ -336,7 +339,7 @@ stage_train_draft() {
   "$PY" -m heterospec.cli train-draft train --device cuda --target "$target" --data "$data" --run "$run" \
     --init heterospec/assets/smollm2-135m-instruct-eagle3 --ttt-steps 7 --lr 3e-4 --warmup 20 "${head[@]}" \
     --batch-tokens "${GPU_TRAIN_BATCH_TOKENS:-16384}" --steps 100000 --time-budget "$budget" --ckpt-every 100 \
-    --eval-every 200 --val-seqs 16 2>&1 | cr_lines | grep --line-buffered -v '^train-draft: *[0-9]*%' || true
+    --eval-every 200 --val-seqs 16 --stop-at $((end - judge_s - 90)) 2>&1 | cr_lines | grep --line-buffered -v '^train-draft: *[0-9]*%' || true
   "$PY" -m heterospec.cli train-draft export --run "$run" --target "$target" --dest "$STATE/draft-out"
   cp "$run/train_log.jsonl" "$run/train_config.json" "$STATE/draft-out/" 2> /dev/null || true
   rm -f "$OUT"/draft.tar.part-*

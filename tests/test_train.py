@@ -318,6 +318,30 @@ def test_a_stopped_and_continued_step_does_not_spend_the_time_budget(tmp_path, t
     assert tr.train_seconds - before == pytest.approx(typical) and not tr.resumed_from_stop
 
 
+def test_stop_at_ends_training_at_a_wall_clock_time_with_a_checkpoint_and_evaluation(tmp_path, target,
+                                                                                      monkeypatch):
+    # a lease's deadline: no step starts after stop_at, yet the run checkpoints and evaluates as
+    # at its end (the export that follows needs both)
+    data = make_data(tmp_path, target, n_shards=2, per_shard=6)
+    now = [1000.0]
+    monkeypatch.setattr(T.time, "time", lambda: now[0])
+    real_step = T.Trainer.train_step
+
+    def step_and_tick(self, batch):     # every step "takes" 10 s of wall time
+        now[0] += 10.0
+        return real_step(self, batch)
+
+    monkeypatch.setattr(T.Trainer, "train_step", step_and_tick)
+    tr = _trainer(tmp_path / "a", target, data, steps=30, stop_at=1025.0)
+    final = tr.fit()
+    assert tr.step == 3                          # steps began at 1000, 1010 and 1020, none at 1030
+    assert final["step"] == 3 and "loss" in final and (tmp_path / "a" / "run" / "ckpt_latest.pt").exists()
+    assert (tmp_path / "a" / "run" / "ckpt_best.pt").exists()
+    late = _trainer(tmp_path / "b", target, data, steps=30, stop_at=now[0] - 1)
+    late.fit()
+    assert late.step == 0
+
+
 def test_warm_start_from_exported_draft_and_checkpoint(tmp_path, target):
     data = make_data(tmp_path, target, n_shards=2, per_shard=6, max_new=16)
     a = _trainer(tmp_path / "a", target, data)

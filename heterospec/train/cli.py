@@ -153,6 +153,10 @@ def build_parser(prog: str = "heterospec train-draft") -> argparse.ArgumentParse
     p.add_argument("--ckpt-every", type=positive_int, default=25)
     p.add_argument("--time-budget", type=positive_float, default=None,
                    help="seconds of train-step time (evals excluded); the LR schedule follows it")
+    p.add_argument("--stop-at", type=positive_float, default=None, metavar="EPOCH_S",
+                   help="wall-clock time (epoch seconds) after which no step starts: the run "
+                        "checkpoints and evaluates as at its end (a job's deadline, whatever "
+                        "loading, evaluations and checkpoints took)")
     p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--amp", default="auto", choices=["auto", "float32", "bfloat16"],
                    help="mixed precision of the draft's forward/backward; auto = bfloat16 "

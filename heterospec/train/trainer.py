@@ -555,6 +555,9 @@ class TrainConfig:
     sim_every: int = 0               # steps between tau simulations during training (0 = at eval)
     sim_seqs: int = 6
     time_budget_s: float | None = None
+    # an absolute end (epoch seconds) for starting steps, whatever the schedule: the last
+    # checkpoint, evaluation and export still need their time before a lease or job ends
+    stop_at: float | None = None
     seed: int = 0
     threads: int = 1
     group_shards: int = 4
@@ -845,6 +848,9 @@ class Trainer:
                     return {"stopped": True, "step": self.step}
                 if cfg.time_budget_s is not None and self.train_seconds > cfg.time_budget_s:
                     self.log(f"time budget reached at step {self.step}")
+                    break
+                if cfg.stop_at is not None and time.time() >= cfg.stop_at:
+                    self.log(f"stop time reached at step {self.step}")
                     break
                 d0 = time.perf_counter()
                 batch = self.stream.next_batch()
@@ -1243,6 +1249,7 @@ def cli_dispatch(args, default_data, default_run) -> int:
                           min_lr_ratio=args.min_lr_ratio, val_seqs=args.val_seqs,
                           eval_every=args.eval_every,
                           ckpt_every=args.ckpt_every, time_budget_s=args.time_budget,
+                          stop_at=args.stop_at,
                           seed=args.seed, threads=args.threads, target_dir=args.target,
                           init_from=args.init, init_layer=args.init_layer, amp=args.amp,
                           taps_dtype=args.taps_dtype, device=args.device,
