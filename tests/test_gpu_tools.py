@@ -14,6 +14,10 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+# a dry run's settings: nothing runs, and the chain looks at its driver five times a second
+DRY = dict(GPU_DRY_RUN="1", GPU_CHAIN_POLL_S="0.2", GPU_CHAIN_START_S="0.5")
+
+
 def _load(rel: str, name: str):
     spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, rel))
     mod = importlib.util.module_from_spec(spec)
@@ -123,7 +127,7 @@ def test_gpu_chain_dry_run(tmp_path):
     a bundle that never arrived and still runs every later stage (here: dry-run skips)."""
     out = tmp_path / "out"
     out.mkdir()
-    env = dict(os.environ, GPU_DRY_RUN="1", GPU_STATE=str(tmp_path / "state"), OUT=str(out), PYTHON=sys.executable)
+    env = dict(os.environ, **DRY, GPU_STATE=str(tmp_path / "state"), OUT=str(out), PYTHON=sys.executable)
     chain = os.path.join(ROOT, "scripts/gpu_chain.sh")
     p = subprocess.run(["bash", chain, "start", "70"], env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stdout + p.stderr
@@ -143,7 +147,7 @@ def _dry_chain(tmp_path, **extra_env) -> str:
     """A dry-run chain (start, then finish at once) in tmp_path; returns its chain.log."""
     out = tmp_path / "out"
     out.mkdir()
-    env = dict(os.environ, GPU_DRY_RUN="1", GPU_STATE=str(tmp_path / "state"), OUT=str(out),
+    env = dict(os.environ, **DRY, GPU_STATE=str(tmp_path / "state"), OUT=str(out),
                PYTHON=sys.executable, **extra_env)
     chain = os.path.join(ROOT, "scripts/gpu_chain.sh")
     assert subprocess.run(["bash", chain, "start", "70"], env=env, capture_output=True, text=True,
@@ -174,7 +178,7 @@ def test_gpu_chain_does_not_wait_for_a_bundle_left_out_of_the_payload(tmp_path):
 
 
 def test_gpu_session_dry_run(tmp_path):
-    env = dict(os.environ, GPU_DRY_RUN="1", GPU_STATE=str(tmp_path / "state"), OUT=str(tmp_path / "out"),
+    env = dict(os.environ, **DRY, GPU_STATE=str(tmp_path / "state"), OUT=str(tmp_path / "out"),
                PYTHON=sys.executable)
     p = subprocess.run(["bash", os.path.join(ROOT, "scripts/gpu_session.sh")], env=env, capture_output=True,
                        text=True, timeout=120)

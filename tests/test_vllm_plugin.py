@@ -321,6 +321,23 @@ def test_step_costs_save_load_and_frozen_borrowing(tmp_path):
         StepCosts.load(str(tmp_path / "old.json"))
 
 
+def test_generate_runs_take_their_flags_for_what_they_leave_out():
+    from types import SimpleNamespace
+
+    from heterospec.vllm_plugin.__main__ import _runs
+
+    flags = SimpleNamespace(max_new_tokens=64, temperature=0.0, seed=None, runs=None)
+    assert _runs(flags) == [{"max_new_tokens": 64, "temperature": 0.0, "seed": None}]
+    flags.runs = json.dumps([{}, {"temperature": 0.8, "seed": 7}])
+    assert _runs(flags) == [{"max_new_tokens": 64, "temperature": 0.0, "seed": None},
+                            {"max_new_tokens": 64, "temperature": 0.8, "seed": 7}]
+    for bad, msg in (("[{\"top_p\": 0.9}]", "unknown keys \\['top_p'\\]"), ("[]", "non-empty"),
+                     ("{\"seed\": 1}", "non-empty JSON list"), ("[{", "not JSON")):
+        flags.runs = bad
+        with pytest.raises(SystemExit, match=msg):
+            _runs(flags)
+
+
 def test_default_memory_fraction_gives_the_engine_the_same_memory_on_any_node():
     from heterospec.vllm_plugin.__main__ import CPU_MEMORY_BUDGET_GIB, default_memory_fraction
     gib = 1 << 30
@@ -898,23 +915,50 @@ PROMPTS = [
 ]
 
 
-def _generate(tmp_path, *args, check=True, prompts=PROMPTS):
+def _generate(tmp_path, *args, check=True, prompts=PROMPTS, env=None):
     path = tmp_path / "prompts.json"
     path.write_text(json.dumps(prompts))
     prompts = path
-    cmd = [sys.executable, "-m", "heterospec.vllm_plugin", "generate", "--prompts", str(prompts), *args]
-    env = dict(os.environ, VLLM_LOGGING_LEVEL="WARNING", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
+    # one process per engine at --tp 1 (vLLM's "uni" executor): vLLM's default spawns the engine
+    # core and then the worker, two more interpreters importing vLLM, ~30 s of each start on 2
+    # cores; the worker-process path runs in the tensor-parallel test
+    executor = [] if "--tp" in args else ["--executor", "uni"]
+    cmd = [sys.executable, "-m", "heterospec.vllm_plugin", "generate", "--prompts", str(prompts), *executor, *args]
+    env = dict(os.environ, VLLM_LOGGING_LEVEL="WARNING", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"),
+               **(env or {}))
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     if check:
         assert r.returncode == 0, r.stderr[-4000:]
-        return {o["batch"]: o for o in (json.loads(line) for line in r.stdout.splitlines() if line.startswith("{"))}
+        out = {}
+        for o in (json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")):
+            out.setdefault(o["run"], {})[o["batch"]] = o
+        return out[0] if "--runs" not in args else out
     return r
+
+
+# The greedy and the seeded sampling checks share their engines: each engine runs both, one
+# after the other (`generate --runs`), so each costs one engine start (a minute of 2 cores).
+GREEDY, SAMPLED = 0, 1
+RUNS = json.dumps([{"max_new_tokens": 48, "temperature": 0.0},
+                   {"max_new_tokens": 32, "temperature": 0.8, "seed": 7}])
 
 
 @pytest.fixture(scope="module")
 def autoregressive(tmp_path_factory):
     return _generate(tmp_path_factory.mktemp("ar"), "--method", "autoregressive", "--batch", "1", "8",
-                     "--max-new-tokens", "48")
+                     "--runs", RUNS)
+
+
+@pytest.fixture(scope="module")
+def frozen_heterospec(tmp_path_factory):
+    """vLLM + HeteroSpec with frozen costs that speculate (and copied chains that paid), both runs;
+    its per-step trace."""
+    tmp = tmp_path_factory.mktemp("hs")
+    trace = tmp / "trace.jsonl"
+    out = _generate(tmp, "--method", "heterospec", "--k", "6", "--batch", "1", "8", "--runs", RUNS,
+                    "--options", _speculating_costs(tmp / "costs.json", copies_paid=True),
+                    env={"HETEROSPEC_VLLM_TRACE": str(trace)})
+    return out, [json.loads(line) for line in trace.read_text().splitlines()]
 
 
 def _speculating_costs(path, copies_paid=False, kmax=6):
@@ -952,13 +996,8 @@ def _check_mixed_drafts(run, k):
 
 @needs_vllm
 @pytest.mark.slow
-def test_vllm_heterospec_greedy_equals_autoregressive(autoregressive, tmp_path, monkeypatch):
-    trace = tmp_path / "trace.jsonl"
-    monkeypatch.setenv("HETEROSPEC_VLLM_TRACE", str(trace))
-    frozen = _generate(tmp_path, "--method", "heterospec", "--k", "6", "--batch", "1", "8", "--max-new-tokens", "48",
-                       "--options", _speculating_costs(tmp_path / "costs.json", copies_paid=True))
-    monkeypatch.delenv("HETEROSPEC_VLLM_TRACE")
-    steps = [json.loads(line) for line in trace.read_text().splitlines()]
+def test_vllm_heterospec_greedy_equals_autoregressive(autoregressive, frozen_heterospec, tmp_path):
+    frozen, steps = frozen_heterospec[0][GREEDY], frozen_heterospec[1]
     stopped = [s for s in steps if s["path_stop"]]
     # the path stop decided chains, and ended some between one token and the limit
     assert stopped and any(1 < k < 6 for s in stopped for k in s["k"]), steps[:20]
@@ -971,29 +1010,28 @@ def test_vllm_heterospec_greedy_equals_autoregressive(autoregressive, tmp_path, 
     learned = _generate(tmp_path, "--method", "heterospec", "--k", "6", "--batch", "1", "8", "--max-new-tokens", "48",
                         "--warmup", "16", "--options", json.dumps({"costs": str(tmp_path / "learned.json")}))
     for b in (1, 8):
-        assert frozen[b]["token_ids"] == autoregressive[b]["token_ids"], f"batch {b}, frozen speculating plan"
+        assert frozen[b]["token_ids"] == autoregressive[GREEDY][b]["token_ids"], f"batch {b}, frozen speculating plan"
         _check_mixed_drafts(frozen[b], 6)
-        assert learned[b]["token_ids"] == autoregressive[b]["token_ids"], f"batch {b}, learned plan"
+        assert learned[b]["token_ids"] == autoregressive[GREEDY][b]["token_ids"], f"batch {b}, learned plan"
     assert StepCosts.load(str(tmp_path / "learned.json")).nearest_ready(1) is not None   # costs were learned
 
 
 @needs_vllm
 @pytest.mark.slow
-def test_vllm_heterospec_seeded_sampling_equals_autoregressive(tmp_path):
+def test_vllm_heterospec_seeded_sampling_equals_autoregressive(autoregressive, frozen_heterospec):
     """Temperature 0.8, per-request seeds: vLLM + HeteroSpec writes the text vLLM autoregressive
     writes with the same seeds, at batch 1 and at batch 8 (so a seeded run is reproducible however
-    vLLM forms its batches and whatever the plan drafts). Before ``patch.fix_cpu_expand`` and
-    ``patch.verify_by_exact_match`` no two runs agreed: vLLM's rejection sampler read
+    vLLM forms its batches and whatever the plan drafts or copies). Before ``patch.fix_cpu_expand``
+    and ``patch.verify_by_exact_match`` no two runs agreed: vLLM's rejection sampler read
     uninitialised temperatures, and a request's draws depended on its draft lengths."""
-    sampling = ["--batch", "1", "8", "--max-new-tokens", "32", "--temperature", "0.8", "--seed", "7"]
-    ar = _generate(tmp_path, "--method", "autoregressive", *sampling)
-    hs = _generate(tmp_path, "--method", "heterospec", "--k", "6", *sampling,
-                   "--options", _speculating_costs(tmp_path / "costs.json"))
+    ar, hs = autoregressive[SAMPLED], frozen_heterospec[0][SAMPLED]
     for b in (1, 8):
         _check_mixed_drafts(hs[b], 6)
         assert hs[b]["token_ids"] == ar[b]["token_ids"], f"batch {b}"
         spec = hs[b]["spec"]
         assert spec["num_accepted_tokens"] >= 0.1 * spec["num_draft_tokens"], spec   # drafts were accepted
+        greedy = [ids[:32] for ids in autoregressive[GREEDY][b]["token_ids"]]
+        assert [ids[:32] for ids in ar[b]["token_ids"]] != greedy      # it sampled
 
 
 @needs_vllm

@@ -376,7 +376,15 @@ CODE_TEMPLATES = [
 
 
 def _stdlib_functions(max_files: int | None = None) -> list[tuple[str, str, str, str]]:
-    """(module path, name, signature, first docstring paragraph) of public stdlib functions."""
+    """(module path, name, signature, first docstring paragraph) of public stdlib functions (a
+    new list: callers shuffle it)."""
+    return list(_scan_stdlib(max_files))
+
+
+@functools.lru_cache(maxsize=4)
+def _scan_stdlib(max_files: int | None) -> tuple[tuple[str, str, str, str], ...]:
+    """The scan behind :func:`_stdlib_functions`, once per process: parsing the ~1,800 stdlib
+    files takes seconds, and one calibration draw builds the training prompts twice."""
     root = Path(sysconfig.get_paths()["stdlib"])
     found = []
     files = sorted(p for p in root.rglob("*.py")
@@ -406,7 +414,7 @@ def _stdlib_functions(max_files: int | None = None) -> list[tuple[str, str, str,
             if len(sig) > 80:
                 continue
             found.append((str(path.relative_to(root)), node.name, sig, para))
-    return found
+    return tuple(found)
 
 
 def _code_prompts(n: int, rng: random.Random, max_files: int | None = None) -> list[Prompt]:

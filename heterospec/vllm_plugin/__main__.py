@@ -6,8 +6,9 @@
                 tensor-parallel ranks (the shipped draft's 8,192 rows do not split in 3, the
                 built-in target's 9 heads split in 3 only; see tp_draft.py)
     generate    one vLLM engine (autoregressive, eagle3 with K draft tokens, or HeteroSpec) on a
-                JSON list of prompts at one or more batch sizes; prints one JSON line per batch
-                size: token ids, tokens, seconds. Used by the tests and bench/vllm_compare.py,
+                JSON list of prompts at one or more batch sizes (and, with --runs, several
+                greedy or seeded runs one after another); prints one JSON line per run and
+                batch size: token ids, tokens, seconds. Used by the tests and bench/vllm_compare.py,
                 one process per engine (vLLM starts its engine core per ``LLM``). With
                 ``--serve`` the engine stays up after its warm-up (``{"ready": true}``) and
                 runs the requests read from stdin, one JSON line each (``{"prompts": [i, ...]}``:
@@ -71,6 +72,10 @@ def call_groups(batch_sizes, n: int, continuous: bool = False) -> list:
 
 
 def _generate(args) -> int:
+    if args.executor == "uni":
+        # the engine core in this process too (vLLM otherwise spawns it, and it spawns the worker:
+        # each a new interpreter importing vLLM)
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM, SamplingParams
 
     paths = _paths()
@@ -90,7 +95,7 @@ def _generate(args) -> int:
         extra["heterospec"] = json.loads(args.options)
     llm = LLM(model=target, speculative_config=spec, additional_config=extra, dtype=args.dtype,
               max_model_len=args.max_model_len, max_num_seqs=max_seqs, enforce_eager=True, seed=0,
-              tensor_parallel_size=args.tp,
+              tensor_parallel_size=args.tp, distributed_executor_backend=args.executor,
               gpu_memory_utilization=(args.memory_fraction if args.memory_fraction is not None
                                       else default_memory_fraction()),
               async_scheduling=False, disable_log_stats=False)
@@ -107,9 +112,12 @@ def _generate(args) -> int:
         return out
     msgs = [[{"role": "user", "content": p}] for p in prompts]
 
+    runs = _runs(args)
+    run = runs[0]
+
     def params(i):
-        return SamplingParams(temperature=args.temperature, max_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos,
-                              seed=(args.seed + i) if args.seed is not None else None)
+        return SamplingParams(temperature=run["temperature"], max_tokens=run["max_new_tokens"],
+                              ignore_eos=args.ignore_eos, seed=(run["seed"] + i) if run["seed"] is not None else None)
 
     if args.warmup:   # compile caches, allocator, and HeteroSpec's first cost measurements
         llm.chat(msgs[:2], [SamplingParams(temperature=0, max_tokens=args.warmup) for _ in msgs[:2]], use_tqdm=False)
@@ -134,10 +142,33 @@ def _generate(args) -> int:
                 print(json.dumps(timed([json.loads(line)["prompts"]])), flush=True)
         return 0
     groups = call_groups(args.batch, len(msgs), args.continuous)
-    for b in args.batch:      # batch b: b prompts per call (--continuous: all of them, b running at once)
-        print(json.dumps({"method": args.method, "k": args.k if spec else 0, "batch": b,
-                          **timed([idx for gb, idx in groups if gb == b])}), flush=True)
+    for i, run in enumerate(runs):    # (params() reads the current run)
+        for b in args.batch:      # batch b: b prompts per call (--continuous: all of them, b running at once)
+            print(json.dumps({"method": args.method, "k": args.k if spec else 0, "batch": b, "run": i,
+                              **timed([idx for gb, idx in groups if gb == b])}), flush=True)
     return 0
+
+
+RUN_KEYS = ("max_new_tokens", "temperature", "seed")
+
+
+def _runs(args) -> list:
+    """The runs of ``generate`` on its one engine: ``--runs`` (a JSON list of objects with keys of
+    :data:`RUN_KEYS`; a key left out takes its flag's value), else one run of the flags."""
+    flags = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "seed": args.seed}
+    if args.runs is None:
+        return [flags]
+    try:
+        runs = json.loads(args.runs)
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"generate: --runs is not JSON ({e})")
+    if not isinstance(runs, list) or not runs or not all(isinstance(r, dict) for r in runs):
+        raise SystemExit("generate: --runs must be a non-empty JSON list of objects")
+    for r in runs:
+        unknown = sorted(set(r) - set(RUN_KEYS))
+        if unknown:
+            raise SystemExit(f"generate: --runs: unknown keys {unknown}; a run has {', '.join(RUN_KEYS)}")
+    return [{**flags, **r} for r in runs]
 
 
 def main(argv=None) -> int:
@@ -155,6 +186,10 @@ def main(argv=None) -> int:
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--seed", type=int, default=None, help="per-request seeds seed, seed+1, ...")
     g.add_argument("--ignore-eos", action="store_true")
+    g.add_argument("--runs", default=None,
+                   help="several runs on the one engine, one after another: a JSON list of objects "
+                        f"with keys {', '.join(RUN_KEYS)} (a key left out: its flag); output lines "
+                        "carry \"run\" (its index)")
     g.add_argument("--warmup", type=int, default=0, help="tokens of a 2-prompt warm-up (not timed)")
     g.add_argument("--continuous", action="store_true",
                    help="the largest --batch B: all prompts in one call, B running at once (default: calls of B)")
@@ -167,6 +202,10 @@ def main(argv=None) -> int:
     g.add_argument("--tp", type=int, default=1,
                    help="tensor_parallel_size (the built-in target splits in 3; the draft then needs `tp-draft`)")
     g.add_argument("--max-model-len", type=int, default=2048)
+    g.add_argument("--executor", choices=["mp", "uni"], default=None,
+                   help="vLLM's executor: mp (a worker process per rank), uni (--tp 1 only: the "
+                        "engine and its worker in this process, no start-up of two more "
+                        "interpreters); default: vLLM's choice")
     g.add_argument("--memory-fraction", type=float, default=None,
                    help="vLLM's gpu_memory_utilization (on CPU: the fraction of NUMA node 0's memory "
                         f"for the engine; default: {CPU_MEMORY_BUDGET_GIB} GiB of it)")

@@ -360,8 +360,12 @@ def install(version: str) -> bool:
         runner.__init__ = _wrong_version_guard(runner.__init__, version)
         return False
     from vllm.v1.executor.multiproc_executor import MultiprocExecutor
+    from vllm.v1.executor.uniproc_executor import UniProcExecutor
 
     runner.__init__ = _wrap_runner_init(runner.__init__)
-    MultiprocExecutor.__init__ = _wrap_executor_init(MultiprocExecutor.__init__)
+    # both executors a CPU or single-GPU engine runs: a worker process per rank (vLLM's default
+    # here), or the engine's own process (distributed_executor_backend="uni")
+    for executor in (MultiprocExecutor, UniProcExecutor):
+        executor.__init__ = _wrap_executor_init(executor.__init__)
     _installed = True
     return True
