@@ -338,6 +338,14 @@ def test_generate_runs_take_their_flags_for_what_they_leave_out():
             _runs(flags)
 
 
+def test_generate_refuses_the_uni_executor_with_several_ranks(capsys):
+    from heterospec.vllm_plugin.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "--method", "autoregressive", "--prompts", "p.json", "--tp", "3", "--executor", "uni"])
+    assert e.value.code == 2 and "--executor uni runs one rank" in capsys.readouterr().err
+
+
 def test_default_memory_fraction_gives_the_engine_the_same_memory_on_any_node():
     from heterospec.vllm_plugin.__main__ import CPU_MEMORY_BUDGET_GIB, default_memory_fraction
     gib = 1 << 30

@@ -72,6 +72,8 @@ def call_groups(batch_sizes, n: int, continuous: bool = False) -> list:
 
 
 def _generate(args) -> int:
+    runs = _runs(args)        # (a bad --runs fails before vLLM's import and its engine's start)
+    run = runs[0]
     if args.executor == "uni":
         # the engine core in this process too (vLLM otherwise spawns it, and it spawns the worker:
         # each a new interpreter importing vLLM)
@@ -111,9 +113,6 @@ def _generate(args) -> int:
             pass
         return out
     msgs = [[{"role": "user", "content": p}] for p in prompts]
-
-    runs = _runs(args)
-    run = runs[0]
 
     def params(i):
         return SamplingParams(temperature=run["temperature"], max_tokens=run["max_new_tokens"],
@@ -233,6 +232,8 @@ def main(argv=None) -> int:
         p.error("--k must be >= 1")
     if args.tp < 1:
         p.error("--tp must be >= 1")
+    if args.executor == "uni" and args.tp > 1:
+        p.error("--executor uni runs one rank in this process: it needs --tp 1 (use --executor mp)")
     if args.tp > 1 and (os.cpu_count() or 1) < args.tp:
         # vLLM's CPU workers pin their OpenMP threads to cores of their own by default; with more
         # ranks than cores they share the cores instead
