@@ -73,7 +73,6 @@ def call_groups(batch_sizes, n: int, continuous: bool = False) -> list:
 
 def _generate(args) -> int:
     runs = _runs(args)        # (a bad --runs fails before vLLM's import and its engine's start)
-    run = runs[0]
     if args.executor == "uni":
         # the engine core in this process too (vLLM otherwise spawns it, and it spawns the worker:
         # each a new interpreter importing vLLM)
@@ -114,19 +113,19 @@ def _generate(args) -> int:
         return out
     msgs = [[{"role": "user", "content": p}] for p in prompts]
 
-    def params(i):
+    def params(i, run):
         return SamplingParams(temperature=run["temperature"], max_tokens=run["max_new_tokens"],
                               ignore_eos=args.ignore_eos, seed=(run["seed"] + i) if run["seed"] is not None else None)
 
     if args.warmup:   # compile caches, allocator, and HeteroSpec's first cost measurements
         llm.chat(msgs[:2], [SamplingParams(temperature=0, max_tokens=args.warmup) for _ in msgs[:2]], use_tqdm=False)
 
-    def timed(groups) -> dict:
+    def timed(groups, run) -> dict:
         """Each group of prompt indices submitted as one call (vLLM schedules up to max_num_seqs
         of it at once): token ids, tokens, seconds and vLLM's speculative counters of them all."""
         before, ids, t0 = spec_counters(), [], time.perf_counter()
         for idx in groups:
-            outs = llm.chat([msgs[i] for i in idx], [params(i) for i in idx], use_tqdm=False)
+            outs = llm.chat([msgs[i] for i in idx], [params(i, run) for i in idx], use_tqdm=False)
             ids.extend(list(o.outputs[0].token_ids) for o in outs)
         dt, after = time.perf_counter() - t0, spec_counters()
         return {"seconds": dt, "tokens": sum(len(x) for x in ids), "token_ids": ids,
@@ -138,13 +137,13 @@ def _generate(args) -> int:
               flush=True)
         for line in sys.stdin:
             if line.strip():
-                print(json.dumps(timed([json.loads(line)["prompts"]])), flush=True)
+                print(json.dumps(timed([json.loads(line)["prompts"]], runs[0])), flush=True)
         return 0
     groups = call_groups(args.batch, len(msgs), args.continuous)
-    for i, run in enumerate(runs):    # (params() reads the current run)
+    for i, run in enumerate(runs):
         for b in args.batch:      # batch b: b prompts per call (--continuous: all of them, b running at once)
             print(json.dumps({"method": args.method, "k": args.k if spec else 0, "batch": b, "run": i,
-                              **timed([idx for gb, idx in groups if gb == b])}), flush=True)
+                              **timed([idx for gb, idx in groups if gb == b], run)}), flush=True)
     return 0
 
 
