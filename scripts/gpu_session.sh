@@ -336,6 +336,9 @@ stage_train_draft() {
   # does; on a GPU its extra quarter of compute is cheap (bench/RESULTS.md, run v7)
   local head=(--train-lm-head)
   [[ "${GPU_TRAIN_HEAD:-1}" == 0 ]] && head=()
+  # GPU_TRAIN_INTER=N: a draft with an MLP N wide, widened from the shipped one (the same function
+  # at step 0, see train-draft train --intermediate-size): more capacity than the target-wide MLP
+  [[ -n "${GPU_TRAIN_INTER:-}" ]] && head+=(--intermediate-size "$GPU_TRAIN_INTER")
   "$PY" -m heterospec.cli train-draft train --device cuda --target "$target" --data "$data" --run "$run" \
     --init heterospec/assets/smollm2-135m-instruct-eagle3 --ttt-steps 7 --lr 3e-4 --warmup 20 "${head[@]}" \
     --batch-tokens "${GPU_TRAIN_BATCH_TOKENS:-16384}" --steps 100000 --time-budget "$budget" --ckpt-every 100 \

@@ -398,6 +398,27 @@ def test_low_precision_draft_is_still_lossless(draft_dtype):
     assert draft.dtype == draft_dtype
 
 
+def test_a_draft_with_a_wider_mlp_is_lossless():
+    """A draft whose MLP is wider than the target's (``train-draft train --intermediate-size``:
+    the public EAGLE-3 format's one way to more capacity) runs through the same engine, single
+    and batched, and only proposes."""
+    hf = tiny_hf_llama(seed=4, kv_heads=2, dtype=torch.float32)
+    target = heterospec.TargetModel.from_hf(hf)
+    wide = 3 * target.config.intermediate_size + 8
+    draft = heterospec.Eagle3Draft.for_target(target, seed=4, intermediate_size=wide)
+    assert draft.config.intermediate_size == wide and draft.midlayer.mlp.down_proj.weight.shape[1] == wide
+    engine = Engine(target, draft, config=SMALL, bins=EntropyBins([0.5, 1.0, 2.0]))
+    prompts = _prompts(target.config.vocab_size, 3, seed=4)
+    for prompt in prompts:
+        ref = engine.generate(prompt, max_new_tokens=16, method="autoregressive").token_ids
+        for method in ("eagle3", "heterospec"):
+            assert engine.generate(prompt, max_new_tokens=16, method=method).token_ids == ref, method
+    refs = [o.token_ids for o in engine.generate_batch(prompts, max_new_tokens=16, method="autoregressive")]
+    assert [o.token_ids for o in engine.generate_batch(prompts, max_new_tokens=16, method="heterospec")] == refs
+    with pytest.raises(ValueError, match="intermediate_size"):
+        heterospec.Eagle3Draft.for_target(target, intermediate_size=0)
+
+
 def test_guard_credits_a_round_with_the_slowest_requests_progress():
     """The fitted policy's guard judges a static batch's round by how far it moved the slowest
     running request (summed over a call's rounds: the batch's length), not each request's mean."""

@@ -409,6 +409,56 @@ def test_a_trained_lm_head_trains_travels_with_warm_start_and_guards_resume(tmp_
         _trainer(tmp_path / "f", target, data, freeze_lm_head=False)
 
 
+def test_a_wider_mlp_starts_as_the_draft_it_widens_and_keeps_its_width(tmp_path, target):
+    """--intermediate-size N: the warm start's MLP units are copied into the first ones and the
+    new ones start silent, so the wider draft is the same function at step 0 and then learns."""
+    data = make_data(tmp_path, target, n_shards=2, per_shard=6, max_new=16)
+    a = _trainer(tmp_path / "a", target, data)
+    for _ in range(2):
+        a.train_step(a.stream.next_batch())
+    ck = a.save_checkpoint()
+    n, wide = target.config.intermediate_size, 160
+    b = _trainer(tmp_path / "b", target, data, init_from=str(ck), intermediate_size=wide)
+    assert b.draft.config.intermediate_size == wide and b.cfg.intermediate_size == wide
+    batch = b.stream.next_batch()
+    with torch.no_grad():
+        out_a = a.draft.forward_train(batch.input_ids, batch.features, batch.attention_mask, ttt_steps=2,
+                                      return_logits=False)
+        out_b = b.draft.forward_train(batch.input_ids, batch.features, batch.attention_mask, ttt_steps=2,
+                                      return_logits=False)
+    for ha, hb in zip(out_a.hidden, out_b.hidden):
+        torch.testing.assert_close(hb, ha, rtol=1e-5, atol=1e-5)
+    mlp = b.draft.midlayer.mlp
+    assert torch.equal(mlp.gate_proj.weight[:n], a.draft.midlayer.mlp.gate_proj.weight)
+    assert bool((mlp.down_proj.weight[:, n:] == 0).all()) and bool((mlp.gate_proj.weight[n:] != 0).any())
+    b.train_step(batch)
+    assert bool((mlp.down_proj.weight[:, n:] != 0).any())          # the new units learn
+    b_ck = b.save_checkpoint()
+    # a resumed run keeps its width; asking for another one is refused by name
+    assert _trainer(tmp_path / "b", target, data).draft.config.intermediate_size == wide
+    with pytest.raises(ValueError, match=f"MLP {wide} wide"):
+        _trainer(tmp_path / "b", target, data, intermediate_size=n)
+    # the export says its width; a warm start from it (or from the checkpoint) keeps it
+    exported = T.export_draft(b_ck, tmp_path / "export", target=target)
+    assert json.loads((exported / "config.json").read_text())["intermediate_size"] == wide
+    assert T.load_draft(exported, target).config.intermediate_size == wide
+    assert T.load_draft(b_ck, target).config.intermediate_size == wide
+    for src in (exported, b_ck):
+        c = _trainer(tmp_path / f"c-{src.name}", target, data, init_from=str(src))
+        assert c.draft.config.intermediate_size == wide
+    with pytest.raises(ValueError, match="narrower"):
+        _trainer(tmp_path / "d", target, data, init_from=str(b_ck), intermediate_size=n)
+    # a new draft's layer from a target layer: the target's MLP fills the first units
+    e = _trainer(tmp_path / "e", target, data, init_layer=-3, intermediate_size=wide)
+    src = target.model.layers[target.config.num_hidden_layers - 3].mlp
+    assert torch.equal(e.draft.midlayer.mlp.up_proj.weight[:n], src.up_proj.weight)
+    assert torch.equal(e.draft.midlayer.mlp.down_proj.weight[:, :n], src.down_proj.weight)
+    assert bool((e.draft.midlayer.mlp.down_proj.weight[:, n:] == 0).all())
+    from heterospec.train.cli import build_parser
+
+    assert build_parser().parse_args(["train", "--intermediate-size", "3072"]).intermediate_size == 3072
+
+
 def test_lr_schedule_warms_up_then_decays_to_min_lr_ratio():
     cfg = T.TrainConfig(data_dir="d", run_dir="r", steps=110, lr=1e-3, warmup=10)
     assert T.lr_at(cfg, 0) == pytest.approx(1e-4) and T.lr_at(cfg, 9) == pytest.approx(1e-3)

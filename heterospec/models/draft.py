@@ -385,11 +385,15 @@ class Eagle3Draft(nn.Module):
 
     @classmethod
     def for_target(cls, target, draft_vocab_size: int | None = None, seed: int = 0,
-                   kept_ids=None, dtype: torch.dtype | None = None) -> "Eagle3Draft":
+                   kept_ids=None, dtype: torch.dtype | None = None,
+                   intermediate_size: int | None = None) -> "Eagle3Draft":
         """A randomly initialised draft sized after `target` (TargetModel or HF Llama).
 
         kept_ids: target ids of the draft vocabulary (any order, unique; sorted here); default the
         first `draft_vocab_size` ids. draft_vocab_size None = the target vocabulary (or len(kept_ids)).
+        intermediate_size: the draft layer's MLP width (default: the target's). A wider MLP is
+        the one way to give a one-layer EAGLE-3 draft more capacity within the public format
+        (vLLM and this engine read the width from config.json).
         """
         t = _target_spec(target)
         V = t["vocab"]
@@ -409,8 +413,11 @@ class Eagle3Draft(nn.Module):
         rope_cfg = {"rope_theta": rope.pop("rope_theta", 10000.0)}
         if rope.get("rope_type", "default") != "default":
             rope_cfg["rope_scaling"] = rope
+        inter = t["inter"] if intermediate_size is None else int(intermediate_size)
+        if inter < 1:
+            raise ValueError(f"intermediate_size must be >= 1, got {intermediate_size}")
         config = DraftConfig(
-            hidden_size=t["hidden"], intermediate_size=t["inter"], num_attention_heads=t["heads"],
+            hidden_size=t["hidden"], intermediate_size=inter, num_attention_heads=t["heads"],
             num_key_value_heads=t["kv_heads"], head_dim=t["head_dim"], vocab_size=V,
             draft_vocab_size=kept.numel(), target_hidden_size=t["hidden"], rms_norm_eps=t["eps"],
             max_position_embeddings=getattr(hf, "max_position_embeddings", 2048), rope=rope_cfg,

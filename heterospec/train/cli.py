@@ -175,6 +175,12 @@ def build_parser(prog: str = "heterospec train-draft") -> argparse.ArgumentParse
                         "counts from the end; -3 is the layer whose input is the draft's high tap) "
                         "instead of at random; not with --init. Ignored when the run resumes")
 
+    p.add_argument("--intermediate-size", type=positive_int, default=None, metavar="N",
+                   help="the draft MLP's width (default: the --init draft's, else the target's); "
+                        "wider than the --init draft's, that draft's units are copied into the "
+                        "first ones and the new ones start silent (the same function at step 0). "
+                        "A resumed run keeps its own")
+
     p = sub.add_parser("simulate", help="offline chain/tree acceptance estimate on held-out data")
     common(p)
     p.add_argument("--data", default=None)

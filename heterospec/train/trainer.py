@@ -350,8 +350,10 @@ def _target_final_norm(target) -> torch.Tensor | None:
     return None if norm is None else norm.weight.detach().float()
 
 
-def new_draft(target, kept: torch.Tensor, seed: int = 0, init_from_target: bool = True):
-    """A fresh draft for ``target`` over the draft vocabulary ``kept`` (fp32, for training).
+def new_draft(target, kept: torch.Tensor, seed: int = 0, init_from_target: bool = True,
+              intermediate_size: int | None = None):
+    """A fresh draft for ``target`` over the draft vocabulary ``kept`` (fp32, for training);
+    ``intermediate_size``: its MLP width (default: the target's).
 
     With ``init_from_target`` (the default; chosen by a small A/B on the distilled data, where it
     reached the lowest KL after a few dozen steps):
@@ -366,7 +368,7 @@ def new_draft(target, kept: torch.Tensor, seed: int = 0, init_from_target: bool 
     from ..models.draft import Eagle3Draft
 
     draft = Eagle3Draft.for_target(target, draft_vocab_size=int(kept.numel()), seed=seed,
-                                   kept_ids=kept, dtype=torch.float32)
+                                   kept_ids=kept, dtype=torch.float32, intermediate_size=intermediate_size)
     if init_from_target:
         with torch.no_grad():
             # the target may already be on the training device (CUDA), the new draft is not yet
@@ -383,6 +385,49 @@ def new_draft(target, kept: torch.Tensor, seed: int = 0, init_from_target: bool 
     return draft
 
 
+MLP_GATE = "midlayer.mlp.gate_proj.weight"      # [intermediate, H]: a draft state's MLP width
+
+
+def mlp_width(state: dict) -> int:
+    """The MLP width (``intermediate_size``) of a draft state dict."""
+    return int(state[MLP_GATE].shape[0])
+
+
+def source_mlp_width(src) -> int:
+    """The MLP width of an earlier draft: an exported draft directory (its config.json) or a
+    training checkpoint (read memory-mapped, so nothing but the one shape is loaded)."""
+    src = os.fspath(src)
+    if os.path.isdir(src):
+        cfg = json.loads((Path(src) / "config.json").read_text())
+        return int(cfg["intermediate_size"])
+    if os.path.isfile(src):
+        return mlp_width(torch.load(src, map_location="cpu", weights_only=False, mmap=True)["draft"])
+    raise FileNotFoundError(f"warm start: no draft directory or checkpoint at {src}")
+
+
+def widen_mlp_(dst: dict, src: dict, prefix: str = "midlayer.mlp.") -> None:
+    """Copy an MLP of width n into one of width N >= n, in place, so that it computes the same
+    function: gate/up rows [:n] and down columns [:n] are the source's, the new down columns are
+    zero (the new units add nothing until training moves them; their gate/up rows keep their
+    random init, so the units are not dead). ``dst``/``src``: tensors by name (state dicts);
+    names are ``prefix`` + gate_proj / up_proj / down_proj + .weight / .bias."""
+    n = int(src[prefix + "gate_proj.weight"].shape[0])
+    N = int(dst[prefix + "gate_proj.weight"].shape[0])
+    if N < n:
+        raise ValueError(f"the draft's MLP ({N} wide) is narrower than the one it starts from ({n}): "
+                         f"give an intermediate size of at least {n}")
+    with torch.no_grad():
+        for name in ("gate_proj", "up_proj"):
+            dst[prefix + name + ".weight"][:n].copy_(src[prefix + name + ".weight"])
+            if prefix + name + ".bias" in src and prefix + name + ".bias" in dst:
+                dst[prefix + name + ".bias"][:n].copy_(src[prefix + name + ".bias"])
+        down = dst[prefix + "down_proj.weight"]
+        down[:, :n].copy_(src[prefix + "down_proj.weight"])
+        down[:, n:].zero_()
+        if prefix + "down_proj.bias" in src and prefix + "down_proj.bias" in dst:
+            dst[prefix + "down_proj.bias"].copy_(src[prefix + "down_proj.bias"])
+
+
 def init_layer_from_target(draft, target, layer: int) -> int:
     """Initialise the draft's decoder layer from target decoder layer ``layer`` (negative counts
     from the end, e.g. -3: the layer whose input is the draft's high tap); returns its index.
@@ -392,7 +437,8 @@ def init_layer_from_target(draft, target, layer: int) -> int:
     the embedding half keeps 0.1 x its random init, so at step 0 the draft layer acts on ``g``
     much as the target layer acts on the stream (``g`` starts as the high tap, see
     ``new_draft``); ``hidden_norm`` and ``post_attention_layernorm`` take the target layer's
-    norms; o_proj and the MLP are copied."""
+    norms; o_proj and the MLP are copied (into the first units of a wider MLP, see
+    ``widen_mlp_``)."""
     inner = getattr(target, "model", None)
     layers = getattr(inner, "layers", None)
     if layers is None:
@@ -408,8 +454,6 @@ def init_layer_from_target(draft, target, layer: int) -> int:
     # (target module, draft module, True where the draft reads [embed; g] and the target reads H)
     pairs = [(getattr(src.self_attn, n), getattr(dst.self_attn, n), n != "o_proj")
              for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
-    pairs += [(getattr(src.mlp, n), getattr(dst.mlp, n), False)
-              for n in ("gate_proj", "up_proj", "down_proj")]
     for a, b, split in pairs:
         want = (b.weight.shape[0], H) if split else tuple(b.weight.shape)
         if tuple(a.weight.shape) != want:
@@ -424,6 +468,10 @@ def init_layer_from_target(draft, target, layer: int) -> int:
                 b.weight.copy_(a.weight)
             if a.bias is not None and b.bias is not None:
                 b.bias.copy_(a.bias)
+        if src.mlp.gate_proj.weight.shape[1] != H:
+            raise ValueError(f"init_layer: target layer {idx}'s MLP reads {src.mlp.gate_proj.weight.shape[1]} "
+                             f"features, the draft's {H} (a draft of another width)")
+        widen_mlp_(dict(dst.mlp.named_parameters()), dict(src.mlp.named_parameters()), prefix="")
         dst.hidden_norm.weight.copy_(src.input_layernorm.weight)
         dst.post_attention_layernorm.weight.copy_(src.post_attention_layernorm.weight)
     return idx
@@ -449,6 +497,9 @@ def warm_start(draft, src, target) -> dict | None:
         raise FileNotFoundError(f"warm start: no draft directory or checkpoint at {src}")
     own = draft.state_dict()
     skip = {"lm_head.weight", "d2t", "t2d"}
+    mlp = {k for k in sd if k.startswith("midlayer.mlp.")}
+    if mlp_width(own) != mlp_width(sd):
+        skip |= mlp                   # copied below into the first units of a wider MLP
     bad = [k for k, v in sd.items() if k not in skip and (k not in own or own[k].shape != v.shape)]
     if bad:
         raise ValueError(f"warm start: {src} does not fit this draft (keys or shapes differ: {bad[:4]})")
@@ -456,6 +507,8 @@ def warm_start(draft, src, target) -> dict | None:
         for k, v in sd.items():
             if k not in skip:
                 own[k].copy_(v.float())
+        if mlp <= skip:
+            widen_mlp_(own, {k: sd[k].float() for k in mlp})
         head = sd.get("lm_head.weight")
         same_vocab = "d2t" in sd and torch.equal(sd["d2t"].to(own["d2t"]), own["d2t"])   # (shapes too)
         if (head is not None and same_vocab
@@ -567,6 +620,9 @@ class TrainConfig:
     freeze_lm_head: bool = True
     init_from: str | None = None     # warm start (new runs only): an exported draft dir or a ckpt
     init_layer: int | None = None    # new runs only: the target layer the draft's layer starts as
+    # the draft MLP's width: None = the warm start's (--init), else the target's; a resumed run
+    # keeps its own. Wider than the warm start's: widened so that it starts as the same function
+    intermediate_size: int | None = None
     # precision of the target forward that recomputes the taps of token-only shards: auto =
     # bfloat16 where the CPU has native bf16 (or on CUDA), else float32 (distill's rule)
     taps_dtype: str = "auto"
@@ -619,8 +675,8 @@ class Trainer:
             run_vocab.write_text(vocab_file.read_text())
             kept = load_vocab(run_vocab)
         torch.manual_seed(cfg.seed)
-        self.draft = new_draft(self.target, kept, seed=cfg.seed)
         ck = self.run / "ckpt_latest.pt"
+        self.draft = new_draft(self.target, kept, seed=cfg.seed, intermediate_size=self._mlp_width(ck))
         if cfg.init_from and cfg.init_layer is not None:
             raise ValueError("--init-layer initialises a new draft and --init warm-starts one from "
                              "an earlier draft: give one of them")
@@ -632,6 +688,7 @@ class Trainer:
         elif cfg.init_layer is not None and not ck.exists():
             idx = init_layer_from_target(self.draft, self.target, cfg.init_layer)
             log(f"draft layer initialised from target layer {idx}")
+        self.cfg.intermediate_size = self.draft.config.intermediate_size    # (train_config.json)
         self.draft.to(self.device)
         self.draft.train()
         if cfg.freeze_lm_head:
@@ -667,6 +724,21 @@ class Trainer:
         if self.val_refs is None:
             self.val_refs = validation_sequences(cfg.data_dir, cfg.val_seqs)
         (self.run / "train_config.json").write_text(json.dumps(asdict(cfg), indent=1))
+
+    def _mlp_width(self, ck: Path) -> int | None:
+        """The draft's MLP width: a resumed run's own (an explicit other width is an error, as
+        the checkpoint would not load), else --intermediate-size, else the warm start's."""
+        want = self.cfg.intermediate_size
+        if ck.exists():
+            have = mlp_width(torch.load(ck, map_location="cpu", weights_only=False, mmap=True)["draft"])
+            if want is not None and want != have:
+                raise ValueError(f"{ck} is a draft with an MLP {have} wide; resume it without "
+                                 f"--intermediate-size {want} (or with {have}), or start a new run")
+            self.cfg.intermediate_size = have
+            return have
+        if want is None and self.cfg.init_from:
+            want = source_mlp_width(self.cfg.init_from)
+        return want
 
     # ---- checkpoints ----
 
@@ -1017,7 +1089,8 @@ def load_draft(src, target):
     elif os.path.isfile(src):
         st = torch.load(src, map_location="cpu", weights_only=False)
         d2t = st["draft"]["d2t"]
-        draft = new_draft(target, d2t + torch.arange(d2t.numel()), init_from_target=False)
+        draft = new_draft(target, d2t + torch.arange(d2t.numel()), init_from_target=False,
+                          intermediate_size=mlp_width(st["draft"]))
         draft.load_state_dict(st["draft"])
     else:
         raise FileNotFoundError(f"no draft directory or checkpoint at {src}")
@@ -1076,7 +1149,8 @@ def revocab(draft, target, kept_new: torch.Tensor):
     if not torch.allclose(draft.lm_head.weight.float(), head[old_ids], atol=1e-6):
         raise ValueError("revocab needs a draft whose lm_head equals the target's rows "
                          "(trained with freeze_lm_head=True)")
-    new = new_draft(target, kept_new, init_from_target=False)
+    new = new_draft(target, kept_new, init_from_target=False,
+                    intermediate_size=draft.config.intermediate_size)
     sd = {k: v for k, v in draft.state_dict().items() if k not in ("lm_head.weight", "d2t", "t2d")}
     missing, unexpected = new.load_state_dict(sd, strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight", "d2t", "t2d"}, (missing, unexpected)
@@ -1143,7 +1217,7 @@ def export_draft(checkpoint, dest, target=None, vocab_file=None) -> Path:
     target = target if target is not None else load_target_for_training(cfg.get("target_dir"))
     d2t = st["draft"]["d2t"]
     kept = d2t + torch.arange(d2t.numel())
-    draft = new_draft(target, kept, init_from_target=False)
+    draft = new_draft(target, kept, init_from_target=False, intermediate_size=mlp_width(st["draft"]))
     draft.load_state_dict(st["draft"])
     trained_vocab = int(kept.numel())
     if vocab_file is not None:
@@ -1252,6 +1326,7 @@ def cli_dispatch(args, default_data, default_run) -> int:
                           stop_at=args.stop_at,
                           seed=args.seed, threads=args.threads, target_dir=args.target,
                           init_from=args.init, init_layer=args.init_layer, amp=args.amp,
+                          intermediate_size=args.intermediate_size,
                           taps_dtype=args.taps_dtype, device=args.device,
                           freeze_lm_head=not args.train_lm_head)
         tr = Trainer(cfg)
