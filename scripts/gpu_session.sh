@@ -334,13 +334,13 @@ stage_train_draft() {
   ((budget >= 30)) || { echo "no time left to train (${left}s)"; exit 75; }
   # the draft's own lm_head trains too (GPU_TRAIN_HEAD=0: frozen at the target's rows), as EAGLE-3's
   # does; on a GPU its extra quarter of compute is cheap (bench/RESULTS.md, run v7)
-  local head=(--train-lm-head)
-  [[ "${GPU_TRAIN_HEAD:-1}" == 0 ]] && head=()
+  local opts=(--train-lm-head)
+  [[ "${GPU_TRAIN_HEAD:-1}" == 0 ]] && opts=()
   # GPU_TRAIN_INTER=N: a draft with an MLP N wide, widened from the shipped one (the same function
   # at step 0, see train-draft train --intermediate-size): more capacity than the target-wide MLP
-  [[ -n "${GPU_TRAIN_INTER:-}" ]] && head+=(--intermediate-size "$GPU_TRAIN_INTER")
+  [[ -n "${GPU_TRAIN_INTER:-}" ]] && opts+=(--intermediate-size "$GPU_TRAIN_INTER")
   "$PY" -m heterospec.cli train-draft train --device cuda --target "$target" --data "$data" --run "$run" \
-    --init heterospec/assets/smollm2-135m-instruct-eagle3 --ttt-steps 7 --lr 3e-4 --warmup 20 "${head[@]}" \
+    --init heterospec/assets/smollm2-135m-instruct-eagle3 --ttt-steps 7 --lr 3e-4 --warmup 20 "${opts[@]}" \
     --batch-tokens "${GPU_TRAIN_BATCH_TOKENS:-16384}" --steps 100000 --time-budget "$budget" --ckpt-every 100 \
     --eval-every 200 --val-seqs 16 --stop-at $((end - judge_s - 90)) 2>&1 | cr_lines | grep --line-buffered -v '^train-draft: *[0-9]*%' || true
   "$PY" -m heterospec.cli train-draft export --run "$run" --target "$target" --dest "$STATE/draft-out"
