@@ -468,9 +468,6 @@ def init_layer_from_target(draft, target, layer: int) -> int:
                 b.weight.copy_(a.weight)
             if a.bias is not None and b.bias is not None:
                 b.bias.copy_(a.bias)
-        if src.mlp.gate_proj.weight.shape[1] != H:
-            raise ValueError(f"init_layer: target layer {idx}'s MLP reads {src.mlp.gate_proj.weight.shape[1]} "
-                             f"features, the draft's {H} (a draft of another width)")
         widen_mlp_(dict(dst.mlp.named_parameters()), dict(src.mlp.named_parameters()), prefix="")
         dst.hidden_norm.weight.copy_(src.input_layernorm.weight)
         dst.post_attention_layernorm.weight.copy_(src.post_attention_layernorm.weight)
@@ -497,8 +494,9 @@ def warm_start(draft, src, target) -> dict | None:
         raise FileNotFoundError(f"warm start: no draft directory or checkpoint at {src}")
     own = draft.state_dict()
     skip = {"lm_head.weight", "d2t", "t2d"}
+    widen = mlp_width(own) != mlp_width(sd)
     mlp = {k for k in sd if k.startswith("midlayer.mlp.")}
-    if mlp_width(own) != mlp_width(sd):
+    if widen:
         skip |= mlp                   # copied below into the first units of a wider MLP
     bad = [k for k, v in sd.items() if k not in skip and (k not in own or own[k].shape != v.shape)]
     if bad:
@@ -507,7 +505,7 @@ def warm_start(draft, src, target) -> dict | None:
         for k, v in sd.items():
             if k not in skip:
                 own[k].copy_(v.float())
-        if mlp <= skip:
+        if widen:
             widen_mlp_(own, {k: sd[k].float() for k in mlp})
         head = sd.get("lm_head.weight")
         same_vocab = "d2t" in sd and torch.equal(sd["d2t"].to(own["d2t"]), own["d2t"])   # (shapes too)
