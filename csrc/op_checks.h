@@ -378,7 +378,7 @@ inline void check_rope_inputs(Backend be, const char* op, const at::Tensor& q, c
 
 // ---- tree_attention (CPU only) ---------------------------------------------------------------------
 // q [B, T, Hq, D] float32 / float16 / bfloat16; k_cache, v_cache [B, S, Hkv, D] of q's dtype with
-// Hq a multiple of Hkv; prefix_lens [B] int64; tree_mask [B, T, T] bool; a finite scale; on the CPU.
+// Hq a multiple of Hkv; prefix_lens [B] int64; tree_mask [B, T, C] bool; a finite scale; on the CPU.
 inline void check_tree_attention_inputs(Backend be, const char* op, const at::Tensor& q, const at::Tensor& k_cache,
                                         const at::Tensor& v_cache, const at::Tensor& prefix_lens,
                                         const at::Tensor& tree_mask, double scale) {
@@ -401,7 +401,9 @@ inline void check_tree_attention_inputs(Backend be, const char* op, const at::Te
            ": expected the query heads Hq = q.size(2) to be a multiple of the KV heads Hkv = k_cache.size(2), got Hq = ",
            q.size(2), ", Hkv = ", k_cache.size(2));
   check_request_vector(be, op, "prefix_lens", prefix_lens, q.size(0), "q", q);
-  check_tree_mask(be, op, tree_mask);
+  check_dtype(op, "tree_mask", tree_mask, at::kBool);
+  check_dim(op, "tree_mask", tree_mask, 3, "[B, T, C]");
+  check_ref_device(be, op, "tree_mask", tree_mask);
   check_size(op, "tree_mask", tree_mask, 0, q.size(0), "B = q.size(0)");
   check_size(op, "tree_mask", tree_mask, 1, q.size(1), "T = q.size(1)");
   HS_CHECK(std::isfinite(scale), op, ": expected a finite scale, got ", scale);

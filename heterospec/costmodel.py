@@ -107,11 +107,15 @@ def fingerprint(engine) -> dict:
                 fp["linear_codes"] = codes
             from .models.target import STREAMED_LAYERS
             fp["layers"] = "streamed" if STREAMED_LAYERS else "modules"   # how the target's layers run
+            if draft is not None:
+                from .models.draft import STREAMED_DRAFT
+                fp["draft_layers"] = "streamed" if STREAMED_DRAFT else "modules"   # ... and the draft's
     c = target.config
     fp["target"] = {"hidden": c.hidden_size, "layers": c.num_layers, "vocab": c.vocab_size,
                     "heads": c.num_heads, "kv_heads": c.num_kv_heads}
     if draft is not None:
-        fp["draft"] = {"hidden": draft.config.hidden_size, "vocab": getattr(draft.config, "draft_vocab_size", None)}
+        fp["draft"] = {"hidden": draft.config.hidden_size, "vocab": getattr(draft.config, "draft_vocab_size", None),
+                       "intermediate": getattr(draft.config, "intermediate_size", None)}   # a wider MLP drafts slower
     return fp
 
 

@@ -999,7 +999,8 @@ def tree_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, prefix_lens: Ten
 
     Query row ``(b, t, h)`` attends to cache slots ``s < prefix_lens[b]`` (the committed prefix)
     and to slots ``prefix_lens[b] + j`` where ``tree_mask[b, t, j]`` (its ancestors and itself,
-    whose K/V the caller has written there), with KV head ``h // (Hq // Hkv)`` (GQA): the
+    whose K/V the caller has written there; the ``C`` tree columns may outnumber the ``T`` query
+    rows: a draft step's new nodes attend to the nodes of earlier steps too), with KV head ``h // (Hq // Hkv)`` (GQA): the
     ``sdpa`` of :func:`dense_tree_attention_mask`'s mask, without the mask. Only the visible
     slots are read. A row's result depends only on its query and the keys and values it sees,
     in slot order (not on the other rows, the batch or the threads), so a tree node gets what a
@@ -1013,9 +1014,11 @@ def tree_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, prefix_lens: Ten
         ``[B, S, Hkv, D]``, ``q``'s dtype, ``Hq`` a multiple of ``Hkv`` (a layer of
         :class:`heterospec.models.kv_cache.KVCache`).
     prefix_lens : Tensor
-        ``[B]`` int64, ``0 <= prefix_lens[b]`` and ``prefix_lens[b] + T <= S``.
+        ``[B]`` int64, ``0 <= prefix_lens[b]`` and ``prefix_lens[b] + C <= S``.
     tree_mask : Tensor
-        ``[B, T, T]`` bool (:func:`build_tree`'s ancestor mask; lower-triangular for a sequence).
+        ``[B, T, C]`` bool: query row ``t`` sees tree column ``j`` (slot ``prefix_lens[b] + j``).
+        ``C = T`` for a verify (:func:`build_tree`'s ancestor mask; lower-triangular for a
+        sequence).
         A row must see some key: a request with ``prefix_lens[b] == 0`` needs a True in every row.
     scale : float
         Finite; the scores are ``scale * (q . k)`` (usually ``D ** -0.5``).
@@ -1040,9 +1043,9 @@ def tree_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, prefix_lens: Ten
         raise ValueError(f"{op}: expected the query heads Hq = q.size(2) to be a multiple of the KV heads "
                          f"Hkv = k_cache.size(2), got Hq = {Hq}, Hkv = {Hkv}")
     _vec(op, "prefix_lens", prefix_lens, B, q.device, "q")
-    check_tensor(op, "tree_mask", tree_mask, dtype=torch.bool, ndim=3, layout="[B, T, T]", device=q.device,
+    check_tensor(op, "tree_mask", tree_mask, dtype=torch.bool, ndim=3, layout="[B, T, C]", device=q.device,
                  device_of="q")
-    for d, n, what in ((0, B, "B = q.size(0)"), (1, T, "T = q.size(1)"), (2, T, "T = q.size(1)")):
+    for d, n, what in ((0, B, "B = q.size(0)"), (1, T, "T = q.size(1)")):
         check_size(op, "tree_mask", tree_mask, d, n, what)
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
         raise ValueError(f"{op}: expected a finite scale, got {scale!r}")

@@ -101,6 +101,24 @@ def test_a_tree_node_gets_the_bits_of_a_one_token_step(threads):
         torch.set_num_threads(old)
 
 
+def test_a_draft_step_sees_more_tree_columns_than_it_has_rows():
+    """tree_mask [B, T, C] with C > T: a draft step's T new nodes are the last of C tree columns.
+    Against the reference, and bit for bit the last T rows of the square call over all C nodes
+    (a row depends only on the keys it sees)."""
+    B, C, T, Hq, Hkv, D, S = 2, 7, 3, 9, 3, 64, 60
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(B, C, Hq, D, generator=g)
+    k, v = torch.randn(B, S, Hkv, D, generator=g), torch.randn(B, S, Hkv, D, generator=g)
+    lens = torch.tensor([40, 0])
+    full = (torch.rand(B, C, C, generator=g) < 0.5).tril() | torch.eye(C, dtype=torch.bool)
+    rows = full[:, C - T:].contiguous()
+    got = ops.tree_attention(q[:, C - T:], k, v, lens, rows, 0.125)
+    torch.testing.assert_close(got, tree_attention_ref(q[:, C - T:], k, v, lens, rows, 0.125), rtol=2e-5, atol=2e-6)
+    assert torch.equal(got, ops.tree_attention(q, k, v, lens, full, 0.125)[:, C - T:])
+    assert "prefix_lens" in _errors(lambda: ops.tree_attention(q[:, :T], k, v, torch.tensor([S - C + 1, 0]), rows,
+                                                                0.125))
+
+
 _PATH_SCRIPT = """
 import sys, torch
 sys.path.insert(0, {tests!r})

@@ -11,8 +11,10 @@
 //
 // Layout. q [B, T, Hq, D]; k_cache, v_cache [B, S, Hkv, D] (the target's per-layer cache: slot s
 // of request b holds position s; the tree's own K/V are already written at slots L_b + j);
-// prefix_lens [B] int64 (L_b); tree_mask [B, T, T] bool. Query row (b, t, h) attends to slots
-// s < L_b and to slots L_b + j where tree_mask[b, t, j], with KV head h / (Hq / Hkv).
+// prefix_lens [B] int64 (L_b); tree_mask [B, T, C] bool (C tree columns: C = T for a verify, whose
+// rows are the tree; C > T for a draft step whose T new nodes are the last of C). Query row
+// (b, t, h) attends to slots s < L_b and to slots L_b + j where tree_mask[b, t, j], with KV head
+// h / (Hq / Hkv).
 // -> o [B, T, Hq, D] contiguous, q's dtype. float16 / bfloat16 inputs are computed in float32
 // (as the models' sdpa does on the CPU) and rounded once.
 //
@@ -380,23 +382,24 @@ Tensor float_rows(const Tensor& t) {
 }  // namespace
 
 // q [B, T, Hq, D], k_cache / v_cache [B, S, Hkv, D] (q's dtype), prefix_lens [B] int64,
-// tree_mask [B, T, T] bool -> o [B, T, Hq, D].
+// tree_mask [B, T, C] bool -> o [B, T, Hq, D].
 Tensor tree_attention_cpu(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const Tensor& prefix_lens_in,
                           const Tensor& tree_mask_in, double scale) {
   constexpr const char* op = "tree_attention";
   check_tree_attention_inputs(Backend::CPU, op, q_in, k_in, v_in, prefix_lens_in, tree_mask_in, scale);
   const int64_t B = q_in.size(0), T = q_in.size(1), Hq = q_in.size(2), D = q_in.size(3);
-  const int64_t S = k_in.size(1), Hkv = k_in.size(2);
+  const int64_t S = k_in.size(1), Hkv = k_in.size(2), C = tree_mask_in.size(2);
   const Tensor prefix_lens = prefix_lens_in.contiguous(), tree_mask = tree_mask_in.contiguous();
   const int64_t* lp = prefix_lens.const_data_ptr<int64_t>();
   const bool* mp = tree_mask.const_data_ptr<bool>();
   int64_t width = 0;
   for (int64_t b = 0; b < B; ++b) {
-    HS_CHECK(lp[b] >= 0 && lp[b] + T <= S, op, ": expected 0 <= prefix_lens[", b, "] and prefix_lens[", b,
-             "] + T <= S (the cache's slots), got prefix_lens[", b, "] = ", lp[b], ", T = ", T, ", S = ", S);
-    width = std::max(width, lp[b] + T);
+    HS_CHECK(lp[b] >= 0 && lp[b] + C <= S, op, ": expected 0 <= prefix_lens[", b, "] and prefix_lens[", b,
+             "] + C <= S (C = tree_mask.size(2) tree slots after the prefix, S the cache's slots), got prefix_lens[",
+             b, "] = ", lp[b], ", C = ", C, ", S = ", S);
+    width = std::max(width, lp[b] + C);
     for (int64_t t = 0; t < T && lp[b] == 0; ++t)
-      HS_CHECK(std::any_of(mp + (b * T + t) * T, mp + (b * T + t + 1) * T, [](bool x) { return x; }), op,
+      HS_CHECK(std::any_of(mp + (b * T + t) * C, mp + (b * T + t + 1) * C, [](bool x) { return x; }), op,
                ": query row (b = ", b, ", t = ", t, ") sees no key (prefix_lens[", b,
                "] = 0 and its tree_mask row is all False)");
   }
@@ -414,20 +417,20 @@ Tensor tree_attention_cpu(const Tensor& q_in, const Tensor& k_in, const Tensor& 
   const GroupFn kernel = group_kernel(D);
   const float sc = static_cast<float>(scale);
   const int64_t ps = width + 16;                 // a row's scores, room for a masked last block
-  // One item per (b, g): R rows of about (L_b + T) * D * 2 reads each.
+  // One item per (b, g): R rows of about (L_b + C) * D * 2 reads each.
   at::parallel_for(0, B * Hkv, grain_for(R * (width + 1) * D * 2), [&](int64_t i0, int64_t i1) {
     std::vector<float> p(static_cast<size_t>(R * ps));
-    std::vector<int64_t> tree(static_cast<size_t>(T * T));
+    std::vector<int64_t> tree(static_cast<size_t>(T * C));
     std::vector<Visible> vis(static_cast<size_t>(R));
     std::vector<const float*> qr(static_cast<size_t>(R));
     std::vector<float*> outs(static_cast<size_t>(R));
     for (int64_t it = i0; it < i1; ++it) {
       const int64_t b = it / Hkv, g = it % Hkv;
       for (int64_t t = 0; t < T; ++t) {
-        int64_t* slots = tree.data() + t * T;
+        int64_t* slots = tree.data() + t * C;
         int64_t nt = 0;
-        const bool* mrow = mp + (b * T + t) * T;
-        for (int64_t j = 0; j < T; ++j)
+        const bool* mrow = mp + (b * T + t) * C;
+        for (int64_t j = 0; j < C; ++j)
           if (mrow[j]) slots[nt++] = lp[b] + j;
         for (int64_t hh = 0; hh < group; ++hh) {
           const int64_t r = t * group + hh, h = g * group + hh;

@@ -73,12 +73,13 @@ class TreeOpPlan:
     scale: float
 
 
-def _tree_op_serves(tree_mask: torch.Tensor, prefix_lens: torch.Tensor, cache: KVCache) -> bool:
-    """Whether tree_attention serves this forward: the CPU with a SIMD kernel for it, few tokens, a
-    dtype it computes, and autograd off (the op has no backward; the engine decodes under
-    inference mode)."""
+def tree_op_serves(rows: int, prefix_lens: torch.Tensor, cache: KVCache) -> bool:
+    """Whether tree_attention serves a forward of ``rows`` tokens per request over ``cache``: the
+    CPU with a SIMD kernel for it, few tokens, a dtype it computes, and autograd off (the op has
+    no backward; the engine decodes under inference mode). The target's layers and the draft's
+    streamed steps (models/draft.py) ask the same question."""
     return (CPU_TREE_ATTENTION and _TREE_OP_SIMD and not prefix_lens.is_cuda
-            and tree_mask.shape[1] <= TREE_ATTENTION_MAX_T
+            and rows <= TREE_ATTENTION_MAX_T
             and cache.k.dtype in (torch.float32, torch.bfloat16, torch.float16) and not torch.is_grad_enabled())
 
 
@@ -96,7 +97,7 @@ class SdpaAttention:
         # On CPU attend only up to the longest request; on CUDA use S_max (no host sync).
         if prefix_lens.is_cuda or not host_reads_allowed(prefix_lens):
             width = S
-        elif _tree_op_serves(tree_mask, prefix_lens, cache):
+        elif tree_op_serves(T, prefix_lens, cache):
             return TreeOpPlan(prefix_lens, tree_mask.contiguous(), scale)
         else:
             lens = prefix_lens.tolist()

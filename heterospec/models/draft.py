@@ -45,9 +45,11 @@ import torch
 from torch import nn
 
 from .._checks import host_reads_allowed
+from .attention import causal_tree_mask, tree_op_serves
 from .kv_cache import KVCache
-from .layers import (MLP, QKVO, RMSNorm, Rotary, additive_mask, assign_weights, expand_kv_heads, load_weight_file,
-                     rope_exact_length, rope_inv_freq, sdpa, sdpa_kernel_friendly)
+from .layers import (MLP, QKVO, RMSNorm, Rotary, _glue, additive_mask, assign_weights, expand_kv_heads,
+                     load_weight_file, rope_exact_length, rope_inv_freq, sdpa, sdpa_kernel_friendly)
+from .linear import StreamPlans, stream_group
 
 _ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters")
 _KNOWN_KEYS = {
@@ -175,7 +177,7 @@ class DraftTreeState:
     """Tree-step K/V and ancestor rows of the nodes fed so far in this round (never cached).
 
     Storage is preallocated for `capacity` nodes and written in place (no per-step concatenation);
-    it grows (a copy) only if a round feeds more nodes. Two layouts, picked at the first step:
+    it grows (a copy) only if a round feeds more nodes. Three layouts, picked at the first step:
 
     * compact (CPU default): ``kbuf``, ``vbuf`` ``[B, capacity, Hkv, D]``; a step attends over the
       committed prefix (cut to the longest one) concatenated with the nodes so far (the numerics
@@ -185,7 +187,12 @@ class DraftTreeState:
       step, node ``i`` sits at column ``S + i``, and every step attends over all ``S + capacity``
       columns with an additive float mask: the same shapes every step, no host read, eligible
       for the memory-efficient SDPA kernel. The buffers are recycled by the draft across rounds
-      of the same shape (one live tree per draft and shape at a time).
+      of the same shape (one live tree per draft and shape at a time);
+    * cached (CPU streamed steps, ``STREAMED_DRAFT``): node ``i``'s K/V are written to the draft
+      cache at slot ``prefix_lens[b] + i``, free until the next extend writes the committed
+      entries there, and each step attends with the tree_attention op (prefix, then its ancestor
+      columns); no ``kbuf`` / ``vbuf``. A round that runs out of free slots moves to the compact
+      layout (a copy) and goes on.
 
     ``anc`` ``[B, capacity, capacity]`` bool: ``anc[b, i, j]`` = node ``j`` is ``i`` or an
     ancestor of ``i``. The properties ``k``, ``v``, ``anc`` view the nodes fed so far.
@@ -198,17 +205,32 @@ class DraftTreeState:
     kbuf: torch.Tensor | None = None
     vbuf: torch.Tensor | None = None
     ancbuf: torch.Tensor | None = None
+    # The CPU's streamed steps (STREAMED_DRAFT): node i's K/V sit in the draft cache at slot
+    # prefix_lens[b] + i, past the committed entries (the next extend overwrites them), and no
+    # kbuf / vbuf is kept. home: (cache, prefix_lens) of the round.
+    cached: bool = False
+    home: tuple | None = None
 
     @property
     def num_nodes(self) -> int:
         return self.n
 
+    def _cached_rows(self, which: int) -> torch.Tensor:
+        cache, prefix_lens = self.home
+        c = (cache.k, cache.v)[which][0]                                   # [B, S, Hkv, D]
+        slots = prefix_lens[:, None] + torch.arange(self.n, device=c.device)
+        return c.gather(1, slots[:, :, None, None].expand(-1, -1, *c.shape[2:]))
+
     @property
     def k(self) -> torch.Tensor | None:  # [B, N, H, D] (H = Hq in the static layout)
+        if self.cached:
+            return self._cached_rows(0)
         return None if self.kbuf is None else self.kbuf[:, self.offset:self.offset + self.n]
 
     @property
     def v(self) -> torch.Tensor | None:
+        if self.cached:
+            return self._cached_rows(1)
         return None if self.vbuf is None else self.vbuf[:, self.offset:self.offset + self.n]
 
     @property
@@ -219,6 +241,29 @@ class DraftTreeState:
 class TrainOutput(NamedTuple):
     logits: list  # per TTT step: [B, S, Vd] float32 (empty when return_logits=False)
     hidden: list  # per TTT step: [B, S, H] pre-norm draft hidden
+
+
+# On the CPU a draft forward of a few rows - the extend over a round's committed tokens, a tree
+# step - runs as one function where every linear of the layer takes its stream path
+# (StreamedDraft): the same kernels without the modules' per-call dispatch, and attention by the
+# tree_attention op over the draft cache, the round's tree nodes' K/V written there past the
+# committed prefix (DraftTreeState.cached) instead of concatenated with it per step. The dispatch
+# and the concatenations were about half of a tree step's time on a 2-core CPU (bench/RESULTS.md,
+# "A streamed draft"). False runs the modules (A/B benchmarks).
+STREAMED_DRAFT = True
+_TREE_ATTENTION = torch.ops.heterospec.tree_attention.default
+
+
+class StreamedDraft(NamedTuple):
+    """The draft layer's linears as :class:`~.linear.StreamCall` s at one row count (QKV and
+    gate/up: one fused call or one per member); ``fc`` and ``lm_head`` where they stream at it
+    too (else None: their modules run)."""
+    fc: object | None
+    qkv: list
+    o_proj: object
+    gate_up: list
+    down: object
+    lm_head: object | None
 
 
 class DraftMidLayer(nn.Module):
@@ -299,6 +344,7 @@ class Eagle3Draft(nn.Module):
         # free on the GPU).
         self._tree_pool: dict = {}
         self.keep_tree_pools = False
+        self._plans = StreamPlans(self._build_plans, self._plan_weights)   # StreamedDraft or None
         c = self.config = config
         H = c.hidden_size
         self.fc = nn.Linear(3 * c.target_hidden_size, H, bias=False) if c.use_aux_hidden_state else None
@@ -504,26 +550,99 @@ class Eagle3Draft(nn.Module):
     def _layer_in(self, input_ids: torch.Tensor, hidden: torch.Tensor):
         # input_ids: [B, T]; hidden: [B, T, 3Ht] (target features) or [B, T, H] (own output)
         # -> residual [B, T, H], x [B, T, 2H]
-        H = self.config.hidden_size
-        w = hidden.shape[-1]
-        if self.fc is not None and w == self.fc.in_features:
-            g = self.fc(hidden.to(self.dtype))
-        elif w == H:
-            g = hidden.to(self.dtype)
-        else:
-            fused = f"3 x {self.config.target_hidden_size} (target features) or " if self.fc is not None else ""
-            raise ValueError(f"draft input hidden has width {w}, expected {fused}{H}")
+        g = self._fc_in(hidden, None)
         m = self.midlayer
         e = self.embedding(input_ids).to(self.dtype)
         hn = m.hidden_norm(g)
         residual = hn if self.config.norm_before_residual else g
         return residual, torch.cat((m.input_layernorm(e), hn), dim=-1)
 
+    def _fc_in(self, hidden: torch.Tensor, fc_call) -> torch.Tensor:
+        """g of the layer's input: fc of target features [.., 3Ht] (``fc_call``: its stream call,
+        or None for the module), or the draft's own output [.., H] as it is."""
+        w = hidden.shape[-1]
+        if self.fc is not None and w == self.fc.in_features:
+            x = hidden.to(self.dtype)
+            return self.fc(x) if fc_call is None else fc_call(x)[0]
+        if w == self.config.hidden_size:
+            return hidden.to(self.dtype)
+        fused = f"3 x {self.config.target_hidden_size} (target features) or " if self.fc is not None else ""
+        raise ValueError(f"draft input hidden has width {w}, expected {fused}{self.config.hidden_size}")
+
     def _layer_out(self, residual: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
         # o: [B, T, Hq, D] attention output -> pre-norm hidden [B, T, H]
         m = self.midlayer
         h = residual + m.self_attn.out(o)
         return h + m.mlp(m.post_attention_layernorm(h))
+
+    # ---- the streamed layer (CPU; STREAMED_DRAFT) ---------------------------------------------
+
+    def _build_plans(self, rows: int, dtype: torch.dtype) -> StreamedDraft | None:
+        m, a = self.midlayer, self.midlayer.self_attn
+        qkv, o = stream_group(a, QKVO.FUSABLE, rows, dtype), stream_group(a, ("o_proj",), rows, dtype)
+        gate_up, down = stream_group(m.mlp, MLP.FUSABLE, rows, dtype), stream_group(m.mlp, ("down_proj",), rows, dtype)
+        if None in (qkv, o, gate_up, down):
+            return None
+        fc = stream_group(self, ("fc",), rows, dtype) if self.fc is not None else None
+        head = stream_group(self, ("lm_head",), rows, dtype)
+        return StreamedDraft(fc and fc[0], qkv, o[0], gate_up, down[0], head and head[0])
+
+    def _plan_weights(self) -> list:
+        """``(owner's dict, name)`` of every linear weight, bias and fused group a plan reads."""
+        out = []
+        groups = [(self.midlayer.self_attn, QKVO.FUSABLE + ("o_proj",)), (self.midlayer.mlp, MLP.FUSABLE + ("down_proj",)),
+                  (self, ("fc", "lm_head") if self.fc is not None else ("lm_head",))]
+        for owner, names in groups:
+            out.append((owner.__dict__, "_fused"))
+            for n in names:
+                out.append((owner._modules, n))
+                lin = getattr(owner, n)
+                out += [(lin._parameters, "weight")] + ([(lin._parameters, "bias")] if lin.bias is not None else [])
+        return out
+
+    def _streamed(self, rows: int) -> StreamedDraft | None:
+        """The layer's stream calls for ``rows`` input rows, or None: the modules run (autograd on,
+        not the CPU, a dtype without the glue ops, or a linear that takes another path there)."""
+        if not STREAMED_DRAFT or torch.is_grad_enabled() or not _glue(self.lm_head.weight):
+            return None
+        return self._plans.get(rows, self.dtype)
+
+    def _streams_into(self, cache: KVCache, prefix_lens: torch.Tensor, hole: torch.Tensor | None, T: int,
+                      columns: int) -> bool:
+        """Whether a forward of ``T`` rows per request can attend with tree_attention over ``cache``
+        with ``columns`` slots of its own past each prefix: host reads allowed, no hole, and room."""
+        if not tree_op_serves(T, prefix_lens, cache) or not host_reads_allowed(prefix_lens):
+            return False
+        if hole is not None and bool((hole[:, 1] > hole[:, 0]).any()):
+            return False
+        return int(prefix_lens.max()) + columns <= cache.max_length
+
+    def _streamed_layer(self, plan: StreamedDraft, input_ids: torch.Tensor, hidden: torch.Tensor,
+                        positions: torch.Tensor, cache: KVCache, write_at: torch.Tensor,
+                        num_valid: torch.Tensor | None, prefix_lens: torch.Tensor,
+                        tree_mask: torch.Tensor) -> torch.Tensor:
+        """:meth:`_layer_in`, attention and :meth:`_layer_out` with ``plan``'s calls (the modules'
+        kernels in their order): the rows' K/V are written at cache slots ``write_at[b] + j``
+        (rows ``j < num_valid[b]``; all without it), then each row attends to the
+        ``prefix_lens[b]`` committed slots and the tree columns of ``tree_mask`` [B, T, C]."""
+        norm = torch.ops.heterospec.rms_norm.default
+        m, a = self.midlayer, self.midlayer.self_attn
+        B, T = input_ids.shape
+        g = self._fc_in(hidden, plan.fc)
+        hn = norm(g, m.hidden_norm.weight, m.hidden_norm.eps)
+        residual = hn if self.config.norm_before_residual else g
+        e = self.embedding(input_ids).to(self.dtype)
+        x = torch.cat((norm(e, m.input_layernorm.weight, m.input_layernorm.eps), hn), dim=-1)
+        cos, sin = self.rotary(positions, self.dtype)
+        q, k, v = (out for call in plan.qkv for out in call(x))
+        q, k = torch.ops.heterospec.rope.default(q.view(B, T, a.n_heads, a.head_dim),
+                                                 k.view(B, T, a.n_kv_heads, a.head_dim), cos, sin)
+        cache.write(0, k, v.view(B, T, a.n_kv_heads, a.head_dim), write_at, num_valid)
+        o = _TREE_ATTENTION(q, cache.k[0], cache.v[0], prefix_lens, tree_mask, a.scale)
+        h = residual + plan.o_proj(o.flatten(-2))[0]
+        gate, up = (out for call in plan.gate_up for out in call(norm(h, m.post_attention_layernorm.weight,
+                                                                         m.post_attention_layernorm.eps)))
+        return h + plan.down(torch.nn.functional.silu(gate) * up)[0]
 
     # ---- inference --------------------------------------------------------------------------
 
@@ -549,6 +668,12 @@ class Eagle3Draft(nn.Module):
             raise ValueError(f"draft extend: {n} entries are longer than the cache (max_length {S})")
         cache.check_fits(prefix_lens, num_new, "draft extend")
         positions = prefix_lens[:, None] + torch.arange(n, device=input_ids.device)  # [B, n]
+        plan = self._streamed(B * n)
+        if plan is not None and self._streams_into(cache, prefix_lens, hole, n, n):
+            every = bool((num_new == n).all())     # then slice copies, not an indexed write
+            return self._streamed_layer(plan, input_ids, features, positions, cache, prefix_lens,
+                                        None if every else num_new, prefix_lens,
+                                        causal_tree_mask(B, n, input_ids.device))
         residual, x = self._layer_in(input_ids, features)
         attn = self.midlayer.self_attn
         cos, sin = self.rotary(positions, self.dtype)
@@ -604,14 +729,20 @@ class Eagle3Draft(nn.Module):
         N = state.n
         if state.static is None:
             state.static = self._kernel_friendly(x)
-        if state.kbuf is not None and state.kbuf.shape[0] != B:
-            raise ValueError(f"tree_step: this tree holds {state.kbuf.shape[0]} requests, got a batch of {B}")
-        have = state.capacity if state.kbuf is not None else 0
+        if state.ancbuf is not None and state.ancbuf.shape[0] != B:
+            raise ValueError(f"tree_step: this tree holds {state.ancbuf.shape[0]} requests, got a batch of {B}")
+        have = state.capacity if state.ancbuf is not None else 0
         if N + k <= have:
             return
         attn = self.midlayer.self_attn
         S = cache.max_length
         cap = max(state.capacity or 16 * k, N + k, 2 * have if have else 0)
+        if state.cached:       # the nodes' K/V live in the cache: ancestor rows only
+            ab = torch.zeros((B, cap, cap), dtype=torch.bool, device=x.device)
+            if state.ancbuf is not None:
+                ab[:, :N, :N] = state.ancbuf[:, :N, :N]
+            state.ancbuf, state.capacity = ab, cap
+            return
         if state.static:
             cap += (-(S + cap)) % 16  # 16-aligned key count: no mask padding copy in the fused kernel
             shape, off = (B, S + cap, attn.n_heads, attn.head_dim), S
@@ -646,8 +777,9 @@ class Eagle3Draft(nn.Module):
         among the nodes already in `state` (-1 = child of the root); positions [B, k]: draft
         positions (L + depth - 1). A node attends to draft cache slots < prefix_lens[b] (except
         those in ``hole``: see :meth:`extend`), its ancestors in `state` and itself. The nodes' K/V
-        and ancestor rows are appended to `state` (the cache is not written). Returns the pre-norm
-        hidden [B, k, H].
+        and ancestor rows are appended to `state`; no committed slot of the cache is written (the
+        CPU's streamed steps keep the nodes' K/V in the free slots past each prefix,
+        DraftTreeState.cached). Returns the pre-norm hidden [B, k, H].
         """
         B, k = input_ids.shape
         N = state.num_nodes
@@ -659,22 +791,27 @@ class Eagle3Draft(nn.Module):
         if (not parent_slots.is_cuda and host_reads_allowed(parent_slots)
                 and bool(((parent_slots < -1) | (parent_slots >= N)).any())):
             raise ValueError(f"parent_slots must lie in [-1, {N}) (nodes already in the tree state)")
+        plan = self._streamed(B * k) if state.static is not True and not self._kernel_friendly(input_ids) else None
+        if N == 0 and state.ancbuf is None:
+            state.cached = plan is not None and self._streams_into(cache, prefix_lens, hole, k, k)
+            state.home = (cache, prefix_lens) if state.cached else None
+        elif state.cached and (plan is None or not self._streams_into(cache, prefix_lens, hole, k, N + k)):
+            self._spill(state, cache)      # out of free slots: the nodes move to buffers of their own
+        if state.cached:
+            state.static = False
+            self._tree_storage(state, cache, B, k, hidden)
+            rows = self._ancestor_rows(state, parent_slots, B, k)
+            out = self._streamed_layer(plan, input_ids, hidden, positions, cache, prefix_lens + N, None, prefix_lens,
+                                       rows[:, :, :N + k])
+            state.n = N + k
+            return out
         residual, x = self._layer_in(input_ids, hidden)
         attn = self.midlayer.self_attn
         cos, sin = self.rotary(positions, self.dtype)
         q, kk, vv = attn.qkv(x, cos, sin)
-        dev = x.device
         self._tree_storage(state, cache, B, k, x)
         cap, S = state.capacity, cache.max_length
-        # ancestor rows of the new nodes, capacity wide: [B, k, cap] (columns >= N + k are False)
-        if N:
-            slots = parent_slots.clamp(0, N - 1)
-            rows = state.ancbuf.gather(1, slots[..., None].expand(B, k, cap))
-            rows = rows & (parent_slots >= 0)[..., None]
-        else:
-            rows = torch.zeros(B, k, cap, dtype=torch.bool, device=dev)
-        rows[:, :, N:N + k] |= torch.eye(k, dtype=torch.bool, device=dev)
-        state.ancbuf[:, N:N + k] = rows
+        rows = self._ancestor_rows(state, parent_slots, B, k)
         if state.static:
             Hq = attn.n_heads
             if N == 0:  # the committed prefix, once per round
@@ -698,8 +835,39 @@ class Eagle3Draft(nn.Module):
         state.n = N + k
         return self._layer_out(residual, o)
 
+    def _ancestor_rows(self, state: DraftTreeState, parent_slots: torch.Tensor, B: int, k: int) -> torch.Tensor:
+        """The new nodes' ancestor rows, capacity wide: [B, k, cap] (columns >= N + k are False),
+        also written to ``state.ancbuf``."""
+        N, cap, dev = state.n, state.capacity, parent_slots.device
+        if N:
+            slots = parent_slots.clamp(0, N - 1)
+            rows = state.ancbuf.gather(1, slots[..., None].expand(B, k, cap))
+            rows = rows & (parent_slots >= 0)[..., None]
+        else:
+            rows = torch.zeros(B, k, cap, dtype=torch.bool, device=dev)
+        rows[:, :, N:N + k] |= torch.eye(k, dtype=torch.bool, device=dev)
+        state.ancbuf[:, N:N + k] = rows
+        return rows
+
+    def _spill(self, state: DraftTreeState, cache: KVCache) -> None:
+        """A cached-layout round whose next step has no free slots left (or no stream path) goes on
+        in the compact layout: its nodes' K/V are copied out of the cache into buffers of their
+        own, the ancestor rows kept."""
+        k, v = state.k, state.v                                      # [B, N, Hkv, D]
+        B, N = k.shape[:2]
+        shape = (B, state.capacity, *k.shape[2:])
+        state.kbuf = torch.zeros(shape, dtype=k.dtype, device=k.device)
+        state.vbuf = torch.zeros(shape, dtype=v.dtype, device=v.device)
+        state.kbuf[:, :N], state.vbuf[:, :N] = k, v
+        state.offset, state.cached, state.home = 0, False, None
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Pre-norm hidden [..., H] -> draft-vocabulary logits [..., Vd] float32."""
+        plan = (self._streamed(hidden.numel() // hidden.shape[-1]) if hidden.dim() >= 2 and hidden.dtype == self.dtype
+                else None)
+        if plan is not None and plan.lm_head is not None:
+            h = torch.ops.heterospec.rms_norm.default(hidden, self.norm.weight, self.norm.eps)
+            return plan.lm_head(h)[0].float()
         return self.lm_head(self.norm(hidden)).float()
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:

@@ -57,6 +57,7 @@ import glob
 import hashlib
 import json
 import math
+import operator
 import os
 import time
 from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
@@ -172,6 +173,46 @@ def stream_group(owner: nn.Module, names: Sequence[str], rows: int, dtype: torch
             return None
         calls.append(call)
     return calls
+
+
+class StreamPlans:
+    """A model's streamed forwards (its layers' :class:`StreamCall` s, from ``build(rows, dtype)``,
+    or None where some linear takes another path), kept per row bucket and dtype while no path
+    decision (:func:`paths_generation`) and no weight they read changed (replaced or written in
+    place). ``weights()`` lists ``(owner dict, name)`` of every entry a plan reads."""
+
+    def __init__(self, build, weights):
+        self._build, self._weights, self._kept = build, weights, {}
+
+    def get(self, rows: int, dtype: torch.dtype):
+        key = (row_bucket(rows), dtype)
+        kept = self._kept.get(key)
+        if kept is not None and kept[0] == paths_generation() and _unchanged(kept[2]):
+            return kept[1]
+        plans = self._build(rows, dtype)
+        owners, names, held = [], [], []
+        for d, n in self._weights():
+            owners.append(d)
+            names.append(n)
+            held.append(d.get(n))
+        tensors = [t for t in held if isinstance(t, torch.Tensor)]
+        self._kept[key] = (paths_generation(), plans, (owners, names, held, tensors, _tensor_states(tensors)))
+        return plans
+
+
+_VERSION, _DATA_PTR = operator.attrgetter("_version"), torch.Tensor.data_ptr
+
+
+def _tensor_states(tensors: list) -> tuple:
+    return list(map(_VERSION, tensors)), list(map(_DATA_PTR, tensors))
+
+
+def _unchanged(watch) -> bool:
+    """Whether every watched entry still holds the object it held, and no watched tensor was
+    written in place or moved (checked once per forward over ~330 entries, hence maps: half the
+    time of a generator of tuples)."""
+    owners, names, held, tensors, states = watch
+    return all(map(operator.is_, map(dict.get, owners, names), held)) and _tensor_states(tensors) == states
 
 
 def _weight_state(w: torch.Tensor) -> Tuple:

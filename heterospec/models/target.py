@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import glob
 import json
-import operator
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ from .attention import causal_tree_mask, make_backend
 from .kv_cache import KVCache
 from .layers import (MLP, QKVO, RMSNorm, Rotary, _glue, assign_weights, load_weight_file, rope_exact_length,
                      rope_inv_freq, rope_qk)
-from .linear import paths_generation, row_bucket, stream_group
+from .linear import StreamPlans, stream_group
 
 
 # A CPU forward whose every linear runs the stream path skips the modules' per-call dispatch
@@ -210,7 +209,7 @@ class TargetModel(nn.Module):
         self.rotary = Rotary(inv_freq, scaling, rope_exact_length(rope_cfg),
                              (rope_cfg.rope_parameters or {}).get("rope_type", "default"))
         self.tokenizer = None
-        self._streamed = {}    # (row bucket, dtype) -> (paths generation, [StreamedLayer] or None, watched)
+        self._streamed = StreamPlans(self._build_stream_plans, self._stream_plan_weights)   # [StreamedLayer] or None
         self.attn_backend_name = attn_backend
         self._backend, self._backend_key = None, None
 
@@ -399,37 +398,14 @@ class TargetModel(nn.Module):
         (:func:`~.linear.paths_generation`) and no weight it reads changed (replaced or written)."""
         if not STREAMED_LAYERS or torch.is_grad_enabled() or not _glue(x, self.norm.weight):
             return None
-        rows = x.shape[0] * x.shape[1]
-        key = (row_bucket(rows), x.dtype)
-        kept = self._streamed.get(key)
-        if kept is not None and kept[0] == paths_generation() and _unchanged(kept[2]):
-            return kept[1]
-        layers = [layer.streamed(rows, x.dtype) for layer in self.layers]
-        plans = None if None in layers else layers
-        owners, names, held = [], [], []
-        for layer in self.layers:
-            for d, n in layer.weights():
-                owners.append(d)
-                names.append(n)
-                held.append(d.get(n))
-        tensors = [t for t in held if isinstance(t, torch.Tensor)]
-        self._streamed[key] = (paths_generation(), plans, (owners, names, held, tensors, _tensor_states(tensors)))
-        return plans
+        return self._streamed.get(x.shape[0] * x.shape[1], x.dtype)
 
+    def _build_stream_plans(self, rows: int, dtype: torch.dtype) -> list | None:
+        layers = [layer.streamed(rows, dtype) for layer in self.layers]
+        return None if None in layers else layers
 
-_VERSION, _DATA_PTR = operator.attrgetter("_version"), torch.Tensor.data_ptr
-
-
-def _tensor_states(tensors: list) -> tuple:
-    return list(map(_VERSION, tensors)), list(map(_DATA_PTR, tensors))
-
-
-def _unchanged(watch) -> bool:
-    """Whether every watched entry still holds the object it held, and no watched tensor was
-    written in place or moved (checked once per forward over ~330 entries, hence maps: half the
-    time of a generator of tuples)."""
-    owners, names, held, tensors, states = watch
-    return all(map(operator.is_, map(dict.get, owners, names), held)) and _tensor_states(tensors) == states
+    def _stream_plan_weights(self) -> list:
+        return [w for layer in self.layers for w in layer.weights()]
 
 
 def _indexed_shards(path: str, index_name: str) -> list[str] | None:

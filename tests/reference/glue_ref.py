@@ -27,7 +27,7 @@ def tree_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     for b in range(B):
         L = int(prefix_lens[b])
         for t in range(T):
-            slots = list(range(L)) + [L + j for j in range(T) if bool(tree_mask[b, t, j])]
+            slots = list(range(L)) + [L + j for j in range(tree_mask.shape[2]) if bool(tree_mask[b, t, j])]
             for h in range(Hq):
                 g = h // (Hq // Hkv)
                 k = k_cache[b, slots, g].double()
