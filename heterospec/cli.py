@@ -366,10 +366,11 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--device", type=_device, default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     g.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                    help="weight dtype (default: float32 on CPU, bfloat16 on CUDA)")
-    g.add_argument("--draft-dtype", default=None, choices=["float32", "bfloat16", "float16"],
-                   help="draft weight dtype (default: the target's; a half-precision target on a CPU "
-                        "without native bf16 drafts in the faster of its dtype and float32, timed once per "
-                        "machine and cached; never changes the output, only speed and tau)")
+    g.add_argument("--draft-dtype", default=None, choices=["float32", "bfloat16", "float16", "q8_0"],
+                   help="draft weight dtype, or q8_0 (float32 with weights rounded to 8-bit codes) (default: "
+                        "the target's; on a CPU the fastest of the candidates - a half-precision target without "
+                        "native bf16 also float32, and with tuned linears q8_0 wherever float32 may run - timed "
+                        "once per machine and cached; never changes the output, only speed and tau)")
     g.add_argument("--linear", default="tuned", choices=["tuned", "stock"],
                    help="CPU linear layers: 'tuned' uses, per shape and row count, the faster of F.linear "
                         "and oneDNN's reordered-weight linear as timed on this machine; 'stock' F.linear only")

@@ -87,7 +87,7 @@ def fingerprint(engine) -> dict:
     w = target.lm_head.weight
     fp = {"device": dev.type, "torch": torch.__version__.split("+")[0],
           "target_dtype": str(w.dtype).removeprefix("torch."),
-          "draft_dtype": str(next(draft.parameters()).dtype).removeprefix("torch.") if draft is not None else None}
+          "draft_dtype": draft_form(draft) if draft is not None else None}
     if dev.type == "cuda":
         fp["gpu"] = torch.cuda.get_device_name(dev)
         fp["attention"] = target.backend.name
@@ -746,8 +746,25 @@ DRAFT_DTYPE_MARGIN = 0.95
 DRAFT_DTYPE_FORMAT = 1
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+def _dtype_name(dtype) -> str:
+    """A candidate's name: a dtype's ("float32"), or a weight form as it is ("q8_0")."""
+    return dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
+
+
+def draft_form(draft) -> str:
+    """How the draft's weights run: "q8_0" (float32, rounded to 8-bit codes), else its dtype."""
+    dtype = next(draft.parameters()).dtype
+    return "q8_0" if getattr(draft, "weight_form", None) == "q8_0" and dtype == torch.float32 else _dtype_name(dtype)
+
+
+def to_draft_form(draft, form) -> None:
+    """Convert ``draft`` in place to ``form``: a dtype, or "q8_0" (float32 weights rounded to
+    their Q8_0 values; from a float32 or float16 file's exact values, not from bfloat16's)."""
+    if form == "q8_0":
+        draft.to(torch.float32)
+        draft.round_weights_q8_0_()
+    else:
+        draft.to(form)
 
 
 def draft_dtype_path(engine, candidates: Sequence[torch.dtype]) -> str:
@@ -762,8 +779,8 @@ def draft_dtype_path(engine, candidates: Sequence[torch.dtype]) -> str:
     return os.path.join(str(cache_root()), COSTS_DIR, f"draft-dtype-{key}.json")
 
 
-def _draft_copy(draft, dtype: torch.dtype):
-    """``draft`` in ``dtype``, a new module (the target's embedding it shares stays shared; the
+def _draft_copy(draft, dtype):
+    """``draft`` in ``dtype`` (or the weight form "q8_0"), a new module (the target's embedding it shares stays shared; the
     reordered / packed weights of tuned linears and fused groups are not copied: the copy is
     tuned afresh)."""
     import copy
@@ -773,7 +790,8 @@ def _draft_copy(draft, dtype: torch.dtype):
             held = getattr(mod, name, None)
             if held is not None:
                 memo[id(held)] = None
-    out = copy.deepcopy(draft, memo=memo).to(dtype)
+    out = copy.deepcopy(draft, memo=memo)
+    to_draft_form(out, dtype)
     if hasattr(out, "release_tree_pools"):
         out.release_tree_pools()
     return out
@@ -827,7 +845,8 @@ def draft_round_ms(engine, drafts: Sequence, reps: int = 9, context: int = 128, 
 
 
 def choose_draft_dtype(engine, candidates: Sequence[torch.dtype], reps: int = 9, progress: bool = True) -> dict:
-    """Run ``engine``'s draft in the fastest of ``candidates`` on this machine (the first, the
+    """Run ``engine``'s draft in the fastest of ``candidates`` (dtypes, or the weight form "q8_0":
+    :func:`to_draft_form`) on this machine (the first, the
     preferred, unless another drafts a round in under :data:`DRAFT_DTYPE_MARGIN` of its time).
     The draft is expected in a dtype that holds every candidate's values exactly (float32 for a
     half-precision checkpoint): each candidate is converted from it. The choice is cached per
@@ -853,7 +872,7 @@ def choose_draft_dtype(engine, candidates: Sequence[torch.dtype], reps: int = 9,
         pass
     tuned = engine.linear == "tuned" and engine.device.type == "cpu"
     if report is None:
-        drafts = [draft if d == draft.dtype else _draft_copy(draft, d) for d in candidates]
+        drafts = [draft if _dtype_name(d) == draft_form(draft) else _draft_copy(draft, d) for d in candidates]
         if tuned:
             tune_linears(drafts[1:] if drafts[0] is draft else drafts)
         load = OtherLoad().start()
@@ -875,8 +894,8 @@ def choose_draft_dtype(engine, candidates: Sequence[torch.dtype], reps: int = 9,
         engine.draft = drafts[pick]
     else:
         chosen = candidates[names.index(report["chosen"])]
-        if chosen != draft.dtype:
-            draft.to(chosen)
+        if _dtype_name(chosen) != draft_form(draft):
+            to_draft_form(draft, chosen)
             if tuned:
                 tune_linears([draft])
     return report

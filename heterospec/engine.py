@@ -264,7 +264,7 @@ def cpu_has_native_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def draft_dtype_candidates(device, target_dtype: torch.dtype) -> List[torch.dtype]:
+def draft_dtype_candidates(device, target_dtype: torch.dtype, codes: bool = False) -> List:
     """The dtypes the draft may run in for a target on ``device`` in ``target_dtype``, the
     preferred first; :meth:`Engine.from_pretrained` times the draft in each on this machine and
     keeps the fastest (:func:`heterospec.costmodel.choose_draft_dtype`).
@@ -278,13 +278,24 @@ def draft_dtype_candidates(device, target_dtype: torch.dtype) -> List[torch.dtyp
     beside a float32 target ("Layer glue as two ops, bfloat16 weights streamed"). So where the
     target's dtype is native the draft runs in it; a half-precision target on a CPU that only
     emulates bf16 may have its draft in float32 (timed: emulated half precision is the slow
-    one there). On a GPU the draft follows the target."""
+    one there). On a GPU the draft follows the target.
+
+    ``codes`` (a CPU whose linears stream block codes: tuned linears): wherever the draft may run
+    in float32, also "q8_0" - float32 with its weights rounded to 8-bit codes
+    (:meth:`~heterospec.models.draft.Eagle3Draft.round_weights_q8_0_`). A CPU draft step is bound
+    by reading its weights (a draft layer and head are ~20 MB in float16, read every step), so
+    fewer bytes draft faster; the rounding moved tau by 0.3 % on the benchmark prompts
+    (bench/RESULTS.md, "A streamed draft"), and timing decides as for the dtypes."""
     kind = getattr(device, "type", str(device)).split(":")[0]
     if kind != "cpu":
         return [target_dtype]
     if target_dtype in (torch.bfloat16, torch.float16) and not cpu_has_native_bf16():
-        return [target_dtype, torch.float32]
-    return [target_dtype]
+        out = [target_dtype, torch.float32]
+    else:
+        out = [target_dtype]
+    if codes and torch.float32 in out:
+        out.append("q8_0")
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -301,13 +312,14 @@ def _is_int(x) -> bool:
     return not isinstance(x, bool) and hasattr(x, "__index__")
 
 
-def _float_dtype(name: str, dtype):
-    """None, a floating torch dtype, or its name ("bfloat16"); anything else is an error."""
-    if dtype is None:
-        return None
+def _float_dtype(name: str, dtype, forms: tuple = ()):
+    """None, a floating torch dtype, or its name ("bfloat16"), or one of ``forms`` (weight forms
+    such as "q8_0", returned as they are); anything else is an error."""
+    if dtype is None or dtype in forms:
+        return dtype
     if isinstance(dtype, str):
         if dtype.removeprefix("torch.") not in _DTYPE_NAMES:
-            raise ValueError(f"{name} must be one of {', '.join(_DTYPE_NAMES)}, got {dtype!r}")
+            raise ValueError(f"{name} must be one of {', '.join((*_DTYPE_NAMES, *forms))}, got {dtype!r}")
         return _DTYPE_NAMES[dtype.removeprefix("torch.")]
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"{name} must be a floating-point dtype ({', '.join(_DTYPE_NAMES)}), got {dtype!r}")
@@ -492,14 +504,17 @@ class Engine:
                         **kwargs) -> "Engine":
         """Load a target directory and an EAGLE-3 draft directory; no arguments = the built-in pair.
 
-        ``draft_dtype``: the draft's weights. Default: the target's dtype, except for a
-        half-precision target on a CPU that emulates bf16: there the draft is timed in that dtype
-        and in float32 (:func:`draft_dtype_candidates`) and runs in the faster; the choice is
-        cached per machine (``engine.draft_dtype_report`` says what was measured)."""
+        ``draft_dtype``: the draft's weights: a dtype, or "q8_0" (float32, weights rounded to
+        8-bit codes). Default: the target's dtype, except on a CPU: a half-precision target on a
+        CPU that emulates bf16 is timed with its draft in that dtype and in float32, and with tuned
+        linears every float32 candidate also as "q8_0" (:func:`draft_dtype_candidates`); the draft
+        runs in the fastest, a choice cached per machine (``engine.draft_dtype_report`` says
+        what was measured)."""
         from .models.draft import Eagle3Draft
+        from .models.linear import block_codes_available
         from .models.target import TargetModel
 
-        dtype, draft_dtype = _float_dtype("dtype", dtype), _float_dtype("draft_dtype", draft_dtype)
+        dtype, draft_dtype = _float_dtype("dtype", dtype), _float_dtype("draft_dtype", draft_dtype, ("q8_0",))
         if target is None:
             from .defaults import default_draft_dir, default_target_dir
             target = default_target_dir()
@@ -507,12 +522,16 @@ class Engine:
         tgt = TargetModel.from_pretrained(target, device=device, dtype=dtype,
                                           attn_backend=kwargs.pop("attn_backend", "auto"))
         drf, w = None, tgt.lm_head.weight
-        dtypes = [draft_dtype] if draft_dtype is not None else draft_dtype_candidates(w.device, w.dtype)
+        codes = kwargs.get("linear", "tuned") == "tuned" and w.device.type == "cpu" and block_codes_available()
+        dtypes = [draft_dtype] if draft_dtype is not None else draft_dtype_candidates(w.device, w.dtype, codes)
         if draft is not None:
-            # Several candidates: load in float32, which holds a float16 / bfloat16 file exactly,
-            # so that every candidate is converted from the file's own values.
-            drf = Eagle3Draft.from_pretrained(draft, target=tgt, dtype=torch.float32 if len(dtypes) > 1 else dtypes[0])
+            # Several candidates (or q8_0): load in float32, which holds a float16 / bfloat16 file
+            # exactly, so that every candidate is converted from the file's own values.
+            load = torch.float32 if len(dtypes) > 1 or dtypes[0] == "q8_0" else dtypes[0]
+            drf = Eagle3Draft.from_pretrained(draft, target=tgt, dtype=load)
             drf.to(device=w.device)
+            if dtypes == ["q8_0"]:
+                drf.round_weights_q8_0_()
         engine = cls(tgt, drf, config=config, draft_dir=draft, **kwargs)
         if drf is not None and len(dtypes) > 1:
             from .costmodel import choose_draft_dtype

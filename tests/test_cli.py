@@ -123,6 +123,43 @@ def test_from_pretrained_draft_dtype(pair_dirs):
     assert eng.draft_dtype_report == {}          # given, not measured
 
 
+def test_a_draft_with_q8_0_weights_streams_codes_and_is_lossless(pair_dirs):
+    from heterospec.models.linear import coded_formats
+    t, d = pair_dirs
+    eng = heterospec.Engine.from_pretrained(t, d, draft_dtype="q8_0")
+    assert eng.draft.weight_form == "q8_0" and eng.draft.dtype == torch.float32
+    assert "q8_0" in coded_formats([eng.draft])                  # the tuned linears stream its codes
+    ref = eng.generate("Say hi.", max_new_tokens=8, method="autoregressive").token_ids
+    for m in ("eagle3", "heterospec"):
+        assert eng.generate("Say hi.", max_new_tokens=8, method=m).token_ids == ref
+    with pytest.raises(ValueError, match="draft_dtype must be one of .*q8_0"):
+        heterospec.Engine.from_pretrained(t, d, draft_dtype="q4")
+
+
+def test_the_draft_may_run_as_q8_0_where_timed_faster(pair_dirs, monkeypatch, tmp_path):
+    """The q8_0 candidate is timed like a dtype: kept where faster, and a cached choice converts a
+    fresh engine's draft in place; the cost model's fingerprint names the form."""
+    from heterospec import costmodel
+    monkeypatch.setenv("HETEROSPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(costmodel, "draft_round_ms", lambda eng, drafts, **kw: [4.0, 2.0])
+    t, d = pair_dirs
+    eng = heterospec.Engine.from_pretrained(t, d, draft_dtype=torch.float32, linear="stock")
+    want = {k: v.clone() for k, v in eng.draft.state_dict().items()}
+    report = costmodel.choose_draft_dtype(eng, [torch.float32, "q8_0"], progress=False)
+    assert report["chosen"] == "q8_0" and not report["cached"] and set(report["ms"]) == {"float32", "q8_0"}
+    assert eng.draft.weight_form == "q8_0" and costmodel.fingerprint(eng)["draft_dtype"] == "q8_0"
+    w = eng.draft.lm_head.weight
+    assert not torch.equal(w, want["lm_head.weight"]) and torch.allclose(w, want["lm_head.weight"], atol=2e-3)
+
+    def no_timing(*a, **kw):
+        raise AssertionError("a cached choice is not timed again")
+    monkeypatch.setattr(costmodel, "draft_round_ms", no_timing)
+    fresh = heterospec.Engine.from_pretrained(t, d, draft_dtype=torch.float32, linear="stock")
+    assert costmodel.choose_draft_dtype(fresh, [torch.float32, "q8_0"], progress=False)["cached"]
+    assert fresh.draft.weight_form == "q8_0"
+    assert all(torch.equal(v, eng.draft.state_dict()[k]) for k, v in fresh.draft.state_dict().items())
+
+
 def test_from_pretrained_measures_the_draft_dtype(pair_dirs, monkeypatch, tmp_path):
     """A bfloat16 target on a CPU that emulates bf16 may draft in float32: both are timed, the
     faster kept; a float32 target's draft runs in float32 without timing. (Stock linears: the

@@ -314,6 +314,12 @@ def test_draft_dtype_candidates(monkeypatch):
     assert eng.draft_dtype_candidates("cpu", torch.float32) == [torch.float32]
     assert eng.draft_dtype_candidates("cpu", torch.bfloat16) == [torch.bfloat16, torch.float32]
     assert eng.draft_dtype_candidates("cpu", torch.float16) == [torch.float16, torch.float32]
+    # streaming block codes: wherever float32 may run, also its 8-bit-code form
+    assert eng.draft_dtype_candidates("cpu", torch.float32, codes=True) == [torch.float32, "q8_0"]
+    assert eng.draft_dtype_candidates("cpu", torch.bfloat16, codes=True) == [torch.bfloat16, torch.float32, "q8_0"]
+    assert eng.draft_dtype_candidates("cuda", torch.float32, codes=True) == [torch.float32]
+    monkeypatch.setattr(eng, "cpu_has_native_bf16", lambda: True)
+    assert eng.draft_dtype_candidates("cpu", torch.bfloat16, codes=True) == [torch.bfloat16]
 
 
 def _eagle3_engine(seed=0):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import copy
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -477,3 +479,15 @@ def test_bad_inputs(tmp_path, target, draft):
         st = draft.new_tree(1)
         draft.tree_step(ids[:, :2], torch.zeros(1, 2, 48), _i64(-1, 0)[None], _i64(6, 6)[None],
                         draft.new_cache(1, 8), _i64(0), st)
+
+
+def test_q8_0_weights_need_float32(target):
+    d = Eagle3Draft.for_target(target, seed=2)
+    ref = {n: p.detach().clone() for n, p in d.named_parameters()}
+    with pytest.raises(ValueError, match="float32"):
+        copy.deepcopy(d).to(torch.bfloat16).round_weights_q8_0_()
+    assert d.round_weights_q8_0_() is d and d.weight_form == "q8_0"
+    for n, p in d.named_parameters():
+        moved = not torch.equal(p, ref[n])
+        # every linear whose input width is a multiple of 32 is rounded; norms and the rest are not
+        assert moved == (p.dim() == 2 and p.shape[1] % 32 == 0 and "embed" not in n), n

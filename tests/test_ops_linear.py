@@ -164,3 +164,21 @@ def test_the_wrapper_names_the_device_for_a_gpu_tensor():
     assert "CPU" in _errors(lambda: ops.stream_linear_pack(w))
     assert "CPU" in _errors(lambda: ops.stream_linear(torch.randn(2, 4, device="meta"),
                                                        torch.randn(1, 4, 32, device="meta"), None, 8))
+
+
+def test_q8_0_values_are_a_q8_0_file_s_values():
+    """q8_0_values rounds a weight to what a GGUF Q8_0 file holds: stream_linear_pack_blocks finds
+    its codes, each value within half a step of the original, and a width not a multiple of 32 is
+    refused."""
+    from heterospec.models.linear import q8_0_values
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(96, 128, generator=g) * 0.05
+    w[3, :32] = 0                                   # an all-zero group
+    v = q8_0_values(w)
+    found = ops.stream_linear_pack_blocks(v)
+    assert found is not None and found[0] == "q8_0"
+    step = (w.reshape(96, 4, 32).abs().amax(-1) / 127).repeat_interleave(32, dim=1)
+    assert bool(((v - w).abs() <= 0.5 * step * (1 + 2e-3) + 1e-12).all()) and not torch.equal(v, w)
+    assert torch.equal(q8_0_values(v), v) and torch.equal(v[3, :32], torch.zeros(32))
+    with pytest.raises(ValueError, match="multiple of 32"):
+        q8_0_values(torch.randn(4, 40))

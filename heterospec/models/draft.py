@@ -330,6 +330,8 @@ def _target_spec(target) -> dict:
 class Eagle3Draft(nn.Module):
     """The EAGLE-3 draft. Build with `from_pretrained`, `for_target` or `Eagle3Draft(config)`."""
 
+    #: "q8_0" once :meth:`round_weights_q8_0_` rounded the weights (None: as loaded).
+    weight_form: str | None = None
     #: Attention in the form CUDA's fused SDPA kernels accept (expanded KV heads, additive float
     #: masks) and the static tree-buffer layout; None = on CUDA only (CPU keeps the bool-mask,
     #: enable_gqa numerics). Set True on CPU to exercise the CUDA formulation.
@@ -523,6 +525,22 @@ class Eagle3Draft(nn.Module):
         if target is not None:
             draft.attach(target)
         return draft
+
+    def round_weights_q8_0_(self) -> "Eagle3Draft":
+        """Round every linear weight (input width a multiple of 32) to the values of its Q8_0
+        quantisation (:func:`~.linear.q8_0_values`), in place. On a CPU with tuned linears the
+        draft then streams 8-bit codes: a draft step reads ~40 % fewer bytes than from float16
+        weights. Only the draft's proposals can move (its logits by the rounding); what is
+        accepted is the target's alone. Needs float32 weights; ``weight_form`` becomes "q8_0"."""
+        from .linear import q8_0_values
+        if self.dtype != torch.float32:
+            raise ValueError(f"round_weights_q8_0_: the draft's weights must be float32, not {self.dtype}")
+        with torch.no_grad():
+            for mod in self.modules():
+                if isinstance(mod, nn.Linear) and mod.weight.shape[1] % 32 == 0:
+                    mod.weight.copy_(q8_0_values(mod.weight))
+        self.weight_form = "q8_0"
+        return self
 
     def save_pretrained(self, path: str | os.PathLike, dtype: torch.dtype | None = torch.float16) -> None:
         """Write config.json + model.safetensors in the public EAGLE-3 layout (floats cast to dtype;

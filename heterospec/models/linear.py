@@ -175,6 +175,20 @@ def stream_group(owner: nn.Module, names: Sequence[str], rows: int, dtype: torch
     return calls
 
 
+def q8_0_values(weight: torch.Tensor) -> torch.Tensor:
+    """The values a GGUF Q8_0 quantisation of ``weight`` [N, K] (K a multiple of 32) holds, in
+    float32: per output and group of 32 inputs, ``d = float16(absmax / 127)``, ``q = round(w / d)``
+    in [-127, 127], ``w' = q * d`` (exact in float32). A float32 weight that holds them streams as
+    its 8-bit codes (:func:`block_codes`): 1.25 bytes read per weight against float16's 2."""
+    N, K = weight.shape
+    if K % 32:
+        raise ValueError(f"q8_0_values: the input width {K} is not a multiple of 32")
+    g = weight.detach().float().reshape(N, K // 32, 32)
+    d = (g.abs().amax(-1) / 127.0).half().float()
+    q = (g / torch.where(d > 0, d, torch.ones_like(d))[..., None]).round().clamp(-127, 127)
+    return (q * d[..., None]).reshape(N, K)
+
+
 class StreamPlans:
     """A model's streamed forwards (its layers' :class:`StreamCall` s, from ``build(rows, dtype)``,
     or None where some linear takes another path), kept per row bucket and dtype while no path
@@ -183,6 +197,11 @@ class StreamPlans:
 
     def __init__(self, build, weights):
         self._build, self._weights, self._kept = build, weights, {}
+
+    def __deepcopy__(self, memo):
+        """A copied model's plans: its own methods (through ``memo``), nothing kept."""
+        import copy
+        return StreamPlans(copy.deepcopy(self._build, memo), copy.deepcopy(self._weights, memo))
 
     def get(self, rows: int, dtype: torch.dtype):
         key = (row_bucket(rows), dtype)
@@ -219,6 +238,11 @@ def _weight_state(w: torch.Tensor) -> Tuple:
     return (w.data_ptr(), w._version, w.dtype)
 
 
+def block_codes_available() -> bool:
+    """Whether float32 weights that hold block-quantised values stream as their codes here."""
+    return BLOCK_CODES and hasattr(torch.ops.heterospec, "stream_linear_blocks")
+
+
 def block_codes(layer: nn.Linear) -> Optional[Tuple[str, object]]:
     """``(format, packed)`` of ``layer``'s float32 CPU weight where it holds values of a narrower
     form exactly, else None: ``"q4_1"`` / ``"q8_0"`` with ``packed = (codes, scales)``
@@ -226,8 +250,7 @@ def block_codes(layer: nn.Linear) -> Optional[Tuple[str, object]]:
     weight packed for ``stream_linear``. Found once per weight (kept on the layer while the weight
     is unchanged)."""
     w = layer.weight
-    if not BLOCK_CODES or w.dtype != torch.float32 or w.device.type != "cpu" \
-            or not hasattr(torch.ops.heterospec, "stream_linear_blocks"):
+    if not block_codes_available() or w.dtype != torch.float32 or w.device.type != "cpu":
         return None
     seen = layer.__dict__.get("_block_codes_of")
     if seen is None or seen[0] != _weight_state(w):
