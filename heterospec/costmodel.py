@@ -417,6 +417,14 @@ def _measure_once(engine, quick: bool, batch_sizes: Sequence[int], tokens: Optio
                          graphed=False)
 
 
+#: The extend length whose draft time, against one token's, prices each extra token the draft
+#: extends over. The catch-ups it prices (after plain steps: up to twice Engine.draft_window
+#: tokens) are that long; from 4 tokens, where a CPU draft's linears still cost what one token's
+#: do, the slope read 0 and the policy charged its catch-ups to its rounds' time correction
+#: (bench/RESULTS.md, fifty-eighth session).
+EXTEND_PROBE = 16
+
+
 def _measure_pass(engine, quick: bool, batch_sizes: Sequence[int], tokens: Optional[Sequence[int]],
                   contexts: Sequence[int], repeats: Optional[int], progress: bool,
                   node_grid: Sequence[int], desc: str, graphed: bool) -> CostModel:
@@ -537,7 +545,7 @@ def _measure_pass(engine, quick: bool, batch_sizes: Sequence[int], tokens: Optio
                     return engine._draft_tree(st, cfg.replace(depth=depth), plan)
                 return run
 
-            out = (timed(plain_step), (timed(draft_at(0, 1)), timed(draft_at(D, 1)), timed(draft_at(0, 4))))
+            out = (timed(plain_step), (timed(draft_at(0, 1)), timed(draft_at(D, 1)), timed(draft_at(0, EXTEND_PROBE))))
             tree = draft_at(2, 1)()
             s1 = saved()
 
@@ -577,7 +585,8 @@ def _measure_pass(engine, quick: bool, batch_sizes: Sequence[int], tokens: Optio
         bar.close()
         target_rows = [[best[i] for i in row] for row in target_rows]
         plain = [best[i] for i in plain]
-        draft = [[best[a], max(best[b] - best[a], 0.0) / D, max(best[c] - best[a], 0.0) / 3] for a, b, c in draft]
+        draft = [[best[a], max(best[b] - best[a], 0.0) / D, max(best[c] - best[a], 0.0) / (EXTEND_PROBE - 1)]
+                 for a, b, c in draft]
         verify = [[best[i] for i in row] for row in verify]
     return CostModel(fingerprint=fingerprint(engine), tokens=list(tokens), contexts=list(contexts),
                      target=target_rows, batch_sizes=list(batch_sizes), plain=plain, draft=draft,
