@@ -29,6 +29,21 @@ def tiny_hf_llama(vocab: int = 96, hidden: int = 32, layers: int = 4, heads: int
     return model
 
 
+def every_linear_streams(monkeypatch, cache_dir) -> None:
+    """Have ``tune_linears`` (in a fresh cache at ``cache_dir``) time every shape's stream path
+    fastest at every row count, so that tuned models take it wherever it exists."""
+    from heterospec.models import linear as L
+    monkeypatch.setenv("HETEROSPEC_CACHE", str(cache_dir))
+    monkeypatch.setattr(L, "_MEMORY", {})
+    real = L.time_shape
+
+    def timed(layer, *a, **k):
+        t = real(layer, rows=L.TUNE_ROWS, budget_s=0.01, copies=1)
+        t["stream_ms"] = [1e-6] * len(t["rows"])
+        return t
+    monkeypatch.setattr(L, "time_shape", timed)
+
+
 class _Cache:
     def __init__(self, draft: "OracleDraft", batch: int):
         self.draft, self.batch = draft, batch

@@ -26,16 +26,8 @@ def pair(tmp_path, monkeypatch):
     """A tiny target and a draft for it (widths multiples of 32: the stacked groups fuse) whose
     linears all take the stream path, at every row count."""
     from heterospec import Eagle3Draft, TargetModel
-    from tests.engine_util import tiny_hf_llama
-    monkeypatch.setenv("HETEROSPEC_CACHE", str(tmp_path))
-    monkeypatch.setattr(L, "_MEMORY", {})
-    real = L.time_shape
-
-    def timed(layer, *a, **k):
-        t = real(layer, rows=L.TUNE_ROWS, budget_s=0.01, copies=1)
-        t["stream_ms"] = [1e-6] * len(t["rows"])
-        return t
-    monkeypatch.setattr(L, "time_shape", timed)
+    from tests.engine_util import every_linear_streams, tiny_hf_llama
+    every_linear_streams(monkeypatch, tmp_path)
     target = TargetModel.from_hf(tiny_hf_llama(vocab=96, hidden=64, heads=2, kv_heads=1, dtype=torch.float32))
     draft = Eagle3Draft.for_target(target, seed=1)
     with torch.no_grad():                      # larger weights: attention patterns matter
@@ -158,7 +150,7 @@ def test_greedy_decoding_with_streamed_draft_steps_is_lossless(pair, method, mon
     assert calls, "the streamed draft steps were never taken"
 
 
-def test_the_cost_model_fingerprint_names_how_the_draft_runs(pair):
+def test_the_cost_model_fingerprint_names_how_the_draft_runs(pair, monkeypatch):
     """A cost model measured with the draft's modules running (slower rounds), or for a draft of
     another MLP width, is reported, never reused."""
     from heterospec import Engine
@@ -166,12 +158,8 @@ def test_the_cost_model_fingerprint_names_how_the_draft_runs(pair):
     target, draft = pair
     eng = Engine(target, draft)
     on = fingerprint(eng)
-    old = DM.STREAMED_DRAFT
-    DM.STREAMED_DRAFT = False
-    try:
-        off = fingerprint(eng)
-    finally:
-        DM.STREAMED_DRAFT = old
+    monkeypatch.setattr(DM, "STREAMED_DRAFT", False)
+    off = fingerprint(eng)
     assert on["draft_layers"] == "streamed" and off["draft_layers"] == "modules"
     assert any(d.startswith("draft_layers:") for d in fingerprint_differences(off, on))
     assert on["draft"]["intermediate"] == draft.config.intermediate_size

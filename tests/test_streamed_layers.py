@@ -20,16 +20,8 @@ def streamed_engine(tmp_path, monkeypatch):
     """An engine on a tiny Llama (widths multiples of 32: the stacked groups fuse) whose linears
     all take the stream path (timed so), at every row count."""
     from heterospec import Engine
-    from tests.engine_util import tiny_hf_llama
-    monkeypatch.setenv("HETEROSPEC_CACHE", str(tmp_path))
-    monkeypatch.setattr(L, "_MEMORY", {})
-    real = L.time_shape
-
-    def timed(layer, *a, **k):
-        t = real(layer, rows=L.TUNE_ROWS, budget_s=0.01, copies=1)
-        t["stream_ms"] = [1e-6] * len(t["rows"])
-        return t
-    monkeypatch.setattr(L, "time_shape", timed)
+    from tests.engine_util import every_linear_streams, tiny_hf_llama
+    every_linear_streams(monkeypatch, tmp_path)
     hf = tiny_hf_llama(vocab=96, hidden=64, heads=2, kv_heads=1, dtype=torch.float32)
     return Engine(hf)
 
