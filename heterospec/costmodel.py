@@ -420,8 +420,8 @@ def _measure_once(engine, quick: bool, batch_sizes: Sequence[int], tokens: Optio
 #: The extend length whose draft time, against one token's, prices each extra token the draft
 #: extends over. The catch-ups it prices (after plain steps: up to twice Engine.draft_window
 #: tokens) are that long; from 4 tokens, where a CPU draft's linears still cost what one token's
-#: do, the slope read 0 and the policy charged its catch-ups to its rounds' time correction
-#: (bench/RESULTS.md, fifty-eighth session).
+#: do, the slope read as nothing and the policy charged its catch-ups to its rounds' time
+#: correction (bench/RESULTS.md, "A streamed draft with 8-bit weights").
 EXTEND_PROBE = 16
 
 

@@ -284,8 +284,9 @@ def draft_dtype_candidates(device, target_dtype: torch.dtype, codes: bool = Fals
     in float32, also "q8_0" - float32 with its weights rounded to 8-bit codes
     (:meth:`~heterospec.models.draft.Eagle3Draft.round_weights_q8_0_`). A CPU draft step is bound
     by reading its weights (a draft layer and head are ~20 MB in float16, read every step), so
-    fewer bytes draft faster; the rounding moved tau by 0.3 % on the benchmark prompts
-    (bench/RESULTS.md, "A streamed draft"), and timing decides as for the dtypes."""
+    fewer bytes draft faster; the rounding left tau as it was on the benchmark sets
+    (bench/RESULTS.md, "A streamed draft with 8-bit weights"), and timing decides as for the
+    dtypes."""
     kind = getattr(device, "type", str(device)).split(":")[0]
     if kind != "cpu":
         return [target_dtype]

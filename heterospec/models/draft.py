@@ -22,7 +22,9 @@ expanded to the query heads and additive float masks (layers.sdpa_kernel_friendl
 mask with ``enable_gqa`` sends CUDA to the math kernel. Tree steps write their K/V into
 preallocated per-round buffers (DraftTreeState); on CUDA the buffer also holds the committed
 prefix (copied once per round), so every step attends over the same static [S + capacity] keys
-with no concatenation (capture-friendly). A decision, not an omission: the draft is one layer whose tree steps put top_k queries
+with no concatenation (capture-friendly). On a CPU whose draft linears stream (StreamedDraft),
+the extend and the tree steps attend with the tree_attention op instead, the tree's K/V written
+to the draft cache past the committed prefix. A decision, not an omission: the draft is one layer whose tree steps put top_k queries
 against the committed prefix plus a few dozen tree keys kept outside the cache, so FlashInfer's
 paged-KV planning would cost more than it saves; the target, where attention is 30+ layers over the
 whole tree, is what uses FlashInfer on CUDA. To revisit with a GPU profile (docs/gpu.md).
@@ -174,7 +176,7 @@ class DraftConfig:
 
 @dataclass
 class DraftTreeState:
-    """Tree-step K/V and ancestor rows of the nodes fed so far in this round (never cached).
+    """Tree-step K/V and ancestor rows of the nodes fed so far in this round (never committed).
 
     Storage is preallocated for `capacity` nodes and written in place (no per-step concatenation);
     it grows (a copy) only if a round feeds more nodes. Three layouts, picked at the first step:
@@ -247,9 +249,9 @@ class TrainOutput(NamedTuple):
 # step - runs as one function where every linear of the layer takes its stream path
 # (StreamedDraft): the same kernels without the modules' per-call dispatch, and attention by the
 # tree_attention op over the draft cache, the round's tree nodes' K/V written there past the
-# committed prefix (DraftTreeState.cached) instead of concatenated with it per step. The dispatch
-# and the concatenations were about half of a tree step's time on a 2-core CPU (bench/RESULTS.md,
-# "A streamed draft"). False runs the modules (A/B benchmarks).
+# committed prefix (DraftTreeState.cached) instead of concatenated with it per step. Outside its
+# linears, the dispatch and the concatenations were most of a CPU tree step's time
+# (bench/RESULTS.md, "A streamed draft with 8-bit weights"). False runs the modules (A/B benchmarks).
 STREAMED_DRAFT = True
 _TREE_ATTENTION = torch.ops.heterospec.tree_attention.default
 
@@ -529,8 +531,7 @@ class Eagle3Draft(nn.Module):
     def round_weights_q8_0_(self) -> "Eagle3Draft":
         """Round every linear weight (input width a multiple of 32) to the values of its Q8_0
         quantisation (:func:`~.linear.q8_0_values`), in place. On a CPU with tuned linears the
-        draft then streams 8-bit codes: a draft step reads ~40 % fewer bytes than from float16
-        weights. Only the draft's proposals can move (its logits by the rounding); what is
+        draft then streams 8-bit codes: 1.25 bytes read per weight against float16's 2. Only the draft's proposals can move (its logits by the rounding); what is
         accepted is the target's alone. Needs float32 weights; ``weight_form`` becomes "q8_0"."""
         from .linear import q8_0_values
         if self.dtype != torch.float32:
