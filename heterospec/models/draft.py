@@ -51,7 +51,7 @@ from .attention import causal_tree_mask, tree_op_serves
 from .kv_cache import KVCache
 from .layers import (MLP, QKVO, RMSNorm, Rotary, _glue, additive_mask, assign_weights, expand_kv_heads,
                      load_weight_file, rope_exact_length, rope_inv_freq, sdpa, sdpa_kernel_friendly)
-from .linear import StreamPlans, stream_group
+from .linear import StreamPlans, stream_group, stream_watch
 
 _ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters")
 _KNOWN_KEYS = {
@@ -607,17 +607,10 @@ class Eagle3Draft(nn.Module):
         return StreamedDraft(fc and fc[0], qkv, o[0], gate_up, down[0], head and head[0])
 
     def _plan_weights(self) -> list:
-        """``(owner's dict, name)`` of every linear weight, bias and fused group a plan reads."""
-        out = []
-        groups = [(self.midlayer.self_attn, QKVO.FUSABLE + ("o_proj",)), (self.midlayer.mlp, MLP.FUSABLE + ("down_proj",)),
-                  (self, ("fc", "lm_head") if self.fc is not None else ("lm_head",))]
-        for owner, names in groups:
-            out.append((owner.__dict__, "_fused"))
-            for n in names:
-                out.append((owner._modules, n))
-                lin = getattr(owner, n)
-                out += [(lin._parameters, "weight")] + ([(lin._parameters, "bias")] if lin.bias is not None else [])
-        return out
+        """What a plan reads (:func:`~.linear.stream_watch`); the norms' weights are read per call."""
+        return stream_watch(((self.midlayer.self_attn, QKVO.FUSABLE + ("o_proj",)),
+                             (self.midlayer.mlp, MLP.FUSABLE + ("down_proj",)),
+                             (self, ("fc", "lm_head") if self.fc is not None else ("lm_head",))))
 
     def _streamed(self, rows: int) -> StreamedDraft | None:
         """The layer's stream calls for ``rows`` input rows, or None: the modules run (autograd on,

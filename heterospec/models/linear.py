@@ -219,6 +219,20 @@ class StreamPlans:
         return plans
 
 
+def stream_watch(groups: Sequence[Tuple[nn.Module, Sequence[str]]]) -> list:
+    """``(dict, name)`` entries :class:`StreamPlans` watches for the stream calls of ``groups``
+    (``(owner, linear names)``): each owner's fused group and modules, each linear's weight and bias."""
+    out = []
+    for owner, names in groups:
+        out.append((owner.__dict__, "_fused"))
+        for n in names:
+            lin = getattr(owner, n)
+            out += [(owner._modules, n), (lin._parameters, "weight")]
+            if lin.bias is not None:
+                out.append((lin._parameters, "bias"))
+    return out
+
+
 _VERSION, _DATA_PTR = operator.attrgetter("_version"), torch.Tensor.data_ptr
 
 

@@ -27,7 +27,7 @@ from .attention import causal_tree_mask, make_backend
 from .kv_cache import KVCache
 from .layers import (MLP, QKVO, RMSNorm, Rotary, _glue, assign_weights, load_weight_file, rope_exact_length,
                      rope_inv_freq, rope_qk)
-from .linear import StreamPlans, stream_group
+from .linear import StreamPlans, stream_group, stream_watch
 
 
 # A CPU forward whose every linear runs the stream path skips the modules' per-call dispatch
@@ -131,15 +131,10 @@ class DecoderLayer(nn.Module):
                              a.n_heads, a.n_kv_heads, a.head_dim)
 
     def weights(self) -> list:
-        """``(owner's parameter dict, name)`` of every tensor a :class:`StreamedLayer` of this layer
-        reads, and ``(owner's __dict__, "_fused")`` of its fused groups: what changes it."""
-        out = [(self.input_layernorm._parameters, "weight"), (self.post_attention_layernorm._parameters, "weight")]
-        for owner, names in ((self.self_attn, QKVO.FUSABLE + ("o_proj",)), (self.mlp, MLP.FUSABLE + ("down_proj",))):
-            out.append((owner.__dict__, "_fused"))
-            for n in names:
-                lin = getattr(owner, n)
-                out += [(lin._parameters, "weight")] + ([(lin._parameters, "bias")] if lin.bias is not None else [])
-        return out
+        """``(dict, name)`` of everything a :class:`StreamedLayer` of this layer reads: its norm
+        weights and its linears (:func:`~.linear.stream_watch`): what changes it."""
+        return [(self.input_layernorm._parameters, "weight"), (self.post_attention_layernorm._parameters, "weight"),
+                *stream_watch(((self.self_attn, QKVO.FUSABLE + ("o_proj",)), (self.mlp, MLP.FUSABLE + ("down_proj",))))]
 
 
 class StreamedLayer(NamedTuple):
