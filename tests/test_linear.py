@@ -285,6 +285,18 @@ def test_stream_decisions_pick_stream_where_it_beats_every_other_path(eight_row_
     assert L.stream_decisions({"ok": False}) == [False] * 8
 
 
+def test_a_stream_timing_above_a_larger_row_count_s_is_read_as_the_larger_one(eight_row_grid):
+    """Streaming fewer rows never costs more (the weight is read once either way): a disturbed
+    timing at one row count does not hand that bucket to a slower path."""
+    assert L.stream_envelope([1.0, 3.0, 2.0, 2.5, 9.0, 4.0]) == [1.0, 2.0, 2.0, 2.5, 4.0, 4.0]
+    rows = list(L.TUNE_ROWS)
+    t = {"ok": True, "rows": rows, "stock_ms": [20.0] * 8, "packed_ms": [5.0, 5.0, 6.0, 6.0, 8.0, 9.0, 12.0, 14.0],
+         "stream_ms": [2.0, 2.5, 3.0, 4.0, 14.0, 6.0, 7.0, 15.0]}
+    # bucket 4: 14 ms measured, 6 ms at the next row count: streams (the packed path took 8)
+    assert L.stream_decisions(t) == [True] * 7 + [False]
+    assert L.chosen_ms(t, L.stream_decisions(t), [False] * 8)[4] == 6.0
+
+
 def test_float32_and_bfloat16_shapes_time_the_stream_path_and_others_do_not():
     t = L.time_shape(nn.Linear(64, 96, bias=True), rows=(1, 4), budget_s=0.01, copies=2)
     assert t["ok"] and len(t["stream_ms"]) == 2 and all(v > 0 for v in t["stream_ms"])

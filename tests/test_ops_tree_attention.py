@@ -27,6 +27,7 @@ def _case(B, T, Hq, Hkv, D, S, lens, dtype=torch.float32, seed=0):
 SHAPES = [  # B, T, Hq, Hkv, D, S, prefix_lens
     (1, 1, 9, 3, 64, 400, [300]),       # a decode step of the built-in target
     (1, 8, 9, 3, 64, 400, [37]),        # a tree verify
+    (1, 16, 9, 3, 64, 400, [350]),      # a wide verify after a long prefix: rows cut into chunks
     (3, 5, 9, 3, 64, 90, [57, 0, 16]),  # requests of different lengths, one with no prefix
     (2, 4, 8, 8, 128, 40, [20, 33]),    # no GQA, D = 128
     (2, 3, 4, 2, 32, 30, [5, 17]),      # D = 32 (not an AVX-512 shape)
@@ -64,18 +65,26 @@ def test_strided_query_and_cache_layer():
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_a_tree_node_gets_the_bits_of_a_one_token_step(threads):
+@pytest.mark.parametrize("size", ["small", "chunked"])
+def test_a_tree_node_gets_the_bits_of_a_one_token_step(threads, size):
     """Node t of a tree, verified with the others, equals a one-row call over a cache holding its
     context compacted (prefix, then its ancestors and itself in order): what a one-token decode
-    step sees after the same tokens. Also unchanged by other requests in the batch."""
+    step sees after the same tokens. Also unchanged by other requests in the batch. "chunked": a
+    call large enough that the kernel cuts each KV head's 48 query rows into chunks for its
+    threads (boundaries inside a node's heads), the one-row calls not."""
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        Hq, Hkv, D, S, L, T = 9, 3, 64, 120, 45, 7
+        if size == "small":
+            Hq, Hkv, D, S, L = 9, 3, 64, 120, 45
+            parents = [-1, 0, 0, 1, 1, 2, 4]
+        else:
+            Hq, Hkv, D, S, L = 9, 3, 64, 340, 300
+            parents = [-1] + [(i - 1) // 3 for i in range(1, 16)]
+        T = len(parents)
         g = torch.Generator().manual_seed(3)
         q = torch.randn(1, T, Hq, D, generator=g)
         k, v = torch.randn(1, S, Hkv, D, generator=g), torch.randn(1, S, Hkv, D, generator=g)
-        parents = [-1, 0, 0, 1, 1, 2, 4]
         mask = torch.zeros(1, T, T, dtype=torch.bool)
         for t in range(T):
             a = t

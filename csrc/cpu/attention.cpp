@@ -244,28 +244,37 @@ __attribute__((target("avx512f,avx2,fma"))) inline void values_block_avx512(cons
 
 // ---- AVX2 phases: keys in quads (one FMA chain over D per key, the four partial vectors summed
 // by horizontal adds: the same tree for every key) ----------------------------------------------
+// Four keys' dot products -> their four scores (the tree: pairs of lanes, pairs of pairs, halves).
+__attribute__((target("avx2,fma"), always_inline)) inline __m128 quad_scores_avx2(const __m256* a, float scale) {
+  const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  return _mm_mul_ps(_mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)), _mm_set1_ps(scale));
+}
+
+// Phase 1 for keys i .. min(i + 16, n) - 1 of one row. Two quads at a time: eight independent
+// FMA chains keep both FMA pipes busy (one quad's four chains wait on the FMA latency); each key
+// still gets its own chain over D and the quad's reduction tree, so its score's bits are those of
+// a quad alone.
 template <int C>
 __attribute__((target("avx2,fma"))) inline void scores_block_avx2(const float* q, Rows k, const Visible& vis, int64_t i,
                                                                  int64_t n, float scale, float* p) {
   const int64_t e = std::min<int64_t>(i + 16, n);
-  for (int64_t j = i; j < e; j += 4) {
-    const int64_t m = std::min<int64_t>(4, e - j);
-    const float* kr[4];
-    for (int64_t u = 0; u < 4; ++u) kr[u] = u < m ? k.at(vis.slot(j + u)) : kZeroRow;
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t j = i; j < e; j += 8) {
+    const int64_t m = std::min<int64_t>(8, e - j);
+    const float* kr[8];
+    for (int64_t u = 0; u < 8; ++u) kr[u] = u < m ? k.at(vis.slot(j + u)) : kZeroRow;
+    __m256 a[8];
+#pragma GCC unroll 8
+    for (int u = 0; u < 8; ++u) a[u] = _mm256_setzero_ps();
 #pragma GCC unroll 16
     for (int c = 0; c < C; ++c) {
       const __m256 qc = _mm256_loadu_ps(q + 8 * c);
-      a0 = _mm256_fmadd_ps(qc, _mm256_loadu_ps(kr[0] + 8 * c), a0);
-      a1 = _mm256_fmadd_ps(qc, _mm256_loadu_ps(kr[1] + 8 * c), a1);
-      a2 = _mm256_fmadd_ps(qc, _mm256_loadu_ps(kr[2] + 8 * c), a2);
-      a3 = _mm256_fmadd_ps(qc, _mm256_loadu_ps(kr[3] + 8 * c), a3);
+#pragma GCC unroll 8
+      for (int u = 0; u < 8; ++u) a[u] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(kr[u] + 8 * c), a[u]);
     }
-    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-    const __m128 s = _mm_mul_ps(_mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)), _mm_set1_ps(scale));
-    alignas(16) float four[4];
-    _mm_store_ps(four, s);
-    for (int64_t u = 0; u < m; ++u) p[j + u] = four[u];
+    alignas(32) float eight[8];
+    _mm_store_ps(eight, quad_scores_avx2(a, scale));
+    _mm_store_ps(eight + 4, quad_scores_avx2(a + 4, scale));
+    for (int64_t u = 0; u < m; ++u) p[j + u] = eight[u];
   }
 }
 
@@ -413,20 +422,32 @@ Tensor tree_attention_cpu(const Tensor& q_in, const Tensor& k_in, const Tensor& 
   const float* kp = k.const_data_ptr<float>();
   const float* vp = v.const_data_ptr<float>();
   float* op_ = out32.mutable_data_ptr<float>();
-  const int64_t group = Hq / Hkv, R = T * group;   // rows per task: one KV head's query heads at every t
+  const int64_t group = Hq / Hkv, R = T * group;   // one KV head's query rows: its query heads at every t
   const GroupFn kernel = group_kernel(D);
   const float sc = static_cast<float>(scale);
   const int64_t ps = width + 16;                 // a row's scores, room for a masked last block
-  // One item per (b, g): R rows of about (L_b + C) * D * 2 reads each.
-  at::parallel_for(0, B * Hkv, grain_for(R * (width + 1) * D * 2), [&](int64_t i0, int64_t i1) {
+  // One item per (b, g, chunk): a chunk of the R rows of request b's KV head g, each row about
+  // (L_b + C) * D * 2 reads. One request has only Hkv (b, g) pairs, 3 for the built-in target:
+  // on 2 threads one took two of them and the other one, so groups are cut into chunks until
+  // there are about 4 per thread (a row's result does not depend on the rows beside it). A call
+  // that stays on one thread keeps whole groups (a key block read once serves all their rows).
+  const int64_t row_work = (width + 1) * D * 2;
+  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  const int64_t chunks = B * Hkv * R * row_work < 2 * kGrainWork
+                             ? 1
+                             : std::min<int64_t>(R, std::max<int64_t>(1, (4 * threads + B * Hkv - 1) / (B * Hkv)));
+  const int64_t chunk_rows = (R + chunks - 1) / chunks;
+  at::parallel_for(0, B * Hkv * chunks, grain_for(chunk_rows * row_work), [&](int64_t i0, int64_t i1) {
     std::vector<float> p(static_cast<size_t>(R * ps));
     std::vector<int64_t> tree(static_cast<size_t>(T * C));
     std::vector<Visible> vis(static_cast<size_t>(R));
     std::vector<const float*> qr(static_cast<size_t>(R));
     std::vector<float*> outs(static_cast<size_t>(R));
     for (int64_t it = i0; it < i1; ++it) {
-      const int64_t b = it / Hkv, g = it % Hkv;
-      for (int64_t t = 0; t < T; ++t) {
+      const int64_t bg = it / chunks, b = bg / Hkv, g = bg % Hkv;
+      const int64_t r0 = (it % chunks) * chunk_rows, r1 = std::min(R, r0 + chunk_rows);
+      if (r0 >= r1) continue;
+      for (int64_t t = r0 / group; t <= (r1 - 1) / group; ++t) {
         int64_t* slots = tree.data() + t * C;
         int64_t nt = 0;
         const bool* mrow = mp + (b * T + t) * C;
@@ -441,7 +462,7 @@ Tensor tree_attention_cpu(const Tensor& q_in, const Tensor& k_in, const Tensor& 
       }
       const Rows kr{kp + b * k.stride(0) + g * k.stride(2), k.stride(1)};
       const Rows vr{vp + b * v.stride(0) + g * v.stride(2), v.stride(1)};
-      kernel(qr.data(), R, kr, vr, vis.data(), D, sc, p.data(), ps, outs.data());
+      kernel(qr.data() + r0, r1 - r0, kr, vr, vis.data() + r0, D, sc, p.data(), ps, outs.data() + r0);
     }
   });
   if (!f32) out.copy_(out32);

@@ -455,8 +455,10 @@ def chosen_ms(timing: dict, use_stream: Sequence[bool], use_packed: Sequence[boo
         if i is None or not timing.get("ok"):
             out.append(float("inf"))
             continue
-        key = "stream_ms" if use_stream[b] else "packed_ms" if use_packed[b] else "stock_ms"
-        out.append(timing[key][i])
+        if use_stream[b]:
+            out.append(stream_envelope(timing["stream_ms"])[i])
+            continue
+        out.append(timing["packed_ms" if use_packed[b] else "stock_ms"][i])
     return out
 
 
@@ -670,13 +672,26 @@ def pad_decisions(timing: dict, reach: int = 2) -> List[int]:
     return out
 
 
+def stream_envelope(ms: Sequence[float]) -> List[float]:
+    """A stream path's timings by row count made non-increasing towards fewer rows: each the
+    least of its own and every larger row count's. The kernel reads the weight once and keeps
+    each chunk of rows in registers, so fewer rows never cost more; a timing above a larger row
+    count's is a disturbance. (A disturbed timing at 16 rows once sent the lm_head's 12- and
+    16-row buckets to oneDNN, slower there than streaming: bench/RESULTS.md, fifty-ninth session.)"""
+    out = [float(v) for v in ms]
+    for i in range(len(out) - 2, -1, -1):
+        out[i] = min(out[i], out[i + 1])
+    return out
+
+
 def stream_decisions(timing: dict, reach: int = 2) -> List[bool]:
     """Per TUNE_ROWS bucket: use ``stream_linear``, where it was measured ``MARGIN`` faster than
     the stock path and no slower than what :func:`decisions` and :func:`pad_decisions` would run
     instead."""
     if not timing.get("ok") or "stream_ms" not in timing:
         return [False] * len(TUNE_ROWS)
-    by_rows = dict(zip(timing["rows"], zip(timing["stock_ms"], timing["packed_ms"], timing["stream_ms"])))
+    by_rows = dict(zip(timing["rows"], zip(timing["stock_ms"], timing["packed_ms"],
+                                           stream_envelope(timing["stream_ms"]))))
     use, pad = decisions(timing), pad_decisions(timing, reach)
     out = []
     for i, r in enumerate(TUNE_ROWS):
@@ -822,7 +837,7 @@ def _tune_fused(models, saved: dict, path: str, report: dict, progress: bool = F
         if not t.get("ok") or "stream_ms" not in t:
             continue
         each = [chosen_ms(saved[_shape_key(m)], m._use_stream, m._use_packed) for m in members]
-        by_rows = dict(zip(t["rows"], t["stream_ms"]))
+        by_rows = dict(zip(t["rows"], stream_envelope(t["stream_ms"])))
         use = [r in by_rows and by_rows[r] < MARGIN * sum(ms[b] for ms in each) for b, r in enumerate(TUNE_ROWS)]
         if not any(use):
             continue
