@@ -376,6 +376,55 @@ inline void check_rope_inputs(Backend be, const char* op, const at::Tensor& q, c
   }
 }
 
+// ---- rope_kv_write_ (CPU only) ---------------------------------------------------------------------
+// qkv [B, T, (Hq + 2 Hkv) * D] float32 / float16 / bfloat16 (last stride 1); cos, sin [B, T, D];
+// prefix_lens [B] int64; q_out [B, T, Hq, D] contiguous; k_cache, v_cache [B, S, Hkv, D] with rows
+// of D contiguous; all of qkv's dtype, D even, on the CPU. (The slots are checked by the kernel.)
+inline void check_rope_kv_write_inputs(Backend be, const char* op, const at::Tensor& qkv, const at::Tensor& cos,
+                                       const at::Tensor& sin, const at::Tensor& prefix_lens, const at::Tensor& q_out,
+                                       const at::Tensor& k_cache, const at::Tensor& v_cache) {
+  check_float_dtype(op, "qkv", qkv);
+  check_dim(op, "qkv", qkv, 3, "[B, T, (Hq + 2 Hkv) * D]");
+  check_ref_device(be, op, "qkv", qkv);
+  check_dtype(op, "q_out", q_out, qkv.scalar_type());
+  check_dim(op, "q_out", q_out, 4, "[B, T, Hq, D]");
+  check_device(be, op, "q_out", q_out, "qkv", qkv);
+  check_size(op, "q_out", q_out, 0, qkv.size(0), "B = qkv.size(0)");
+  check_size(op, "q_out", q_out, 1, qkv.size(1), "T = qkv.size(1)");
+  HS_CHECK(q_out.is_contiguous(), op, ": expected q_out to be contiguous");
+  const char* names[2] = {"k_cache", "v_cache"};
+  const at::Tensor* caches[2] = {&k_cache, &v_cache};
+  for (int i = 0; i < 2; ++i) {
+    const at::Tensor& c = *caches[i];
+    check_dtype(op, names[i], c, qkv.scalar_type());
+    check_dim(op, names[i], c, 4, "[B, S, Hkv, D]");
+    check_device(be, op, names[i], c, "qkv", qkv);
+    check_size(op, names[i], c, 0, qkv.size(0), "B = qkv.size(0)");
+    check_size(op, names[i], c, 3, q_out.size(3), "D = q_out.size(3)");
+    HS_CHECK(c.size(3) <= 1 || c.stride(3) == 1, op, ": expected ", names[i],
+             "'s rows of D values to be contiguous (stride(3) == 1), got stride ", c.stride(3));
+  }
+  check_size(op, "v_cache", v_cache, 1, k_cache.size(1), "S = k_cache.size(1)");
+  check_size(op, "v_cache", v_cache, 2, k_cache.size(2), "Hkv = k_cache.size(2)");
+  const int64_t Hq = q_out.size(2), Hkv = k_cache.size(2), D = q_out.size(3);
+  HS_CHECK(D % 2 == 0, op, ": expected an even head size D = q_out.size(3) (rotate-half RoPE), got ", D);
+  check_size(op, "qkv", qkv, 2, (Hq + 2 * Hkv) * D, "(Hq + 2 Hkv) * D = (q_out.size(2) + 2 k_cache.size(2)) * D");
+  HS_CHECK(qkv.size(2) <= 1 || qkv.stride(2) == 1, op, ": expected qkv's last dimension to be contiguous, got stride ",
+           qkv.stride(2));
+  const char* tnames[2] = {"cos", "sin"};
+  const at::Tensor* tables[2] = {&cos, &sin};
+  for (int i = 0; i < 2; ++i) {
+    const at::Tensor& t = *tables[i];
+    check_dtype(op, tnames[i], t, qkv.scalar_type());
+    check_dim(op, tnames[i], t, 3, "[B, T, D]");
+    check_device(be, op, tnames[i], t, "qkv", qkv);
+    check_size(op, tnames[i], t, 0, qkv.size(0), "B = qkv.size(0)");
+    check_size(op, tnames[i], t, 1, qkv.size(1), "T = qkv.size(1)");
+    check_size(op, tnames[i], t, 2, D, "D = q_out.size(3)");
+  }
+  check_request_vector(be, op, "prefix_lens", prefix_lens, qkv.size(0), "qkv", qkv);
+}
+
 // ---- tree_attention (CPU only) ---------------------------------------------------------------------
 // q [B, T, Hq, D] float32 / float16 / bfloat16; k_cache, v_cache [B, S, Hkv, D] of q's dtype with
 // Hq a multiple of Hkv; prefix_lens [B] int64; tree_mask [B, T, C] bool; a finite scale; on the CPU.

@@ -56,6 +56,10 @@ TORCH_LIBRARY(heterospec, m) {
   // rotate-half RoPE of Q and K with the cos / sin tables of their positions.
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("rope(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor q_out, Tensor k_out)");
+  // The fused QKV projection's output to attention's inputs in one call: the rotated Q into q_out,
+  // the rotated K and V into each request's cache slots prefix_lens[b] + t.
+  m.def("rope_kv_write_(Tensor qkv, Tensor cos, Tensor sin, Tensor prefix_lens, Tensor(a!) q_out, "
+        "Tensor(b!) k_cache, Tensor(c!) v_cache) -> ()");
   // Attention of a few query rows (a decode step, a tree verify) to each request's cached prefix
   // and its own tree, the mask implicit (CPU kernel only).
   m.def("tree_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor prefix_lens, Tensor tree_mask, "

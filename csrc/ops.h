@@ -43,6 +43,8 @@ Tensor stream_linear_blocks_cpu(const Tensor& x, const Tensor& codes, const Tens
                                 const std::optional<Tensor>& bias, int64_t out_features);
 Tensor rms_norm_cpu(const Tensor& x, const Tensor& weight, double eps);
 std::tuple<Tensor, Tensor> rope_cpu(const Tensor& q, const Tensor& k, const Tensor& cos, const Tensor& sin);
+void rope_kv_write_cpu(const Tensor& qkv, const Tensor& cos, const Tensor& sin, const Tensor& prefix_lens,
+                       Tensor& q_out, Tensor& k_cache, Tensor& v_cache);
 Tensor tree_attention_cpu(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& prefix_lens,
                           const Tensor& tree_mask, double scale);
 

@@ -26,6 +26,7 @@ from .ops import (  # noqa: E402
     entropy_bin_policy,
     rms_norm,
     rope,
+    rope_kv_write_,
     select_tree_nodes,
     stream_linear,
     stream_linear_blocks,

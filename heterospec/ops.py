@@ -41,13 +41,15 @@ OP_NAMES = (
     "stream_linear_blocks",
     "rms_norm",
     "rope",
+    "rope_kv_write_",
     "tree_attention",
 )
 
 #: Ops with CPU kernels only (no CUDA kernel: on a GPU the stock linear is already flat, a
 #: replayed CUDA graph already runs the layer glue without per-op dispatch, and FlashInfer
 #: attends to a tree with its custom mask).
-CPU_ONLY_OPS = ("stream_linear_pack", "stream_linear", "stream_linear_blocks", "rms_norm", "rope", "tree_attention")
+CPU_ONLY_OPS = ("stream_linear_pack", "stream_linear", "stream_linear_blocks", "rms_norm", "rope", "rope_kv_write_",
+                "tree_attention")
 
 #: Sync-free error flags of the CUDA ops and the host-side checks that raise the CPU ops' errors.
 ERROR_HELPERS = (
@@ -897,7 +899,7 @@ def _(x, codes, scales, bias, out_features):
 
 
 # ---------------------------------------------------------------------------------------------
-# 11. rms_norm / rope (CPU): a decoder layer's glue
+# 11. rms_norm / rope / rope_kv_write_ (CPU): a decoder layer's glue
 # ---------------------------------------------------------------------------------------------
 _GLUE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -988,6 +990,71 @@ def _(q, k, cos, sin):
     torch._check(q.dim() == 4 and k.dim() == 4, lambda: "rope: q and k must be [B, T, H, D]")
     return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
             torch.empty(k.shape, dtype=k.dtype, device=k.device))
+
+
+def rope_kv_write_(qkv: Tensor, cos: Tensor, sin: Tensor, prefix_lens: Tensor, q_out: Tensor, k_cache: Tensor,
+                   v_cache: Tensor) -> None:
+    """A fused QKV projection's output to attention's inputs in one call (CPU): :func:`rope` of
+    the queries into ``q_out``, of the keys into the cache, and the values into the cache.
+
+    Per token, ``qkv`` holds ``Hq = q_out.size(2)`` query heads, then ``Hkv = k_cache.size(2)``
+    key heads, then ``Hkv`` value heads, ``D`` values each (a fused Q/K/V projection's output).
+    Writes ``q_out[b, t] = rope(q)[b, t]``, ``k_cache[b, prefix_lens[b] + t] = rope(k)[b, t]``
+    and ``v_cache[b, prefix_lens[b] + t] = v[b, t]`` for every ``t < T``, with :func:`rope`'s
+    arithmetic (the same bits). One call for what a decoder layer's Python did in about ten.
+
+    Parameters
+    ----------
+    qkv : Tensor
+        ``[B, T, (Hq + 2 * Hkv) * D]`` float32, float16 or bfloat16 on the CPU, last dimension
+        contiguous.
+    cos, sin : Tensor
+        ``[B, T, D]``, ``qkv``'s dtype (as :func:`rope`).
+    prefix_lens : Tensor
+        ``[B]`` int64, ``0 <= prefix_lens[b]`` and ``prefix_lens[b] + T <= S``.
+    q_out : Tensor
+        ``[B, T, Hq, D]`` contiguous, ``qkv``'s dtype, ``D`` even; written.
+    k_cache, v_cache : Tensor
+        ``[B, S, Hkv, D]``, ``qkv``'s dtype, rows of ``D`` contiguous (one layer of
+        :class:`heterospec.models.kv_cache.KVCache`); written at the ``T`` slots after each prefix.
+    """
+    op = "rope_kv_write_"
+    check_tensor(op, "qkv", qkv, dtype=_GLUE_DTYPES, ndim=3, layout="[B, T, (Hq + 2 Hkv) * D]")
+    _cpu_only(op, "qkv", qkv, "heterospec.models.layers.apply_rope and KVCache.write")
+    B, T = qkv.shape[:2]
+    check_tensor(op, "q_out", q_out, dtype=qkv.dtype, ndim=4, layout="[B, T, Hq, D]", device=qkv.device,
+                 device_of="qkv")
+    for d, n, what in ((0, B, "B = qkv.size(0)"), (1, T, "T = qkv.size(1)")):
+        check_size(op, "q_out", q_out, d, n, what)
+    if not q_out.is_contiguous():
+        raise ValueError(f"{op}: expected q_out to be contiguous")
+    D = q_out.shape[3]
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        check_tensor(op, name, c, dtype=qkv.dtype, ndim=4, layout="[B, S, Hkv, D]", device=qkv.device,
+                     device_of="qkv")
+        check_size(op, name, c, 0, B, "B = qkv.size(0)")
+        check_size(op, name, c, 3, D, "D = q_out.size(3)")
+    for d, what in ((1, "S = k_cache.size(1)"), (2, "Hkv = k_cache.size(2)")):
+        check_size(op, "v_cache", v_cache, d, k_cache.shape[d], what)
+    if D % 2:
+        raise ValueError(f"{op}: expected an even head size D = q_out.size(3) (rotate-half RoPE), got {D}")
+    check_size(op, "qkv", qkv, 2, (q_out.shape[2] + 2 * k_cache.shape[2]) * D,
+               "(Hq + 2 Hkv) * D = (q_out.size(2) + 2 k_cache.size(2)) * D")
+    for name, t in (("cos", cos), ("sin", sin)):
+        check_tensor(op, name, t, dtype=qkv.dtype, ndim=3, layout="[B, T, D]", device=qkv.device, device_of="qkv")
+        for d, n, what in ((0, B, "B = qkv.size(0)"), (1, T, "T = qkv.size(1)"), (2, D, "D = q_out.size(3)")):
+            check_size(op, name, t, d, n, what)
+    check_tensor(op, "prefix_lens", prefix_lens, dtype=torch.int64, ndim=1, layout="[B]", device=qkv.device,
+                 device_of="qkv")
+    check_size(op, "prefix_lens", prefix_lens, 0, B, "B = qkv.size(0)")
+    _ops.rope_kv_write_.default(qkv, cos, sin, prefix_lens, q_out, k_cache, v_cache)
+
+
+@_fake("rope_kv_write_")
+def _(qkv, cos, sin, prefix_lens, q_out, k_cache, v_cache):
+    torch._check(qkv.dim() == 3 and q_out.dim() == 4,
+                 lambda: "rope_kv_write_: qkv must be [B, T, N] and q_out [B, T, H, D]")
+    return None
 
 
 # ---------------------------------------------------------------------------------------------

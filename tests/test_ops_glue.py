@@ -1,11 +1,11 @@
-"""rms_norm / rope (CPU) vs their references: values in every float dtype, any strides, the row
+"""rms_norm / rope / rope_kv_write_ (CPU) vs their references: values in every float dtype, any strides, the row
 invariance they promise, the models' use of them, and clear errors."""
 
 import pytest
 import torch
 
 import heterospec.ops as ops
-from reference import rms_norm_ref, rope_ref
+from reference import rms_norm_ref, rope_kv_write_ref, rope_ref
 from test_ops_linear import _errors
 
 raw = torch.ops.heterospec
@@ -102,6 +102,61 @@ def test_a_row_gets_the_same_bits_whatever_rows_share_its_call(dtype):
             torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B,T,Hq,Hk,D,lens", [(1, 1, 9, 3, 64, [37]), (3, 5, 4, 2, 8, [0, 9, 4]),
+                                             (2, 7, 2, 2, 2, [3, 0]), (1, 300, 9, 3, 64, [10])])
+def test_rope_kv_write_is_the_split_the_rope_and_the_cache_write_bit_for_bit(dtype, B, T, Hq, Hk, D, lens):
+    """Q and K rotated with rope's bits, K and V at each request's slots after its prefix, every
+    other slot untouched; also from a strided projection output (rows of a wider buffer)."""
+    g = torch.Generator().manual_seed(B * 100 + T)
+    S = max(lens) + T + 3
+    wide = torch.randn(B, T, (Hq + 2 * Hk) * D + 5, generator=g).to(dtype)
+    qkv = wide[..., 5:]                                      # last stride 1, row stride wider
+    cos, sin = _tables(B, T, D, dtype, g)
+    kc, vc = torch.randn(B, S, Hk, D, generator=g).to(dtype), torch.randn(B, S, Hk, D, generator=g).to(dtype)
+    lens_t = torch.tensor(lens)
+    want_q, want_k, want_v = rope_kv_write_ref(qkv, cos, sin, lens_t, kc, vc, Hq)
+    q_out = torch.empty(B, T, Hq, D, dtype=dtype)
+    ops.rope_kv_write_(qkv, cos, sin, lens_t, q_out, kc, vc)
+    assert torch.equal(q_out, want_q) and torch.equal(kc, want_k) and torch.equal(vc, want_v)
+    # one layer of a [layers, B, S, Hkv, D] cache, as the target passes it
+    cache_k, cache_v = torch.zeros(2, B, S, Hk, D, dtype=dtype), torch.zeros(2, B, S, Hk, D, dtype=dtype)
+    ops.rope_kv_write_(qkv, cos, sin, lens_t, q_out, cache_k[1], cache_v[1])
+    _, want_k, want_v = rope_kv_write_ref(qkv, cos, sin, lens_t, torch.zeros_like(kc), torch.zeros_like(vc), Hq)
+    assert torch.equal(cache_k[1], want_k) and torch.equal(cache_v[1], want_v)
+    assert not cache_k[0].any() and not cache_v[0].any()
+
+
+def test_the_target_writes_its_cache_and_rotates_with_one_op_and_the_same_logits(monkeypatch):
+    """A streamed target forward (float32, the fused QKV call) takes rope_kv_write_, with the logits
+    and cache of the path without it, bit for bit."""
+    import heterospec.models.target as target_mod
+    from heterospec import TargetModel
+    from heterospec.models.linear import tune_linears
+    from models_util import tiny_llama
+
+    model = TargetModel.from_hf(tiny_llama(seed=7, dtype=torch.float32)).eval()
+    tune_linears([model], progress=False)
+    ids = torch.randint(0, model.config.vocab_size, (2, 6))
+    pos = torch.arange(6).expand(2, 6)
+
+    def run(fused):
+        monkeypatch.setattr(target_mod, "ROPE_KV_WRITE", fused)
+        cache = model.new_cache(2, 16)
+        with torch.inference_mode():
+            out = [model(ids[:, :4], pos[:, :4], cache, torch.zeros(2, dtype=torch.long))[0]]
+            out.append(model(ids[:, 4:], pos[:, 4:], cache, torch.full((2,), 4))[0])
+        return out, cache
+
+    with torch.profiler.profile() as prof:
+        fused, cache_f = run(True)
+    if "heterospec::rope_kv_write_" not in {e.name for e in prof.events()}:
+        pytest.skip("the tiny model's linears do not all stream here (no streamed layers)")
+    plain, cache_p = run(False)
+    assert all(torch.equal(a, b) for a, b in zip(fused, plain))
+    assert torch.equal(cache_f.k, cache_p.k) and torch.equal(cache_f.v, cache_p.v)
+
+
 def test_large_inputs_split_over_threads_agree():
     g = torch.Generator().manual_seed(5)
     x, w = torch.randn(4096, 576, generator=g), torch.randn(576, generator=g)
@@ -136,6 +191,31 @@ def test_bad_input_gets_a_clear_error(call):
     assert "sin" in _errors(lambda: rope(q, k, c, torch.randn(2, 2, 8)))
     assert "sin of dtype" in _errors(lambda: rope(q, k, c, s.half()))
     assert "q of dtype" in _errors(lambda: rope(q.long(), k.long(), c.long(), s.long()))
+
+
+@pytest.mark.parametrize("call", ["wrapper", "raw"])
+def test_rope_kv_write_bad_input_gets_a_clear_error(call):
+    fn = ops.rope_kv_write_ if call == "wrapper" else (lambda *a: raw.rope_kv_write_(*a))
+    B, T, Hq, Hk, D, S = 2, 3, 4, 2, 8, 9
+    qkv, c, s = torch.randn(B, T, (Hq + 2 * Hk) * D), torch.randn(B, T, D), torch.randn(B, T, D)
+    lens, q = torch.tensor([2, 6]), torch.empty(B, T, Hq, D)
+    kc, vc = torch.zeros(B, S, Hk, D), torch.zeros(B, S, Hk, D)
+    assert "prefix_lens[1] + T <= S" in _errors(lambda: fn(qkv, c, s, torch.tensor([2, 7]), q, kc, vc))
+    assert "prefix_lens[0]" in _errors(lambda: fn(qkv, c, s, torch.tensor([-1, 0]), q, kc, vc))
+    assert "(Hq + 2 Hkv) * D" in _errors(lambda: fn(torch.randn(B, T, 60), c, s, lens, q, kc, vc))
+    assert "qkv of dtype" in _errors(lambda: fn(qkv.double(), c.double(), s.double(), lens, q.double(), kc.double(),
+                                                vc.double()))
+    assert "k_cache of dtype" in _errors(lambda: fn(qkv, c, s, lens, q, kc.half(), vc))
+    assert "v_cache" in _errors(lambda: fn(qkv, c, s, lens, q, kc, torch.zeros(B, S + 1, Hk, D)))
+    assert "even head size" in _errors(lambda: fn(torch.randn(B, T, (Hq + 2 * Hk) * 7), torch.randn(B, T, 7),
+                                                  torch.randn(B, T, 7), lens, torch.empty(B, T, Hq, 7),
+                                                  torch.zeros(B, S, Hk, 7), torch.zeros(B, S, Hk, 7)))
+    assert "cos" in _errors(lambda: fn(qkv, torch.randn(B, T, 6), s, lens, q, kc, vc))
+    assert "prefix_lens" in _errors(lambda: fn(qkv, c, s, lens.int(), q, kc, vc))
+    assert "q_out" in _errors(lambda: fn(qkv, c, s, lens, torch.empty(B, T, Hq, D).transpose(1, 2).contiguous()
+                                          .transpose(1, 2), kc, vc))
+    assert "contiguous" in _errors(lambda: fn(qkv, c, s, lens, q, torch.zeros(B, S, Hk, 2 * D)[..., ::2], vc))
+    assert not kc.any() and not vc.any()                      # nothing written by a refused call
 
 
 def test_the_wrapper_names_the_device_for_a_gpu_tensor():

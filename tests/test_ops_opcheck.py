@@ -44,6 +44,9 @@ def samples(device):
         ("rms_norm", (torch.randn(2, 3, 16, generator=g), torch.randn(16, generator=g), 1e-5)),
         ("rope", (torch.randn(2, 3, 4, 8, generator=g), torch.randn(2, 3, 2, 8, generator=g),
                   torch.randn(2, 3, 8, generator=g), torch.randn(2, 3, 8, generator=g))),
+        ("rope_kv_write_", (torch.randn(2, 3, (4 + 2 * 2) * 8, generator=g), torch.randn(2, 3, 8, generator=g),
+                            torch.randn(2, 3, 8, generator=g), torch.tensor([4, 0]), torch.empty(2, 3, 4, 8),
+                            torch.randn(2, 9, 2, 8, generator=g), torch.randn(2, 9, 2, 8, generator=g))),
         ("tree_attention", (torch.randn(B, T, 4, 16, generator=g), torch.randn(B, 12, 2, 16, generator=g),
                             torch.randn(B, 12, 2, 16, generator=g), torch.tensor([3, 0]),
                             torch.ones(B, T, T, dtype=torch.bool).tril(), 0.25)),
@@ -55,7 +58,7 @@ def test_samples_cover_every_op():
     assert {name for name, _ in samples("cpu")} == set(ops.OP_NAMES)
 
 
-@pytest.mark.parametrize("idx", range(17))
+@pytest.mark.parametrize("idx", range(18))
 def test_opcheck(devices, idx):
     if devices != "cpu" and samples("cpu")[idx][0] in ops.CPU_ONLY_OPS:
         pytest.skip("a CPU-only op (no CUDA kernel)")

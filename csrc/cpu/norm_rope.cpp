@@ -1,4 +1,4 @@
-// CPU kernels: rms_norm, rope. Contract: docs/design.md, op 11.
+// CPU kernels: rms_norm, rope, rope_kv_write_. Contract: docs/design.md, op 11.
 //
 // Why this exists. A decoder layer's glue around its linears - two RMSNorms and the rotation of
 // Q and K - is a handful of tiny elementwise ops per layer. At the few rows of a decode step or a
@@ -21,9 +21,19 @@
 // fixed order, so a row's result does not depend on how many rows share the call: a verified
 // tree gets the values one-token steps would (what the lossless greedy check relies on).
 //
+// rope_kv_write_: what a decoder layer does between its fused QKV projection and attention, in one
+// call: split the projection's output, rotate Q and K (rope's arithmetic), write K and V to the
+// request's cache slots. A layer's Python for those steps was about ten ATen calls (a split, views,
+// rope, per request a slice and a copy for K and for V); at one row the calls cost more than the
+// work (bench/RESULTS.md, fifty-ninth session).
+//
 // Layouts. rms_norm: x [..., H] (any strides; rows made contiguous), weight [H] -> y [..., H]
 // contiguous. rope: q [B, T, Hq, D], k [B, T, Hk, D] (any strides), cos, sin [B, T, D]
 // (Rotary's tables, already scaled and cast) -> q_out, k_out contiguous, D even.
+// rope_kv_write_: qkv [B, T, (Hq + 2 Hkv) D] (per token: Hq query heads, Hkv key heads, Hkv value
+// heads, D values each; last stride 1), cos, sin [B, T, D], prefix_lens [B] -> q_out [B, T, Hq, D]
+// (contiguous, written: the rotated queries); k_cache, v_cache [B, S, Hkv, D] (one layer's cache,
+// rows of D contiguous): k_cache[b, L_b + t] = rope(k[b, t]), v_cache[b, L_b + t] = v[b, t], t < T.
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -33,6 +43,7 @@
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <tuple>
@@ -171,9 +182,52 @@ std::tuple<Tensor, Tensor> rope_cpu(const Tensor& q_in, const Tensor& k_in, cons
   return {q_out, k_out};
 }
 
+// qkv [B, T, (Hq + 2 Hkv) D], cos, sin [B, T, D], prefix_lens [B] -> q_out [B, T, Hq, D]; K and V
+// rows written to k_cache, v_cache [B, S, Hkv, D] at slots prefix_lens[b] + t.
+void rope_kv_write_cpu(const Tensor& qkv_in, const Tensor& cos_in, const Tensor& sin_in, const Tensor& prefix_lens_in,
+                       Tensor& q_out, Tensor& k_cache, Tensor& v_cache) {
+  constexpr const char* op = "rope_kv_write_";
+  check_rope_kv_write_inputs(Backend::CPU, op, qkv_in, cos_in, sin_in, prefix_lens_in, q_out, k_cache, v_cache);
+  const int64_t B = qkv_in.size(0), Tn = qkv_in.size(1), Hq = q_out.size(2), Hk = k_cache.size(2);
+  const int64_t S = k_cache.size(1), D = q_out.size(3);
+  const Tensor prefix_lens = prefix_lens_in.contiguous();
+  const int64_t* lp = prefix_lens.const_data_ptr<int64_t>();
+  for (int64_t b = 0; b < B && Tn > 0; ++b)
+    HS_CHECK(lp[b] >= 0 && lp[b] + Tn <= S, op, ": expected 0 <= prefix_lens[", b, "] and prefix_lens[", b,
+             "] + T <= S (T = qkv.size(1) rows written after the prefix, S the cache's slots), got prefix_lens[", b,
+             "] = ", lp[b], ", T = ", Tn, ", S = ", S);
+  if (B == 0 || Tn == 0 || D == 0) return;
+  const Tensor qkv = unit_last_stride(qkv_in), cos = unit_last_stride(cos_in), sin = unit_last_stride(sin_in);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, qkv.scalar_type(), "rope_kv_write_cpu", [&] {
+    const scalar_t* xp = qkv.const_data_ptr<scalar_t>();
+    const scalar_t* cp = cos.const_data_ptr<scalar_t>();
+    const scalar_t* np = sin.const_data_ptr<scalar_t>();
+    scalar_t* qp = q_out.mutable_data_ptr<scalar_t>();
+    scalar_t* kp = k_cache.mutable_data_ptr<scalar_t>();
+    scalar_t* vp = v_cache.mutable_data_ptr<scalar_t>();
+    const int64_t xb = qkv.stride(0), xt = qkv.stride(1);
+    const int64_t kb = k_cache.stride(0), ks = k_cache.stride(1), kh = k_cache.stride(2);
+    const int64_t vb = v_cache.stride(0), vs = v_cache.stride(1), vh = v_cache.stride(2);
+    at::parallel_for(0, B * Tn, grain_for((Hq + 2 * Hk) * D * 4), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t b = r / Tn, t = r % Tn, slot = lp[b] + t;
+        const scalar_t* x = xp + b * xb + t * xt;       // Hq query, Hkv key, Hkv value heads of D
+        const scalar_t* c = cp + b * cos.stride(0) + t * cos.stride(1);
+        const scalar_t* s = np + b * sin.stride(0) + t * sin.stride(1);
+        for (int64_t h = 0; h < Hq; ++h) rope_row<scalar_t>(x + h * D, c, s, qp + (r * Hq + h) * D, D);
+        for (int64_t h = 0; h < Hk; ++h) {
+          rope_row<scalar_t>(x + (Hq + h) * D, c, s, kp + b * kb + slot * ks + h * kh, D);
+          std::copy(x + (Hq + Hk + h) * D, x + (Hq + Hk + h + 1) * D, vp + b * vb + slot * vs + h * vh);
+        }
+      }
+    });
+  });
+}
+
 TORCH_LIBRARY_IMPL(heterospec, CPU, m) {
   m.impl("rms_norm", &rms_norm_cpu);
   m.impl("rope", &rope_cpu);
+  m.impl("rope_kv_write_", &rope_kv_write_cpu);
 }
 
 }  // namespace heterospec

@@ -34,6 +34,12 @@ from .linear import StreamPlans, stream_group, stream_watch
 # (StreamedLayer: same kernels, same bits). False runs the modules (A/B benchmarks).
 STREAMED_LAYERS = True
 
+# A streamed layer whose Q/K/V run as one fused call hands its output to one op that rotates Q
+# and K and writes K and V to the cache (``rope_kv_write_``), where the Python around it made
+# about ten ATen calls a layer (a split, views, rope, per request a slice and a copy of K and of
+# V). Same bits. False keeps those calls (A/B benchmarks).
+ROPE_KV_WRITE = True
+
 
 def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
     """EAGLE-3 taps: inputs of layers (2, L//2, L-3), clamped to [0, L] for tiny models."""
@@ -160,14 +166,24 @@ class StreamedLayer(NamedTuple):
         norm = torch.ops.heterospec.rms_norm.default
         B, T, _ = x.shape
         h = norm(x, self.norm1, self.eps1)
-        q, k, v = (out for call in self.qkv for out in call(h))
-        q, k = rope_qk(q.view(B, T, self.n_heads, self.head_dim), k.view(B, T, self.n_kv_heads, self.head_dim),
-                       cos, sin)
-        v = v.view(B, T, self.n_kv_heads, self.head_dim)
-        if ragged is not None:
-            q, k, v = (_unpack(t, ragged) for t in (q, k, v))
-        cache.write(layer, k, v, prefix_lens, host_lens=host_lens)
-        o = backend.run(plan, q, cache.k[layer], cache.v[layer])
+        if ROPE_KV_WRITE and ragged is None and len(self.qkv) == 1 and self.qkv[0].splits is not None \
+                and cache.k.dtype == x.dtype and cos.shape == (B, T, self.head_dim) and cos.dtype == x.dtype:
+            call = self.qkv[0]
+            q = x.new_empty(B, T, self.n_heads, self.head_dim)
+            kc, vc = cache.k[layer], cache.v[layer]
+            # the raw op: it checks its inputs itself (the wrapper's Python checks, once a layer,
+            # would cost what the op saves)
+            torch.ops.heterospec.rope_kv_write_.default(call.op(h, *call.args), cos, sin, prefix_lens, q, kc, vc)
+            o = backend.run(plan, q, kc, vc)
+        else:
+            q, k, v = (out for call in self.qkv for out in call(h))
+            q, k = rope_qk(q.view(B, T, self.n_heads, self.head_dim),
+                           k.view(B, T, self.n_kv_heads, self.head_dim), cos, sin)
+            v = v.view(B, T, self.n_kv_heads, self.head_dim)
+            if ragged is not None:
+                q, k, v = (_unpack(t, ragged) for t in (q, k, v))
+            cache.write(layer, k, v, prefix_lens, host_lens=host_lens)
+            o = backend.run(plan, q, cache.k[layer], cache.v[layer])
         if ragged is not None:
             o = _pack(o, ragged)
         x = x + self.o_proj(o.flatten(-2))[0]

@@ -4,7 +4,7 @@ The CPU and CUDA kernels are both checked against these (tests/test_ops_*.py).
 """
 
 from .entropy_ref import entropy_bin_policy_ref, topk_entropy_ref
-from .glue_ref import rms_norm_ref, rope_ref, tree_attention_ref
+from .glue_ref import rms_norm_ref, rope_kv_write_ref, rope_ref, tree_attention_ref
 from .kv_ref import compact_kv_ref
 from .linear_ref import (blocks_layout_ref, quantize_q4_1_ref, quantize_q8_0_ref, stream_linear_pack_ref,
                          stream_linear_ref)
@@ -28,5 +28,6 @@ __all__ = [
     "stream_linear_ref",
     "rms_norm_ref",
     "rope_ref",
+    "rope_kv_write_ref",
     "tree_attention_ref",
 ]

@@ -17,6 +17,22 @@ def rope_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Ten
     return x * cos[:, :, None] + rot * sin[:, :, None]
 
 
+def rope_kv_write_ref(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, prefix_lens: torch.Tensor,
+                      k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int):
+    """Split qkv [B, T, (Hq + 2 Hkv) D] into Q, K, V heads; -> (rope_ref(q), k_cache', v_cache'),
+    the caches copied with rope_ref(k) and v written at slots prefix_lens[b] + t."""
+    B, T, _ = qkv.shape
+    Hkv, D = k_cache.shape[2], k_cache.shape[3]
+    q, k, v = qkv.split([num_heads * D, Hkv * D, Hkv * D], dim=-1)
+    q, k, v = q.reshape(B, T, num_heads, D), k.reshape(B, T, Hkv, D), v.reshape(B, T, Hkv, D)
+    kc, vc = k_cache.clone(), v_cache.clone()
+    k = rope_ref(k, cos, sin)
+    for b in range(B):
+        p = int(prefix_lens[b])
+        kc[b, p:p + T], vc[b, p:p + T] = k[b], v[b]
+    return rope_ref(q, cos, sin), kc, vc
+
+
 def tree_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, prefix_lens: torch.Tensor,
                        tree_mask: torch.Tensor, scale: float) -> torch.Tensor:
     """Row (b, t, h) over slots s < L_b and L_b + j with tree_mask[b, t, j], KV head h // (Hq // Hkv):
