@@ -52,6 +52,11 @@
 namespace heterospec {
 namespace {
 
+// Reads per task before a call uses a second thread: the linear kernels' grain. A decode step's
+// attention (a few hundred cached keys per layer) is bound by reading its K/V from memory, and the
+// linear calls around it already keep the threads awake.
+constexpr int64_t kAttnGrain = kGrainWork / 16;
+
 // One query row's view of its keys: slots [0, prefix) then the listed tree slots.
 struct Visible {
   int64_t prefix;          // L_b
@@ -429,15 +434,16 @@ Tensor tree_attention_cpu(const Tensor& q_in, const Tensor& k_in, const Tensor& 
   // One item per (b, g, chunk): a chunk of the R rows of request b's KV head g, each row about
   // (L_b + C) * D * 2 reads. One request has only Hkv (b, g) pairs, 3 for the built-in target:
   // on 2 threads one took two of them and the other one, so groups are cut into chunks until
-  // there are about 4 per thread (a row's result does not depend on the rows beside it). A call
-  // that stays on one thread keeps whole groups (a key block read once serves all their rows).
+  // there are about 4 per thread (a row's result does not depend on the rows beside it). A
+  // smaller call keeps whole groups: a key block read once serves all their rows (a decode step
+  // split by rows read each group's K/V from memory once per row, measured slower).
   const int64_t row_work = (width + 1) * D * 2;
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
   const int64_t chunks = B * Hkv * R * row_work < 2 * kGrainWork
                              ? 1
                              : std::min<int64_t>(R, std::max<int64_t>(1, (4 * threads + B * Hkv - 1) / (B * Hkv)));
   const int64_t chunk_rows = (R + chunks - 1) / chunks;
-  at::parallel_for(0, B * Hkv * chunks, grain_for(chunk_rows * row_work), [&](int64_t i0, int64_t i1) {
+  at::parallel_for(0, B * Hkv * chunks, grain_for(chunk_rows * row_work, kAttnGrain), [&](int64_t i0, int64_t i1) {
     std::vector<float> p(static_cast<size_t>(R * ps));
     std::vector<int64_t> tree(static_cast<size_t>(T * C));
     std::vector<Visible> vis(static_cast<size_t>(R));
