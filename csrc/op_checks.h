@@ -425,6 +425,60 @@ inline void check_rope_kv_write_inputs(Backend be, const char* op, const at::Ten
   check_request_vector(be, op, "prefix_lens", prefix_lens, qkv.size(0), "qkv", qkv);
 }
 
+// ---- decoder_layer_ (CPU only) ---------------------------------------------------------------------
+// What the layer itself asks (each kernel it calls checks its own inputs): x [B, T, H] float32 or
+// bfloat16; four (weight, scales) pairs and four output widths; out_features[0] = (Hq + 2 Hkv) D
+// with Hq >= 1, out_features[1] = out_features[3] = H, out_features[2] even; x_out like x,
+// contiguous; k_cache [B, S, Hkv, D].
+inline void check_decoder_layer_inputs(Backend be, const char* op, const at::Tensor& x, at::TensorList linears,
+                                       at::IntArrayRef out_features, const at::Tensor& k_cache,
+                                       const at::Tensor& x_out, const at::Tensor& prefix_lens,
+                                       const at::Tensor& tree_mask) {
+  HS_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, op,
+           ": expected x of dtype float32 or bfloat16, got ", x.scalar_type());
+  check_dim(op, "x", x, 3, "[B, T, H]");
+  check_ref_device(be, op, "x", x);
+  HS_CHECK(linears.size() == 8, op,
+           ": expected 8 linears tensors (weight, scales) for QKV, O, gate/up and down, got ", linears.size());
+  HS_CHECK(out_features.size() == 4, op, ": expected 4 out_features (QKV, O, gate/up, down), got ",
+           out_features.size());
+  check_dim(op, "k_cache", k_cache, 4, "[B, S, Hkv, D]");
+  const int64_t H = x.size(2), Hkv = k_cache.size(2), D = k_cache.size(3);
+  HS_CHECK(D >= 1 && out_features[0] % D == 0 && out_features[0] / D - 2 * Hkv >= 1, op,
+           ": expected out_features[0] = (Hq + 2 Hkv) * D with Hq >= 1 (Hkv = ", Hkv, ", D = ", D, " from k_cache), got ",
+           out_features[0]);
+  HS_CHECK(out_features[1] == H && out_features[3] == H, op,
+           ": expected out_features[1] (O) and out_features[3] (down) to be H = x.size(2) = ", H, ", got ",
+           out_features[1], " and ", out_features[3]);
+  HS_CHECK(out_features[2] >= 2 && out_features[2] % 2 == 0, op,
+           ": expected out_features[2] (gate and up, fused) to be even, got ", out_features[2]);
+  check_dtype(op, "x_out", x_out, x.scalar_type());
+  check_device(be, op, "x_out", x_out, "x", x);
+  HS_CHECK(x_out.sizes() == x.sizes() && x_out.is_contiguous(), op, ": expected x_out contiguous of x's shape ",
+           x.sizes(), ", got ", x_out.sizes());
+  // What would fail only after the cache was written: the later linears' input widths, the mask,
+  // the lengths and the slots (so a refused call writes nothing).
+  const int64_t Hq = out_features[0] / D - 2 * Hkv;
+  const int64_t K[4] = {H, Hq * D, H, out_features[2] / 2};
+  const char* which[4] = {"QKV", "O", "gate/up", "down"};
+  for (int i = 0; i < 4; ++i)
+    HS_CHECK(linears[2 * i].dim() == 3 && linears[2 * i].size(1) == K[i], op, ": expected the ", which[i],
+             " weight linears[", 2 * i, "] packed as [P, ", K[i], ", 16 or 32], got ", linears[2 * i].sizes());
+  check_request_vector(be, op, "prefix_lens", prefix_lens, x.size(0), "x", x);
+  check_dtype(op, "tree_mask", tree_mask, at::kBool);
+  check_dim(op, "tree_mask", tree_mask, 3, "[B, T, T]");
+  check_size(op, "tree_mask", tree_mask, 0, x.size(0), "B = x.size(0)");
+  check_size(op, "tree_mask", tree_mask, 1, x.size(1), "T = x.size(1)");
+  if (be == Backend::CPU) {
+    const at::Tensor lens = prefix_lens.contiguous();
+    const int64_t* lp = lens.const_data_ptr<int64_t>();
+    for (int64_t b = 0; b < x.size(0); ++b)
+      HS_CHECK(lp[b] >= 0 && lp[b] + x.size(1) <= k_cache.size(1), op, ": expected 0 <= prefix_lens[", b,
+               "] and prefix_lens[", b, "] + T <= S = k_cache.size(1) = ", k_cache.size(1), ", got ", lp[b], " (T = ",
+               x.size(1), ")");
+  }
+}
+
 // ---- tree_attention (CPU only) ---------------------------------------------------------------------
 // q [B, T, Hq, D] float32 / float16 / bfloat16; k_cache, v_cache [B, S, Hkv, D] of q's dtype with
 // Hq a multiple of Hkv; prefix_lens [B] int64; tree_mask [B, T, C] bool; a finite scale; on the CPU.

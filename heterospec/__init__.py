@@ -22,6 +22,7 @@ from . import ops  # noqa: E402
 from .ops import (  # noqa: E402
     build_tree,
     compact_kv_,
+    decoder_layer_,
     dense_tree_attention_mask,
     entropy_bin_policy,
     rms_norm,

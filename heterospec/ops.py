@@ -43,13 +43,14 @@ OP_NAMES = (
     "rope",
     "rope_kv_write_",
     "tree_attention",
+    "decoder_layer_",
 )
 
 #: Ops with CPU kernels only (no CUDA kernel: on a GPU the stock linear is already flat, a
 #: replayed CUDA graph already runs the layer glue without per-op dispatch, and FlashInfer
 #: attends to a tree with its custom mask).
 CPU_ONLY_OPS = ("stream_linear_pack", "stream_linear", "stream_linear_blocks", "rms_norm", "rope", "rope_kv_write_",
-                "tree_attention")
+                "tree_attention", "decoder_layer_")
 
 #: Sync-free error flags of the CUDA ops and the host-side checks that raise the CPU ops' errors.
 ERROR_HELPERS = (
@@ -1123,6 +1124,95 @@ def tree_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, prefix_lens: Ten
 def _(q, k_cache, v_cache, prefix_lens, tree_mask, scale):
     torch._check(q.dim() == 4, lambda: "tree_attention: q must be [B, T, Hq, D]")
     return torch.empty(q.shape, dtype=q.dtype, device=q.device)
+
+
+# ---------------------------------------------------------------------------------------------
+# 13. decoder_layer_ (CPU): a Llama decoder layer's kernels chained in C++
+# ---------------------------------------------------------------------------------------------
+def decoder_layer_(x: Tensor, norm1: Tensor, eps1: float, norm2: Tensor, eps2: float, linears: Sequence[Tensor],
+                   out_features: Sequence[int], cos: Tensor, sin: Tensor, prefix_lens: Tensor, tree_mask: Tensor,
+                   scale: float, x_out: Tensor, k_cache: Tensor, v_cache: Tensor) -> None:
+    """One Llama decoder layer of a decode step or a tree verify (CPU), its kernels called from C++.
+
+    With ``lin_i(t)`` the ``i``-th streamed linear (:func:`stream_linear` of ``linears[2 i]``
+    where ``linears[2 i + 1]`` has no elements, else :func:`stream_linear_blocks` of the codes
+    ``linears[2 i]`` and scales ``linears[2 i + 1]``, no bias, ``out_features[i]`` outputs)::
+
+        q  = rope_kv_write_(lin_0(rms_norm(x, norm1, eps1)), cos, sin, prefix_lens, k_cache, v_cache)
+        x1 = x + lin_1(tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, scale))
+        g, u = lin_2(rms_norm(x1, norm2, eps2)) split in halves
+        x_out = x1 + lin_3(silu(g) * u)
+
+    The same kernels in the same order as the Python layer (``models.target.StreamedLayer``),
+    so the same bits, without a Python round trip per kernel.
+
+    Parameters
+    ----------
+    x : Tensor
+        ``[B, T, H]`` float32 (or bfloat16 with float / bfloat16 stream weights) on the CPU.
+    norm1, norm2 : Tensor
+        ``[H]``, ``x``'s dtype: the input and post-attention RMSNorm weights.
+    eps1, eps2 : float
+        Their epsilons.
+    linears : sequence of Tensor
+        Eight tensors, ``(weight, scales)`` for QKV (fused: ``Hq``, ``Hkv``, ``Hkv`` heads of
+        ``D``), O, gate/up (fused: ``I``, ``I``) and down, as :func:`stream_linear_pack` /
+        :func:`stream_linear_pack_blocks` pack them (``scales`` with no elements for a packed
+        float weight).
+    out_features : sequence of int
+        The four output widths: ``(Hq + 2 Hkv) D``, ``H``, ``2 I``, ``H``.
+    cos, sin : Tensor
+        ``[B, T, D]``, ``x``'s dtype (as :func:`rope`).
+    prefix_lens : Tensor
+        ``[B]`` int64.
+    tree_mask : Tensor
+        ``[B, T, T]`` bool (as :func:`tree_attention`).
+    scale : float
+        The attention scale.
+    x_out : Tensor
+        ``[B, T, H]`` contiguous, ``x``'s dtype; written with the layer's output.
+    k_cache, v_cache : Tensor
+        ``[B, S, Hkv, D]``: the layer's cache, its ``T`` new rows written after each prefix.
+    """
+    op = "decoder_layer_"
+    check_tensor(op, "x", x, dtype=(torch.float32, torch.bfloat16), ndim=3, layout="[B, T, H]")
+    _cpu_only(op, "x", x, "the model's own decoder layer")
+    if len(linears) != 8 or not all(isinstance(t, Tensor) for t in linears):
+        raise ValueError(f"{op}: expected 8 linears tensors (weight, scales) for QKV, O, gate/up and down, "
+                         f"got {len(linears)}")
+    if len(out_features) != 4 or not all(isinstance(n, int) and not isinstance(n, bool) for n in out_features):
+        raise ValueError(f"{op}: expected 4 int out_features (QKV, O, gate/up, down), got {list(out_features)!r}")
+    B, T, H = x.shape
+    for name, w in (("norm1", norm1), ("norm2", norm2)):
+        check_tensor(op, name, w, dtype=x.dtype, ndim=1, layout="[H]", device=x.device, device_of="x")
+        check_size(op, name, w, 0, H, "H = x.size(2)")
+    for name, e in (("eps1", eps1), ("eps2", eps2)):
+        if isinstance(e, bool) or not isinstance(e, (int, float)) or not math.isfinite(e) or e < 0:
+            raise ValueError(f"{op}: expected a finite {name} >= 0, got {e!r}")
+    check_tensor(op, "x_out", x_out, dtype=x.dtype, ndim=3, layout="[B, T, H]", device=x.device, device_of="x")
+    if tuple(x_out.shape) != (B, T, H) or not x_out.is_contiguous():
+        raise ValueError(f"{op}: expected x_out contiguous of x's shape {[B, T, H]}, got {list(x_out.shape)}")
+    check_tensor(op, "k_cache", k_cache, ndim=4, layout="[B, S, Hkv, D]", device=x.device, device_of="x")
+    Hkv, D = k_cache.shape[2], k_cache.shape[3]
+    if D < 1 or out_features[0] % D or out_features[0] // D - 2 * Hkv < 1:
+        raise ValueError(f"{op}: expected out_features[0] = (Hq + 2 Hkv) * D with Hq >= 1 (Hkv = {Hkv}, D = {D} "
+                         f"from k_cache), got {out_features[0]}")
+    if out_features[1] != H or out_features[3] != H:
+        raise ValueError(f"{op}: expected out_features[1] (O) and out_features[3] (down) to be H = x.size(2) = {H}, "
+                         f"got {out_features[1]} and {out_features[3]}")
+    if out_features[2] < 2 or out_features[2] % 2:
+        raise ValueError(f"{op}: expected out_features[2] (gate and up, fused) to be even, got {out_features[2]}")
+    # The kernels it chains check the rest (weights, tables, cache, lengths, mask) by name.
+    _ops.decoder_layer_.default(x, norm1, float(eps1), norm2, float(eps2), list(linears),
+                                [int(n) for n in out_features], cos, sin, prefix_lens, tree_mask, float(scale), x_out,
+                                k_cache, v_cache)
+
+
+@_fake("decoder_layer_")
+def _(x, norm1, eps1, norm2, eps2, linears, out_features, cos, sin, prefix_lens, tree_mask, scale, x_out, k_cache,
+      v_cache):
+    torch._check(x.dim() == 3 and x_out.dim() == 3, lambda: "decoder_layer_: x and x_out must be [B, T, H]")
+    return None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -140,6 +140,8 @@ def test_the_target_writes_its_cache_and_rotates_with_one_op_and_the_same_logits
     ids = torch.randint(0, model.config.vocab_size, (2, 6))
     pos = torch.arange(6).expand(2, 6)
 
+    monkeypatch.setattr(target_mod, "LAYER_OP", False)          # the layer call by call (op 13 aside)
+
     def run(fused):
         monkeypatch.setattr(target_mod, "ROPE_KV_WRITE", fused)
         cache = model.new_cache(2, 16)

@@ -51,6 +51,16 @@ def samples(device):
                             torch.randn(B, 12, 2, 16, generator=g), torch.tensor([3, 0]),
                             torch.ones(B, T, T, dtype=torch.bool).tril(), 0.25)),
     ]
+    # decoder_layer_: H 32, 2 query heads and 1 KV head of 8, MLP 32 wide, float32 weights packed
+    lin = [ops.stream_linear_pack(torch.randn(n, k, generator=g) * 0.1) for n, k in ((32, 32), (32, 16), (64, 32),
+                                                                                    (32, 32))]
+    out.append(("decoder_layer_", (torch.randn(2, 3, 32, generator=g), torch.rand(32, generator=g) + 0.5, 1e-5,
+                                   torch.rand(32, generator=g) + 0.5, 1e-5,
+                                   [t for w in lin for t in (w, torch.empty(0))], [32, 32, 64, 32],
+                                   torch.randn(2, 3, 8, generator=g), torch.randn(2, 3, 8, generator=g),
+                                   torch.tensor([4, 0]), torch.ones(2, 3, 3, dtype=torch.bool).tril(), 0.35,
+                                   torch.empty(2, 3, 32), torch.randn(2, 9, 1, 8, generator=g),
+                                   torch.randn(2, 9, 1, 8, generator=g))))
     return [(name, tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)) for name, args in out]
 
 
@@ -58,7 +68,7 @@ def test_samples_cover_every_op():
     assert {name for name, _ in samples("cpu")} == set(ops.OP_NAMES)
 
 
-@pytest.mark.parametrize("idx", range(18))
+@pytest.mark.parametrize("idx", range(19))
 def test_opcheck(devices, idx):
     if devices != "cpu" and samples("cpu")[idx][0] in ops.CPU_ONLY_OPS:
         pytest.skip("a CPU-only op (no CUDA kernel)")

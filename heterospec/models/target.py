@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from .._checks import host_reads_allowed
-from .attention import causal_tree_mask, make_backend
+from .attention import TreeOpPlan, causal_tree_mask, make_backend
 from .kv_cache import KVCache
 from .layers import (MLP, QKVO, RMSNorm, Rotary, _glue, assign_weights, load_weight_file, rope_exact_length,
                      rope_inv_freq, rope_qk)
@@ -39,6 +39,11 @@ STREAMED_LAYERS = True
 # about ten ATen calls a layer (a split, views, rope, per request a slice and a copy of K and of
 # V). Same bits. False keeps those calls (A/B benchmarks).
 ROPE_KV_WRITE = True
+
+# Where every linear of a streamed layer runs fused as above and the attention is tree_attention,
+# the whole layer runs as one op (``decoder_layer_``: its kernels chained in C++, no Python
+# round trip per kernel). Same bits. False runs the layer call by call (A/B benchmarks).
+LAYER_OP = True
 
 
 def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
@@ -134,7 +139,7 @@ class DecoderLayer(nn.Module):
             return None
         n1, n2 = self.input_layernorm, self.post_attention_layernorm
         return StreamedLayer(n1.weight, n1.eps, qkv, o[0], n2.weight, n2.eps, gate_up, down[0],
-                             a.n_heads, a.n_kv_heads, a.head_dim)
+                             a.n_heads, a.n_kv_heads, a.head_dim, _layer_op_args(qkv, o[0], gate_up, down[0]))
 
     def weights(self) -> list:
         """``(dict, name)`` of everything a :class:`StreamedLayer` of this layer reads: its norm
@@ -158,13 +163,23 @@ class StreamedLayer(NamedTuple):
     n_heads: int
     n_kv_heads: int
     head_dim: int
+    layer_op: tuple | None = None   # (linears, out_features) of decoder_layer_, where it serves
 
     def __call__(self, x, cos, sin, cache: KVCache, layer: int, prefix_lens, host_lens, backend, plan, ragged=None):
         """:meth:`DecoderLayer.forward`: the same kernels in the same order, so the same bits,
         without the modules' per-call dispatch (about a third of a one-token float32 step on a
         2-core CPU, bench/RESULTS.md). ``host_lens``: ``prefix_lens.tolist()`` or None."""
-        norm = torch.ops.heterospec.rms_norm.default
         B, T, _ = x.shape
+        if (LAYER_OP and self.layer_op is not None and ragged is None and type(plan) is TreeOpPlan
+                and cache.k.dtype == x.dtype and cos.shape == (B, T, self.head_dim) and cos.dtype == x.dtype):
+            # the raw op: the kernels it calls check their inputs (the wrapper's Python checks,
+            # once a layer, would cost what the op saves)
+            out = torch.empty_like(x)
+            torch.ops.heterospec.decoder_layer_.default(
+                x, self.norm1, self.eps1, self.norm2, self.eps2, self.layer_op[0], self.layer_op[1], cos, sin,
+                plan.prefix_lens, plan.tree_mask, plan.scale, out, cache.k[layer], cache.v[layer])
+            return out
+        norm = torch.ops.heterospec.rms_norm.default
         h = norm(x, self.norm1, self.eps1)
         if ROPE_KV_WRITE and ragged is None and len(self.qkv) == 1 and self.qkv[0].splits is not None \
                 and cache.k.dtype == x.dtype and cos.shape == (B, T, self.head_dim) and cos.dtype == x.dtype:
@@ -190,6 +205,27 @@ class StreamedLayer(NamedTuple):
         h = norm(x, self.norm2, self.eps2)
         gate, up = (out for call in self.gate_up for out in call(h))
         return x + self.down(torch.nn.functional.silu(gate) * up)[0]
+
+
+def _layer_op_args(qkv: list, o_proj, gate_up: list, down) -> tuple | None:
+    """``(linears, out_features)`` for ``decoder_layer_``: where Q/K/V and gate/up each run as one
+    fused call and no linear has a bias (else None: the layer runs call by call)."""
+    if len(qkv) != 1 or len(gate_up) != 1 or qkv[0].splits is None or len(qkv[0].splits) != 3 \
+            or gate_up[0].splits is None or len(gate_up[0].splits) != 2 or gate_up[0].splits[0] != gate_up[0].splits[1]:
+        return None
+    linears, widths = [], []
+    for call in (qkv[0], o_proj, gate_up[0], down):
+        if call.op is torch.ops.heterospec.stream_linear_blocks.default:
+            codes, scales, bias, n = call.args
+        elif call.op is torch.ops.heterospec.stream_linear.default:
+            (codes, bias, n), scales = call.args, torch.empty(0)
+        else:
+            return None
+        if bias is not None:
+            return None
+        linears += [codes, scales]
+        widths.append(int(n))
+    return linears, widths
 
 
 def _pack(t: torch.Tensor, ragged) -> torch.Tensor:

@@ -1,0 +1,154 @@
+"""decoder_layer_ (CPU) against a pure-PyTorch Llama layer, against the chain of heterospec ops it
+replaces (bit for bit), in the target's forward, and its errors."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import heterospec.ops as ops
+from reference import quantize_q8_0_ref, rms_norm_ref, rope_kv_write_ref, tree_attention_ref
+from test_ops_linear import _errors
+
+raw = torch.ops.heterospec
+
+
+def _layer(B=2, T=3, H=64, Hq=4, Hkv=2, D=16, I=96, S=24, lens=(5, 0), fmt="q8_0", seed=0):
+    """Random weights (Q8_0 values, or float32 packed for stream_linear), inputs and caches."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = [((Hq + 2 * Hkv) * D, H), (H, Hq * D), (2 * I, H), (H, I)]
+    weights, linears = [], []
+    for n, k in shapes:
+        w = torch.randn(n, k, generator=g) * k ** -0.5
+        if fmt == "q8_0":
+            w = quantize_q8_0_ref(w)[0]
+            _, codes, scales = ops.stream_linear_pack_blocks(w)
+            linears += [codes, scales]
+        else:
+            linears += [ops.stream_linear_pack(w), torch.empty(0)]
+        weights.append(w)
+    x = torch.randn(B, T, H, generator=g)
+    norms = (torch.rand(H, generator=g) + 0.5, torch.rand(H, generator=g) + 0.5)
+    ang = torch.rand(B, T, D // 2, generator=g) * 50
+    emb = torch.cat((ang, ang), -1)
+    cos, sin = emb.cos(), emb.sin()
+    lens = torch.tensor(lens)
+    mask = torch.ones(B, T, T, dtype=torch.bool).tril()
+    mask[0, 2, 1] = False                                        # a tree, not a chain, for request 0
+    kc, vc = torch.randn(B, S, Hkv, D, generator=g), torch.randn(B, S, Hkv, D, generator=g)
+    return dict(x=x, norms=norms, weights=weights, linears=linears, widths=[n for n, _ in shapes], cos=cos, sin=sin,
+                lens=lens, mask=mask, kc=kc, vc=vc, Hq=Hq, I=I, D=D)
+
+
+def _reference(c):
+    """The layer in plain PyTorch (float64 attention reference, F.linear on the weights' values)."""
+    x, (n1, n2), (wqkv, wo, wgu, wd) = c["x"], c["norms"], c["weights"]
+    q, kc, vc = rope_kv_write_ref(F.linear(rms_norm_ref(x, n1, 1e-5), wqkv), c["cos"], c["sin"], c["lens"], c["kc"],
+                                  c["vc"], c["Hq"])
+    o = tree_attention_ref(q, kc, vc, c["lens"], c["mask"], c["D"] ** -0.5)
+    x1 = x + F.linear(o.flatten(-2), wo)
+    g, u = F.linear(rms_norm_ref(x1, n2, 1e-6), wgu).split(c["I"], dim=-1)
+    return x1 + F.linear(F.silu(g) * u, wd), kc, vc
+
+
+def _op_chain(c):
+    """What models.target.StreamedLayer runs call by call."""
+    x, (n1, n2) = c["x"], c["norms"]
+    lin = c["linears"]
+
+    def linear(t, i):
+        if lin[2 * i + 1].numel() == 0:
+            return ops.stream_linear(t, lin[2 * i], None, c["widths"][i])
+        return ops.stream_linear_blocks(t, lin[2 * i], lin[2 * i + 1], None, c["widths"][i])
+
+    B, T, _ = x.shape
+    kc, vc = c["kc"].clone(), c["vc"].clone()
+    q = torch.empty(B, T, c["Hq"], c["D"])
+    ops.rope_kv_write_(linear(ops.rms_norm(x, n1, 1e-5), 0), c["cos"], c["sin"], c["lens"], q, kc, vc)
+    x1 = x + linear(ops.tree_attention(q, kc, vc, c["lens"], c["mask"], c["D"] ** -0.5).flatten(-2), 1)
+    g, u = linear(ops.rms_norm(x1, n2, 1e-6), 2).split_with_sizes([c["I"], c["I"]], dim=-1)
+    return x1 + linear(F.silu(g) * u, 3), kc, vc
+
+
+def _run(c, call=ops.decoder_layer_):
+    out = torch.empty_like(c["x"])
+    kc, vc = c["kc"].clone(), c["vc"].clone()
+    call(c["x"], c["norms"][0], 1e-5, c["norms"][1], 1e-6, c["linears"], c["widths"], c["cos"], c["sin"], c["lens"],
+         c["mask"], c["D"] ** -0.5, out, kc, vc)
+    return out, kc, vc
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "float32"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_decoder_layer_is_the_op_chain_bit_for_bit_and_the_reference(fmt, threads):
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        c = _layer(fmt=fmt)
+        got = _run(c)
+        for a, b in zip(got, _op_chain(c)):
+            assert torch.equal(a, b)
+        for a, b in zip(got, _reference(c)):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    finally:
+        torch.set_num_threads(old)
+
+
+def test_the_target_runs_its_layers_as_one_op_with_the_same_bits(monkeypatch):
+    """A streamed float32 target forward takes decoder_layer_ per layer, with the logits, features
+    and cache of the layer run call by call."""
+    import heterospec.models.target as target_mod
+    from heterospec import TargetModel
+    from heterospec.models.linear import tune_linears
+    from models_util import tiny_llama
+
+    model = TargetModel.from_hf(tiny_llama(seed=8, dtype=torch.float32)).eval()
+    tune_linears([model], progress=False)
+    ids = torch.randint(0, model.config.vocab_size, (2, 6))
+    pos = torch.arange(6).expand(2, 6)
+
+    def run(layer_op):
+        monkeypatch.setattr(target_mod, "LAYER_OP", layer_op)
+        cache = model.new_cache(2, 16)
+        with torch.inference_mode():
+            out = [model(ids[:, :4], pos[:, :4], cache, torch.zeros(2, dtype=torch.long))]
+            out.append(model(ids[:, 4:], pos[:, 4:], cache, torch.full((2,), 4)))
+        return [t for o in out for t in o], cache
+
+    with torch.profiler.profile() as prof:
+        fused, cache_f = run(True)
+    if "heterospec::decoder_layer_" not in {e.name for e in prof.events()}:
+        pytest.skip("the tiny model's linears do not all stream fused here")
+    plain, cache_p = run(False)
+    assert all(torch.equal(a, b) for a, b in zip(fused, plain))
+    assert torch.equal(cache_f.k, cache_p.k) and torch.equal(cache_f.v, cache_p.v)
+
+
+@pytest.mark.parametrize("call", ["wrapper", "raw"])
+def test_bad_input_gets_a_clear_error(call):
+    fn = ops.decoder_layer_ if call == "wrapper" else (lambda *a: raw.decoder_layer_(*a))
+    c = _layer()
+
+    def run(**kw):
+        a = dict(x=c["x"], n1=c["norms"][0], e1=1e-5, n2=c["norms"][1], e2=1e-6, lin=c["linears"], w=c["widths"],
+                 cos=c["cos"], sin=c["sin"], lens=c["lens"], mask=c["mask"], scale=0.25, out=torch.empty_like(c["x"]),
+                 kc=c["kc"].clone(), vc=c["vc"].clone())
+        a.update(kw)
+        return lambda: fn(*a.values())
+
+    assert "x of dtype" in _errors(run(x=c["x"].double()))
+    assert "[B, T, H]" in _errors(run(x=c["x"][0]))
+    assert "8 linears" in _errors(run(lin=c["linears"][:6]))
+    assert "4" in _errors(run(w=c["widths"][:3]))
+    assert "out_features[0]" in _errors(run(w=[c["widths"][0] + 1] + c["widths"][1:]))
+    assert "out_features[1]" in _errors(run(w=[c["widths"][0], 63, c["widths"][2], c["widths"][3]]))
+    assert "out_features[2]" in _errors(run(w=c["widths"][:2] + [191, c["widths"][3]]))
+    assert "x_out" in _errors(run(out=torch.empty(2, 3, 65)))
+    assert "prefix_lens" in _errors(run(lens=torch.tensor([30, 0])))          # past the cache's 24 slots
+    assert "tree_mask" in _errors(run(mask=c["mask"].int()))
+    assert "cos" in _errors(run(cos=c["cos"][..., :8]))
+    assert "linears[2]" in _errors(run(lin=c["linears"][:2] + [c["linears"][2][:, :8]] + c["linears"][3:]))
+    kc, vc = c["kc"].clone(), c["vc"].clone()        # refused before anything is written
+    for bad in (dict(mask=c["mask"].int()), dict(lens=torch.tensor([22, 0])), dict(lin=c["linears"][:6] + [
+            c["linears"][6][:, :8], c["linears"][7]])):
+        assert _errors(run(kc=kc, vc=vc, **bad))
+    assert torch.equal(kc, c["kc"]) and torch.equal(vc, c["vc"])
