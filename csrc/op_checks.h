@@ -334,6 +334,41 @@ inline void check_stream_linear_blocks_inputs(const char* op, const at::Tensor& 
   }
 }
 
+// A layer's KV cache pair: k_cache, v_cache [B, S, Hkv, D] of `dtype`, on ref's device, one B and D.
+inline void check_cache_pair(Backend be, const char* op, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                             at::ScalarType dtype, const char* ref_name, const at::Tensor& ref, int64_t B,
+                             const char* b_what, int64_t D, const char* d_what) {
+  const char* names[2] = {"k_cache", "v_cache"};
+  const at::Tensor* caches[2] = {&k_cache, &v_cache};
+  for (int i = 0; i < 2; ++i) {
+    const at::Tensor& c = *caches[i];
+    check_dtype(op, names[i], c, dtype);
+    check_dim(op, names[i], c, 4, "[B, S, Hkv, D]");
+    check_device(be, op, names[i], c, ref_name, ref);
+    check_size(op, names[i], c, 0, B, b_what);
+    check_size(op, names[i], c, 3, D, d_what);
+  }
+  check_size(op, "v_cache", v_cache, 1, k_cache.size(1), "S = k_cache.size(1)");
+  check_size(op, "v_cache", v_cache, 2, k_cache.size(2), "Hkv = k_cache.size(2)");
+}
+
+// RoPE tables: cos, sin [B, T, D] of `dtype`, on ref's device.
+inline void check_rope_tables(Backend be, const char* op, const at::Tensor& cos, const at::Tensor& sin,
+                              at::ScalarType dtype, const char* ref_name, const at::Tensor& ref, int64_t B,
+                              const char* b_what, int64_t T, const char* t_what, int64_t D, const char* d_what) {
+  const char* names[2] = {"cos", "sin"};
+  const at::Tensor* tables[2] = {&cos, &sin};
+  for (int i = 0; i < 2; ++i) {
+    const at::Tensor& t = *tables[i];
+    check_dtype(op, names[i], t, dtype);
+    check_dim(op, names[i], t, 3, "[B, T, D]");
+    check_device(be, op, names[i], t, ref_name, ref);
+    check_size(op, names[i], t, 0, B, b_what);
+    check_size(op, names[i], t, 1, T, t_what);
+    check_size(op, names[i], t, 2, D, d_what);
+  }
+}
+
 // ---- rms_norm, rope (CPU only) ----------------------------------------------------------------------
 // x [..., H] float32 / float16 / bfloat16 (at least 1 dimension), weight [H] of x's dtype, eps >= 0
 // and finite; on the CPU.
@@ -363,17 +398,8 @@ inline void check_rope_inputs(Backend be, const char* op, const at::Tensor& q, c
   check_size(op, "k", k, 0, q.size(0), "B = q.size(0)");
   check_size(op, "k", k, 1, q.size(1), "T = q.size(1)");
   check_size(op, "k", k, 3, q.size(3), "D = q.size(3)");
-  const char* names[2] = {"cos", "sin"};
-  const at::Tensor* tables[2] = {&cos, &sin};
-  for (int i = 0; i < 2; ++i) {
-    const at::Tensor& t = *tables[i];
-    check_dtype(op, names[i], t, q.scalar_type());
-    check_dim(op, names[i], t, 3, "[B, T, D]");
-    check_device(be, op, names[i], t, "q", q);
-    check_size(op, names[i], t, 0, q.size(0), "B = q.size(0)");
-    check_size(op, names[i], t, 1, q.size(1), "T = q.size(1)");
-    check_size(op, names[i], t, 2, q.size(3), "D = q.size(3)");
-  }
+  check_rope_tables(be, op, cos, sin, q.scalar_type(), "q", q, q.size(0), "B = q.size(0)", q.size(1), "T = q.size(1)",
+                    q.size(3), "D = q.size(3)");
 }
 
 // ---- rope_kv_write_ (CPU only) ---------------------------------------------------------------------
@@ -392,36 +418,18 @@ inline void check_rope_kv_write_inputs(Backend be, const char* op, const at::Ten
   check_size(op, "q_out", q_out, 0, qkv.size(0), "B = qkv.size(0)");
   check_size(op, "q_out", q_out, 1, qkv.size(1), "T = qkv.size(1)");
   HS_CHECK(q_out.is_contiguous(), op, ": expected q_out to be contiguous");
-  const char* names[2] = {"k_cache", "v_cache"};
-  const at::Tensor* caches[2] = {&k_cache, &v_cache};
-  for (int i = 0; i < 2; ++i) {
-    const at::Tensor& c = *caches[i];
-    check_dtype(op, names[i], c, qkv.scalar_type());
-    check_dim(op, names[i], c, 4, "[B, S, Hkv, D]");
-    check_device(be, op, names[i], c, "qkv", qkv);
-    check_size(op, names[i], c, 0, qkv.size(0), "B = qkv.size(0)");
-    check_size(op, names[i], c, 3, q_out.size(3), "D = q_out.size(3)");
-    HS_CHECK(c.size(3) <= 1 || c.stride(3) == 1, op, ": expected ", names[i],
-             "'s rows of D values to be contiguous (stride(3) == 1), got stride ", c.stride(3));
-  }
-  check_size(op, "v_cache", v_cache, 1, k_cache.size(1), "S = k_cache.size(1)");
-  check_size(op, "v_cache", v_cache, 2, k_cache.size(2), "Hkv = k_cache.size(2)");
+  check_cache_pair(be, op, k_cache, v_cache, qkv.scalar_type(), "qkv", qkv, qkv.size(0), "B = qkv.size(0)",
+                   q_out.size(3), "D = q_out.size(3)");
+  for (const at::Tensor* c : {&k_cache, &v_cache})
+    HS_CHECK(c->size(3) <= 1 || c->stride(3) == 1, op, ": expected ", c == &k_cache ? "k_cache" : "v_cache",
+             "'s rows of D values to be contiguous (stride(3) == 1), got stride ", c->stride(3));
   const int64_t Hq = q_out.size(2), Hkv = k_cache.size(2), D = q_out.size(3);
   HS_CHECK(D % 2 == 0, op, ": expected an even head size D = q_out.size(3) (rotate-half RoPE), got ", D);
   check_size(op, "qkv", qkv, 2, (Hq + 2 * Hkv) * D, "(Hq + 2 Hkv) * D = (q_out.size(2) + 2 k_cache.size(2)) * D");
   HS_CHECK(qkv.size(2) <= 1 || qkv.stride(2) == 1, op, ": expected qkv's last dimension to be contiguous, got stride ",
            qkv.stride(2));
-  const char* tnames[2] = {"cos", "sin"};
-  const at::Tensor* tables[2] = {&cos, &sin};
-  for (int i = 0; i < 2; ++i) {
-    const at::Tensor& t = *tables[i];
-    check_dtype(op, tnames[i], t, qkv.scalar_type());
-    check_dim(op, tnames[i], t, 3, "[B, T, D]");
-    check_device(be, op, tnames[i], t, "qkv", qkv);
-    check_size(op, tnames[i], t, 0, qkv.size(0), "B = qkv.size(0)");
-    check_size(op, tnames[i], t, 1, qkv.size(1), "T = qkv.size(1)");
-    check_size(op, tnames[i], t, 2, D, "D = q_out.size(3)");
-  }
+  check_rope_tables(be, op, cos, sin, qkv.scalar_type(), "qkv", qkv, qkv.size(0), "B = qkv.size(0)", qkv.size(1),
+                    "T = qkv.size(1)", D, "D = q_out.size(3)");
   check_request_vector(be, op, "prefix_lens", prefix_lens, qkv.size(0), "qkv", qkv);
 }
 
@@ -488,18 +496,8 @@ inline void check_tree_attention_inputs(Backend be, const char* op, const at::Te
   check_float_dtype(op, "q", q);
   check_dim(op, "q", q, 4, "[B, T, Hq, D]");
   check_ref_device(be, op, "q", q);
-  const char* names[2] = {"k_cache", "v_cache"};
-  const at::Tensor* caches[2] = {&k_cache, &v_cache};
-  for (int i = 0; i < 2; ++i) {
-    const at::Tensor& c = *caches[i];
-    check_dtype(op, names[i], c, q.scalar_type());
-    check_dim(op, names[i], c, 4, "[B, S, Hkv, D]");
-    check_device(be, op, names[i], c, "q", q);
-    check_size(op, names[i], c, 0, q.size(0), "B = q.size(0)");
-    check_size(op, names[i], c, 3, q.size(3), "D = q.size(3)");
-  }
-  check_size(op, "v_cache", v_cache, 1, k_cache.size(1), "S = k_cache.size(1)");
-  check_size(op, "v_cache", v_cache, 2, k_cache.size(2), "Hkv = k_cache.size(2)");
+  check_cache_pair(be, op, k_cache, v_cache, q.scalar_type(), "q", q, q.size(0), "B = q.size(0)", q.size(3),
+                   "D = q.size(3)");
   HS_CHECK(k_cache.size(2) >= 1 && q.size(2) % k_cache.size(2) == 0, op,
            ": expected the query heads Hq = q.size(2) to be a multiple of the KV heads Hkv = k_cache.size(2), got Hq = ",
            q.size(2), ", Hkv = ", k_cache.size(2));

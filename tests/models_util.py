@@ -54,3 +54,35 @@ def path_to(parents, i):
         path.append(i)
         i = parents[i]
     return path[::-1]  # root first
+
+
+def streamed_flag_ab(monkeypatch, flag: str, op: str, seed: int, off: dict = ()):
+    """A tuned tiny float32 target (streamed layers) run twice, ``heterospec.models.target.<flag>``
+    on then off (``off``: other flags of that module set for both runs): two forwards each (a
+    4-token prefill, then 2 tokens after it). Returns ``((outputs, cache) on, (outputs, cache) off)``,
+    outputs the forwards' logits and features; None where the "on" run never called
+    ``heterospec::<op>`` (the tiny model's linears did not all stream here)."""
+    import heterospec.models.target as target_mod
+    from heterospec import TargetModel
+    from heterospec.models.linear import tune_linears
+
+    model = TargetModel.from_hf(tiny_llama(seed=seed, dtype=torch.float32)).eval()
+    tune_linears([model], progress=False)
+    ids = torch.randint(0, model.config.vocab_size, (2, 6))
+    pos = torch.arange(6).expand(2, 6)
+    for name, value in dict(off).items():
+        monkeypatch.setattr(target_mod, name, value)
+
+    def run(on):
+        monkeypatch.setattr(target_mod, flag, on)
+        cache = model.new_cache(2, 16)
+        with torch.inference_mode():
+            out = [model(ids[:, :4], pos[:, :4], cache, torch.zeros(2, dtype=torch.long))]
+            out.append(model(ids[:, 4:], pos[:, 4:], cache, torch.full((2,), 4)))
+        return [t for o in out for t in o], cache
+
+    with torch.profiler.profile() as prof:
+        on = run(True)
+    if f"heterospec::{op}" not in {e.name for e in prof.events()}:
+        return None
+    return on, run(False)

@@ -129,32 +129,13 @@ def test_rope_kv_write_is_the_split_the_rope_and_the_cache_write_bit_for_bit(dty
 
 def test_the_target_writes_its_cache_and_rotates_with_one_op_and_the_same_logits(monkeypatch):
     """A streamed target forward (float32, the fused QKV call) takes rope_kv_write_, with the logits
-    and cache of the path without it, bit for bit."""
-    import heterospec.models.target as target_mod
-    from heterospec import TargetModel
-    from heterospec.models.linear import tune_linears
-    from models_util import tiny_llama
+    and cache of the path without it, bit for bit (the layer run call by call, op 13 aside)."""
+    from models_util import streamed_flag_ab
 
-    model = TargetModel.from_hf(tiny_llama(seed=7, dtype=torch.float32)).eval()
-    tune_linears([model], progress=False)
-    ids = torch.randint(0, model.config.vocab_size, (2, 6))
-    pos = torch.arange(6).expand(2, 6)
-
-    monkeypatch.setattr(target_mod, "LAYER_OP", False)          # the layer call by call (op 13 aside)
-
-    def run(fused):
-        monkeypatch.setattr(target_mod, "ROPE_KV_WRITE", fused)
-        cache = model.new_cache(2, 16)
-        with torch.inference_mode():
-            out = [model(ids[:, :4], pos[:, :4], cache, torch.zeros(2, dtype=torch.long))[0]]
-            out.append(model(ids[:, 4:], pos[:, 4:], cache, torch.full((2,), 4))[0])
-        return out, cache
-
-    with torch.profiler.profile() as prof:
-        fused, cache_f = run(True)
-    if "heterospec::rope_kv_write_" not in {e.name for e in prof.events()}:
+    runs = streamed_flag_ab(monkeypatch, "ROPE_KV_WRITE", "rope_kv_write_", seed=7, off={"LAYER_OP": False})
+    if runs is None:
         pytest.skip("the tiny model's linears do not all stream here (no streamed layers)")
-    plain, cache_p = run(False)
+    (fused, cache_f), (plain, cache_p) = runs
     assert all(torch.equal(a, b) for a, b in zip(fused, plain))
     assert torch.equal(cache_f.k, cache_p.k) and torch.equal(cache_f.v, cache_p.v)
 

@@ -96,29 +96,12 @@ def test_decoder_layer_is_the_op_chain_bit_for_bit_and_the_reference(fmt, thread
 def test_the_target_runs_its_layers_as_one_op_with_the_same_bits(monkeypatch):
     """A streamed float32 target forward takes decoder_layer_ per layer, with the logits, features
     and cache of the layer run call by call."""
-    import heterospec.models.target as target_mod
-    from heterospec import TargetModel
-    from heterospec.models.linear import tune_linears
-    from models_util import tiny_llama
+    from models_util import streamed_flag_ab
 
-    model = TargetModel.from_hf(tiny_llama(seed=8, dtype=torch.float32)).eval()
-    tune_linears([model], progress=False)
-    ids = torch.randint(0, model.config.vocab_size, (2, 6))
-    pos = torch.arange(6).expand(2, 6)
-
-    def run(layer_op):
-        monkeypatch.setattr(target_mod, "LAYER_OP", layer_op)
-        cache = model.new_cache(2, 16)
-        with torch.inference_mode():
-            out = [model(ids[:, :4], pos[:, :4], cache, torch.zeros(2, dtype=torch.long))]
-            out.append(model(ids[:, 4:], pos[:, 4:], cache, torch.full((2,), 4)))
-        return [t for o in out for t in o], cache
-
-    with torch.profiler.profile() as prof:
-        fused, cache_f = run(True)
-    if "heterospec::decoder_layer_" not in {e.name for e in prof.events()}:
+    runs = streamed_flag_ab(monkeypatch, "LAYER_OP", "decoder_layer_", seed=8)
+    if runs is None:
         pytest.skip("the tiny model's linears do not all stream fused here")
-    plain, cache_p = run(False)
+    (fused, cache_f), (plain, cache_p) = runs
     assert all(torch.equal(a, b) for a, b in zip(fused, plain))
     assert torch.equal(cache_f.k, cache_p.k) and torch.equal(cache_f.v, cache_p.v)
 

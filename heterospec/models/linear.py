@@ -146,6 +146,16 @@ class StreamCall(NamedTuple):
         # split_with_sizes: Tensor.split's own bits without its Python wrapper (per call, per layer)
         return (y,) if self.splits is None else y.split_with_sizes(self.splits, dim=-1)
 
+    def weight_pair(self) -> Optional[Tuple[torch.Tensor, torch.Tensor, int]]:
+        """``(weight, scales, out_features)`` as ``decoder_layer_`` takes a linear: the codes and
+        scales of ``stream_linear_blocks``, or ``stream_linear``'s packed weight and an empty
+        tensor; None for a call with a bias (the op takes none)."""
+        if self.op is torch.ops.heterospec.stream_linear_blocks.default:
+            codes, scales, bias, n = self.args
+        else:
+            (codes, bias, n), scales = self.args, torch.empty(0)
+        return None if bias is not None else (codes, scales, int(n))
+
 
 def _stream_call(packed, bias: Optional[torch.Tensor], n: int, splits: Optional[List[int]] = None) -> StreamCall:
     if isinstance(packed, tuple):           # (codes, scales) of a block-coded float32 weight

@@ -170,8 +170,10 @@ class StreamedLayer(NamedTuple):
         without the modules' per-call dispatch (about a third of a one-token float32 step on a
         2-core CPU, bench/RESULTS.md). ``host_lens``: ``prefix_lens.tolist()`` or None."""
         B, T, _ = x.shape
-        if (LAYER_OP and self.layer_op is not None and ragged is None and type(plan) is TreeOpPlan
-                and cache.k.dtype == x.dtype and cos.shape == (B, T, self.head_dim) and cos.dtype == x.dtype):
+        # the fused ops take per-token tables and a cache of x's dtype, and the real rows only
+        fused_ok = (ragged is None and cache.k.dtype == x.dtype and cos.dtype == x.dtype
+                    and cos.shape == (B, T, self.head_dim))
+        if LAYER_OP and fused_ok and self.layer_op is not None and type(plan) is TreeOpPlan:
             # the raw op: the kernels it calls check their inputs (the wrapper's Python checks,
             # once a layer, would cost what the op saves)
             out = torch.empty_like(x)
@@ -181,8 +183,7 @@ class StreamedLayer(NamedTuple):
             return out
         norm = torch.ops.heterospec.rms_norm.default
         h = norm(x, self.norm1, self.eps1)
-        if ROPE_KV_WRITE and ragged is None and len(self.qkv) == 1 and self.qkv[0].splits is not None \
-                and cache.k.dtype == x.dtype and cos.shape == (B, T, self.head_dim) and cos.dtype == x.dtype:
+        if ROPE_KV_WRITE and fused_ok and len(self.qkv) == 1 and self.qkv[0].splits is not None:
             call = self.qkv[0]
             q = x.new_empty(B, T, self.n_heads, self.head_dim)
             kc, vc = cache.k[layer], cache.v[layer]
@@ -213,19 +214,10 @@ def _layer_op_args(qkv: list, o_proj, gate_up: list, down) -> tuple | None:
     if len(qkv) != 1 or len(gate_up) != 1 or qkv[0].splits is None or len(qkv[0].splits) != 3 \
             or gate_up[0].splits is None or len(gate_up[0].splits) != 2 or gate_up[0].splits[0] != gate_up[0].splits[1]:
         return None
-    linears, widths = [], []
-    for call in (qkv[0], o_proj, gate_up[0], down):
-        if call.op is torch.ops.heterospec.stream_linear_blocks.default:
-            codes, scales, bias, n = call.args
-        elif call.op is torch.ops.heterospec.stream_linear.default:
-            (codes, bias, n), scales = call.args, torch.empty(0)
-        else:
-            return None
-        if bias is not None:
-            return None
-        linears += [codes, scales]
-        widths.append(int(n))
-    return linears, widths
+    pairs = [call.weight_pair() for call in (qkv[0], o_proj, gate_up[0], down)]
+    if None in pairs:
+        return None
+    return [t for w, s, _ in pairs for t in (w, s)], [n for _, _, n in pairs]
 
 
 def _pack(t: torch.Tensor, ragged) -> torch.Tensor:
