@@ -434,44 +434,76 @@ inline void check_rope_kv_write_inputs(Backend be, const char* op, const at::Ten
 }
 
 // ---- decoder_layer_ (CPU only) ---------------------------------------------------------------------
+// How a decoder layer's linears run: QKV as one fused call or three (Q, K, V), gate/up as one or
+// two (gate, up), O and down as one each. The number of output widths (4 to 7) says which:
+// 4 = both fused, 5 = gate/up split, 6 = QKV split, 7 = both split. Indices are of linear calls.
+struct LayerCalls {
+  int64_t qkv = 1, gate_up = 1;
+  int64_t count() const { return qkv + gate_up + 2; }
+  int64_t o() const { return qkv; }
+  int64_t gate() const { return qkv + 1; }
+  int64_t down() const { return qkv + 1 + gate_up; }
+  // the query heads and the MLP width, from widths the check accepted
+  int64_t hq(at::IntArrayRef of, int64_t Hkv, int64_t D) const { return qkv == 1 ? of[0] / D - 2 * Hkv : of[0] / D; }
+  int64_t intermediate(at::IntArrayRef of) const { return gate_up == 1 ? of[gate()] / 2 : of[gate()]; }
+};
+
 // What the layer itself asks (each kernel it calls checks its own inputs): x [B, T, H] float32 or
-// bfloat16; four (weight, scales) pairs and four output widths; out_features[0] = (Hq + 2 Hkv) D
-// with Hq >= 1, out_features[1] = out_features[3] = H, out_features[2] even; x_out like x,
-// contiguous; k_cache [B, S, Hkv, D].
-inline void check_decoder_layer_inputs(Backend be, const char* op, const at::Tensor& x, at::TensorList linears,
-                                       at::IntArrayRef out_features, const at::Tensor& k_cache,
-                                       const at::Tensor& x_out, const at::Tensor& prefix_lens,
-                                       const at::Tensor& tree_mask) {
+// bfloat16; one (weight, scales) pair and one output width per linear call (LayerCalls); QKV's
+// widths (Hq + 2 Hkv) D fused or Hq D, Hkv D, Hkv D with Hq >= 1; O and down H; gate/up 2 I fused or
+// I, I; x_out like x, contiguous; k_cache [B, S, Hkv, D].
+inline LayerCalls check_decoder_layer_inputs(Backend be, const char* op, const at::Tensor& x, at::TensorList linears,
+                                             at::IntArrayRef out_features, const at::Tensor& k_cache,
+                                             const at::Tensor& x_out, const at::Tensor& prefix_lens,
+                                             const at::Tensor& tree_mask) {
   HS_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, op,
            ": expected x of dtype float32 or bfloat16, got ", x.scalar_type());
   check_dim(op, "x", x, 3, "[B, T, H]");
   check_ref_device(be, op, "x", x);
-  HS_CHECK(linears.size() == 8, op,
-           ": expected 8 linears tensors (weight, scales) for QKV, O, gate/up and down, got ", linears.size());
-  HS_CHECK(out_features.size() == 4, op, ": expected 4 out_features (QKV, O, gate/up, down), got ",
-           out_features.size());
+  const int64_t n = static_cast<int64_t>(out_features.size());
+  HS_CHECK(n >= 4 && n <= 7, op, ": expected 4 to 7 out_features (QKV as 1 or 3 calls, O, gate/up as 1 or 2 calls, ",
+           "down), got ", n);
+  const LayerCalls c{(n == 6 || n == 7) ? 3 : 1, (n == 5 || n == 7) ? 2 : 1};
+  HS_CHECK(static_cast<int64_t>(linears.size()) == 2 * n, op, ": expected ", 2 * n,
+           " linears tensors (weight, scales) for the ", n, " out_features, got ", linears.size());
   check_dim(op, "k_cache", k_cache, 4, "[B, S, Hkv, D]");
   const int64_t H = x.size(2), Hkv = k_cache.size(2), D = k_cache.size(3);
-  HS_CHECK(D >= 1 && out_features[0] % D == 0 && out_features[0] / D - 2 * Hkv >= 1, op,
-           ": expected out_features[0] = (Hq + 2 Hkv) * D with Hq >= 1 (Hkv = ", Hkv, ", D = ", D, " from k_cache), got ",
-           out_features[0]);
-  HS_CHECK(out_features[1] == H && out_features[3] == H, op,
-           ": expected out_features[1] (O) and out_features[3] (down) to be H = x.size(2) = ", H, ", got ",
-           out_features[1], " and ", out_features[3]);
-  HS_CHECK(out_features[2] >= 2 && out_features[2] % 2 == 0, op,
-           ": expected out_features[2] (gate and up, fused) to be even, got ", out_features[2]);
+  if (c.qkv == 1) {
+    HS_CHECK(D >= 1 && out_features[0] % D == 0 && out_features[0] / D - 2 * Hkv >= 1, op,
+             ": expected out_features[0] = (Hq + 2 Hkv) * D with Hq >= 1 (Hkv = ", Hkv, ", D = ", D,
+             " from k_cache), got ", out_features[0]);
+  } else {
+    HS_CHECK(D >= 1 && out_features[0] % D == 0 && out_features[0] >= D && out_features[1] == Hkv * D &&
+                 out_features[2] == Hkv * D, op,
+             ": expected out_features[0:3] (Q, K, V) = Hq * D, Hkv * D, Hkv * D with Hq >= 1 (Hkv = ", Hkv, ", D = ",
+             D, " from k_cache), got ", out_features[0], ", ", out_features[1], ", ", out_features[2]);
+  }
+  HS_CHECK(out_features[c.o()] == H && out_features[c.down()] == H, op, ": expected out_features[", c.o(),
+           "] (O) and out_features[", c.down(), "] (down) to be H = x.size(2) = ", H, ", got ", out_features[c.o()],
+           " and ", out_features[c.down()]);
+  if (c.gate_up == 1) {
+    HS_CHECK(out_features[c.gate()] >= 2 && out_features[c.gate()] % 2 == 0, op, ": expected out_features[",
+             c.gate(), "] (gate and up, fused) to be even, got ", out_features[c.gate()]);
+  } else {
+    HS_CHECK(out_features[c.gate()] >= 1 && out_features[c.gate()] == out_features[c.gate() + 1], op,
+             ": expected out_features[", c.gate(), "] (gate) and out_features[", c.gate() + 1,
+             "] (up) to be one width I >= 1, got ", out_features[c.gate()], " and ", out_features[c.gate() + 1]);
+  }
   check_dtype(op, "x_out", x_out, x.scalar_type());
   check_device(be, op, "x_out", x_out, "x", x);
   HS_CHECK(x_out.sizes() == x.sizes() && x_out.is_contiguous(), op, ": expected x_out contiguous of x's shape ",
            x.sizes(), ", got ", x_out.sizes());
   // What would fail only after the cache was written: the later linears' input widths, the mask,
   // the lengths and the slots (so a refused call writes nothing).
-  const int64_t Hq = out_features[0] / D - 2 * Hkv;
-  const int64_t K[4] = {H, Hq * D, H, out_features[2] / 2};
-  const char* which[4] = {"QKV", "O", "gate/up", "down"};
-  for (int i = 0; i < 4; ++i)
-    HS_CHECK(linears[2 * i].dim() == 3 && linears[2 * i].size(1) == K[i], op, ": expected the ", which[i],
-             " weight linears[", 2 * i, "] packed as [P, ", K[i], ", 16 or 32], got ", linears[2 * i].sizes());
+  const int64_t Hq = c.hq(out_features, Hkv, D), I = c.intermediate(out_features);
+  for (int64_t i = 0; i < n; ++i) {
+    const bool is_o = i == c.o(), is_down = i == c.down();
+    const bool is_qkv = i < c.o(), is_gate_up = !is_qkv && !is_o && !is_down;
+    const int64_t K = is_o ? Hq * D : is_down ? I : H;
+    const char* which = is_qkv ? "QKV" : is_o ? "O" : is_gate_up ? "gate/up" : "down";
+    HS_CHECK(linears[2 * i].dim() == 3 && linears[2 * i].size(1) == K, op, ": expected the ", which,
+             " weight linears[", 2 * i, "] packed as [P, ", K, ", 16 or 32], got ", linears[2 * i].sizes());
+  }
   check_request_vector(be, op, "prefix_lens", prefix_lens, x.size(0), "x", x);
   check_dtype(op, "tree_mask", tree_mask, at::kBool);
   check_dim(op, "tree_mask", tree_mask, 3, "[B, T, T]");
@@ -485,6 +517,7 @@ inline void check_decoder_layer_inputs(Backend be, const char* op, const at::Ten
                "] and prefix_lens[", b, "] + T <= S = k_cache.size(1) = ", k_cache.size(1), ", got ", lp[b], " (T = ",
                x.size(1), ")");
   }
+  return c;
 }
 
 // ---- tree_attention (CPU only) ---------------------------------------------------------------------

@@ -1134,17 +1134,20 @@ def decoder_layer_(x: Tensor, norm1: Tensor, eps1: float, norm2: Tensor, eps2: f
                    scale: float, x_out: Tensor, k_cache: Tensor, v_cache: Tensor) -> None:
     """One Llama decoder layer of a decode step or a tree verify (CPU), its kernels called from C++.
 
-    With ``lin_i(t)`` the ``i``-th streamed linear (:func:`stream_linear` of ``linears[2 i]``
+    With ``lin_i(t)`` the ``i``-th streamed linear call (:func:`stream_linear` of ``linears[2 i]``
     where ``linears[2 i + 1]`` has no elements, else :func:`stream_linear_blocks` of the codes
-    ``linears[2 i]`` and scales ``linears[2 i + 1]``, no bias, ``out_features[i]`` outputs)::
+    ``linears[2 i]`` and scales ``linears[2 i + 1]``, no bias, ``out_features[i]`` outputs), and
+    QKV, gate/up the layer's fused calls or their members' outputs concatenated::
 
-        q  = rope_kv_write_(lin_0(rms_norm(x, norm1, eps1)), cos, sin, prefix_lens, k_cache, v_cache)
-        x1 = x + lin_1(tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, scale))
-        g, u = lin_2(rms_norm(x1, norm2, eps2)) split in halves
-        x_out = x1 + lin_3(silu(g) * u)
+        q  = rope_kv_write_(QKV(rms_norm(x, norm1, eps1)), cos, sin, prefix_lens, k_cache, v_cache)
+        x1 = x + O(tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, scale))
+        g, u = gate/up(rms_norm(x1, norm2, eps2))
+        x_out = x1 + down(silu(g) * u)
 
     The same kernels in the same order as the Python layer (``models.target.StreamedLayer``),
-    so the same bits, without a Python round trip per kernel.
+    so the same bits, without a Python round trip per kernel. A linear's outputs are the same
+    bits fused or not (each output column is its own dot product), so the layer takes whichever
+    calls the tuned linears chose at this row count.
 
     Parameters
     ----------
@@ -1155,12 +1158,14 @@ def decoder_layer_(x: Tensor, norm1: Tensor, eps1: float, norm2: Tensor, eps2: f
     eps1, eps2 : float
         Their epsilons.
     linears : sequence of Tensor
-        Eight tensors, ``(weight, scales)`` for QKV (fused: ``Hq``, ``Hkv``, ``Hkv`` heads of
-        ``D``), O, gate/up (fused: ``I``, ``I``) and down, as :func:`stream_linear_pack` /
-        :func:`stream_linear_pack_blocks` pack them (``scales`` with no elements for a packed
-        float weight).
+        ``(weight, scales)`` per linear call, in order: QKV (one fused call of ``Hq``, ``Hkv``,
+        ``Hkv`` heads of ``D``, or three: Q, K, V), O, gate/up (one fused call of ``I``, ``I``, or
+        two: gate, up), down; as :func:`stream_linear_pack` / :func:`stream_linear_pack_blocks`
+        pack them (``scales`` with no elements for a packed float weight).
     out_features : sequence of int
-        The four output widths: ``(Hq + 2 Hkv) D``, ``H``, ``2 I``, ``H``.
+        The calls' output widths, 4 to 7 of them: ``(Hq + 2 Hkv) D`` or ``Hq D, Hkv D, Hkv D``;
+        ``H``; ``2 I`` or ``I, I``; ``H``. Their number says which groups are fused (4 both, 5
+        gate/up split, 6 QKV split, 7 neither).
     cos, sin : Tensor
         ``[B, T, D]``, ``x``'s dtype (as :func:`rope`).
     prefix_lens : Tensor
@@ -1177,11 +1182,16 @@ def decoder_layer_(x: Tensor, norm1: Tensor, eps1: float, norm2: Tensor, eps2: f
     op = "decoder_layer_"
     check_tensor(op, "x", x, dtype=(torch.float32, torch.bfloat16), ndim=3, layout="[B, T, H]")
     _cpu_only(op, "x", x, "the model's own decoder layer")
-    if len(linears) != 8 or not all(isinstance(t, Tensor) for t in linears):
-        raise ValueError(f"{op}: expected 8 linears tensors (weight, scales) for QKV, O, gate/up and down, "
+    n = len(out_features)
+    if not 4 <= n <= 7 or not all(isinstance(w, int) and not isinstance(w, bool) for w in out_features):
+        raise ValueError(f"{op}: expected 4 to 7 int out_features (QKV as 1 or 3 calls, O, gate/up as 1 or 2 calls, "
+                         f"down), got {list(out_features)!r}")
+    if len(linears) != 2 * n or not all(isinstance(t, Tensor) for t in linears):
+        raise ValueError(f"{op}: expected {2 * n} linears tensors (weight, scales) for the {n} out_features, "
                          f"got {len(linears)}")
-    if len(out_features) != 4 or not all(isinstance(n, int) and not isinstance(n, bool) for n in out_features):
-        raise ValueError(f"{op}: expected 4 int out_features (QKV, O, gate/up, down), got {list(out_features)!r}")
+    qkv_calls, gate_up_calls = (3 if n in (6, 7) else 1), (2 if n in (5, 7) else 1)
+    o, gate = qkv_calls, qkv_calls + 1
+    down = gate + gate_up_calls
     B, T, H = x.shape
     for name, w in (("norm1", norm1), ("norm2", norm2)):
         check_tensor(op, name, w, dtype=x.dtype, ndim=1, layout="[H]", device=x.device, device_of="x")
@@ -1194,17 +1204,25 @@ def decoder_layer_(x: Tensor, norm1: Tensor, eps1: float, norm2: Tensor, eps2: f
         raise ValueError(f"{op}: expected x_out contiguous of x's shape {[B, T, H]}, got {list(x_out.shape)}")
     check_tensor(op, "k_cache", k_cache, ndim=4, layout="[B, S, Hkv, D]", device=x.device, device_of="x")
     Hkv, D = k_cache.shape[2], k_cache.shape[3]
-    if D < 1 or out_features[0] % D or out_features[0] // D - 2 * Hkv < 1:
+    if qkv_calls == 1 and (D < 1 or out_features[0] % D or out_features[0] // D - 2 * Hkv < 1):
         raise ValueError(f"{op}: expected out_features[0] = (Hq + 2 Hkv) * D with Hq >= 1 (Hkv = {Hkv}, D = {D} "
                          f"from k_cache), got {out_features[0]}")
-    if out_features[1] != H or out_features[3] != H:
-        raise ValueError(f"{op}: expected out_features[1] (O) and out_features[3] (down) to be H = x.size(2) = {H}, "
-                         f"got {out_features[1]} and {out_features[3]}")
-    if out_features[2] < 2 or out_features[2] % 2:
-        raise ValueError(f"{op}: expected out_features[2] (gate and up, fused) to be even, got {out_features[2]}")
+    if qkv_calls == 3 and (D < 1 or out_features[0] % D or out_features[0] < D
+                           or out_features[1] != Hkv * D or out_features[2] != Hkv * D):
+        raise ValueError(f"{op}: expected out_features[0:3] (Q, K, V) = Hq * D, Hkv * D, Hkv * D with Hq >= 1 "
+                         f"(Hkv = {Hkv}, D = {D} from k_cache), got {list(out_features[:3])}")
+    if out_features[o] != H or out_features[down] != H:
+        raise ValueError(f"{op}: expected out_features[{o}] (O) and out_features[{down}] (down) to be H = x.size(2) "
+                         f"= {H}, got {out_features[o]} and {out_features[down]}")
+    if gate_up_calls == 1 and (out_features[gate] < 2 or out_features[gate] % 2):
+        raise ValueError(f"{op}: expected out_features[{gate}] (gate and up, fused) to be even, "
+                         f"got {out_features[gate]}")
+    if gate_up_calls == 2 and (out_features[gate] < 1 or out_features[gate] != out_features[gate + 1]):
+        raise ValueError(f"{op}: expected out_features[{gate}] (gate) and out_features[{gate + 1}] (up) to be one "
+                         f"width I >= 1, got {out_features[gate]} and {out_features[gate + 1]}")
     # The kernels it chains check the rest (weights, tables, cache, lengths, mask) by name.
     _ops.decoder_layer_.default(x, norm1, float(eps1), norm2, float(eps2), list(linears),
-                                [int(n) for n in out_features], cos, sin, prefix_lens, tree_mask, float(scale), x_out,
+                                [int(w) for w in out_features], cos, sin, prefix_lens, tree_mask, float(scale), x_out,
                                 k_cache, v_cache)
 
 

@@ -56,18 +56,19 @@ def path_to(parents, i):
     return path[::-1]  # root first
 
 
-def streamed_flag_ab(monkeypatch, flag: str, op: str, seed: int, off: dict = ()):
+def streamed_flag_ab(monkeypatch, flag: str, op: str, seed: int, off: dict = (), fuse: bool = True):
     """A tuned tiny float32 target (streamed layers) run twice, ``heterospec.models.target.<flag>``
     on then off (``off``: other flags of that module set for both runs): two forwards each (a
     4-token prefill, then 2 tokens after it). Returns ``((outputs, cache) on, (outputs, cache) off)``,
     outputs the forwards' logits and features; None where the "on" run never called
-    ``heterospec::<op>`` (the tiny model's linears did not all stream here)."""
+    ``heterospec::<op>`` (the tiny model's linears did not all stream here). ``fuse=False``: no
+    sibling linears fused (each runs its own call)."""
     import heterospec.models.target as target_mod
     from heterospec import TargetModel
     from heterospec.models.linear import tune_linears
 
     model = TargetModel.from_hf(tiny_llama(seed=seed, dtype=torch.float32)).eval()
-    tune_linears([model], progress=False)
+    tune_linears([model], progress=False, fuse=fuse)
     ids = torch.randint(0, model.config.vocab_size, (2, 6))
     pos = torch.arange(6).expand(2, 6)
     for name, value in dict(off).items():

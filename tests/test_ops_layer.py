@@ -12,20 +12,28 @@ from test_ops_linear import _errors
 raw = torch.ops.heterospec
 
 
-def _layer(B=2, T=3, H=64, Hq=4, Hkv=2, D=16, I=96, S=24, lens=(5, 0), fmt="q8_0", seed=0):
-    """Random weights (Q8_0 values, or float32 packed for stream_linear), inputs and caches."""
+LAYOUTS = {"fused": (1, 1), "gate/up split": (1, 2), "qkv split": (3, 1), "both split": (3, 2)}
+
+
+def _layer(B=2, T=3, H=64, Hq=4, Hkv=2, D=16, I=96, S=24, lens=(5, 0), fmt="q8_0", seed=0, layout="fused"):
+    """Random weights (Q8_0 values, or float32 packed for stream_linear), inputs and caches;
+    ``layout``: which linear groups run as one call (LAYOUTS)."""
     g = torch.Generator().manual_seed(seed)
     shapes = [((Hq + 2 * Hkv) * D, H), (H, Hq * D), (2 * I, H), (H, I)]
-    weights, linears = [], []
+    weights = []
     for n, k in shapes:
         w = torch.randn(n, k, generator=g) * k ** -0.5
+        weights.append(quantize_q8_0_ref(w)[0] if fmt == "q8_0" else w)
+    qkv_calls, gate_up_calls = LAYOUTS[layout]
+    wqkv, wo, wgu, wd = weights
+    calls = [*(wqkv.split([Hq * D, Hkv * D, Hkv * D]) if qkv_calls == 3 else [wqkv]), wo,
+             *(wgu.split(I) if gate_up_calls == 2 else [wgu]), wd]
+    linears = []
+    for w in calls:
         if fmt == "q8_0":
-            w = quantize_q8_0_ref(w)[0]
-            _, codes, scales = ops.stream_linear_pack_blocks(w)
-            linears += [codes, scales]
+            linears += ops.stream_linear_pack_blocks(w.contiguous())[1:]
         else:
-            linears += [ops.stream_linear_pack(w), torch.empty(0)]
-        weights.append(w)
+            linears += [ops.stream_linear_pack(w.contiguous()), torch.empty(0)]
     x = torch.randn(B, T, H, generator=g)
     norms = (torch.rand(H, generator=g) + 0.5, torch.rand(H, generator=g) + 0.5)
     ang = torch.rand(B, T, D // 2, generator=g) * 50
@@ -35,8 +43,8 @@ def _layer(B=2, T=3, H=64, Hq=4, Hkv=2, D=16, I=96, S=24, lens=(5, 0), fmt="q8_0
     mask = torch.ones(B, T, T, dtype=torch.bool).tril()
     mask[0, 2, 1] = False                                        # a tree, not a chain, for request 0
     kc, vc = torch.randn(B, S, Hkv, D, generator=g), torch.randn(B, S, Hkv, D, generator=g)
-    return dict(x=x, norms=norms, weights=weights, linears=linears, widths=[n for n, _ in shapes], cos=cos, sin=sin,
-                lens=lens, mask=mask, kc=kc, vc=vc, Hq=Hq, I=I, D=D)
+    return dict(x=x, norms=norms, weights=weights, linears=linears, widths=[w.shape[0] for w in calls], cos=cos,
+                sin=sin, lens=lens, mask=mask, kc=kc, vc=vc, Hq=Hq, I=I, D=D, layout=(qkv_calls, gate_up_calls))
 
 
 def _reference(c):
@@ -51,9 +59,10 @@ def _reference(c):
 
 
 def _op_chain(c):
-    """What models.target.StreamedLayer runs call by call."""
+    """What models.target.StreamedLayer runs call by call (each group fused or not, as laid out)."""
     x, (n1, n2) = c["x"], c["norms"]
     lin = c["linears"]
+    qkv_calls, gate_up_calls = c["layout"]
 
     def linear(t, i):
         if lin[2 * i + 1].numel() == 0:
@@ -62,11 +71,25 @@ def _op_chain(c):
 
     B, T, _ = x.shape
     kc, vc = c["kc"].clone(), c["vc"].clone()
-    q = torch.empty(B, T, c["Hq"], c["D"])
-    ops.rope_kv_write_(linear(ops.rms_norm(x, n1, 1e-5), 0), c["cos"], c["sin"], c["lens"], q, kc, vc)
-    x1 = x + linear(ops.tree_attention(q, kc, vc, c["lens"], c["mask"], c["D"] ** -0.5).flatten(-2), 1)
-    g, u = linear(ops.rms_norm(x1, n2, 1e-6), 2).split_with_sizes([c["I"], c["I"]], dim=-1)
-    return x1 + linear(F.silu(g) * u, 3), kc, vc
+    h = ops.rms_norm(x, n1, 1e-5)
+    if qkv_calls == 1:
+        q = torch.empty(B, T, c["Hq"], c["D"])
+        ops.rope_kv_write_(linear(h, 0), c["cos"], c["sin"], c["lens"], q, kc, vc)
+    else:                               # the layer's rope-then-write path for separate Q, K, V
+        D = c["D"]
+        q, k = ops.rope(linear(h, 0).view(B, T, -1, D), linear(h, 1).view(B, T, -1, D), c["cos"], c["sin"])
+        v = linear(h, 2).view(B, T, -1, D)
+        for b in range(B):
+            n = int(c["lens"][b])
+            kc[b, n:n + T], vc[b, n:n + T] = k[b], v[b]
+    o = qkv_calls
+    x1 = x + linear(ops.tree_attention(q, kc, vc, c["lens"], c["mask"], c["D"] ** -0.5).flatten(-2), o)
+    h2 = ops.rms_norm(x1, n2, 1e-6)
+    if gate_up_calls == 1:
+        g, u = linear(h2, o + 1).split_with_sizes([c["I"], c["I"]], dim=-1)
+    else:
+        g, u = linear(h2, o + 1), linear(h2, o + 2)
+    return x1 + linear(F.silu(g) * u, o + 1 + gate_up_calls), kc, vc
 
 
 def _run(c, call=ops.decoder_layer_):
@@ -77,13 +100,14 @@ def _run(c, call=ops.decoder_layer_):
     return out, kc, vc
 
 
+@pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("fmt", ["q8_0", "float32"])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_decoder_layer_is_the_op_chain_bit_for_bit_and_the_reference(fmt, threads):
+def test_decoder_layer_is_the_op_chain_bit_for_bit_and_the_reference(fmt, threads, layout):
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        c = _layer(fmt=fmt)
+        c = _layer(fmt=fmt, layout=layout)
         got = _run(c)
         for a, b in zip(got, _op_chain(c)):
             assert torch.equal(a, b)
@@ -93,12 +117,13 @@ def test_decoder_layer_is_the_op_chain_bit_for_bit_and_the_reference(fmt, thread
         torch.set_num_threads(old)
 
 
-def test_the_target_runs_its_layers_as_one_op_with_the_same_bits(monkeypatch):
+@pytest.mark.parametrize("fuse", [True, False])
+def test_the_target_runs_its_layers_as_one_op_with_the_same_bits(monkeypatch, fuse):
     """A streamed float32 target forward takes decoder_layer_ per layer, with the logits, features
-    and cache of the layer run call by call."""
+    and cache of the layer run call by call; also where Q/K/V and gate/up run as separate calls."""
     from models_util import streamed_flag_ab
 
-    runs = streamed_flag_ab(monkeypatch, "LAYER_OP", "decoder_layer_", seed=8)
+    runs = streamed_flag_ab(monkeypatch, "LAYER_OP", "decoder_layer_", seed=8, fuse=fuse)
     if runs is None:
         pytest.skip("the tiny model's linears do not all stream fused here")
     (fused, cache_f), (plain, cache_p) = runs
@@ -135,3 +160,22 @@ def test_bad_input_gets_a_clear_error(call):
             c["linears"][6][:, :8], c["linears"][7]])):
         assert _errors(run(kc=kc, vc=vc, **bad))
     assert torch.equal(kc, c["kc"]) and torch.equal(vc, c["vc"])
+
+
+@pytest.mark.parametrize("call", ["wrapper", "raw"])
+def test_bad_split_layout_gets_a_clear_error(call):
+    """Q/K/V and gate/up as separate calls: widths that do not make a layer are named."""
+    fn = ops.decoder_layer_ if call == "wrapper" else (lambda *a: raw.decoder_layer_(*a))
+    c = _layer(layout="both split")
+    w = c["widths"]                                         # Q, K, V, O, gate, up, down
+
+    def run(lin=c["linears"], widths=w):
+        kc, vc = c["kc"].clone(), c["vc"].clone()
+        return lambda: fn(c["x"], c["norms"][0], 1e-5, c["norms"][1], 1e-6, lin, widths, c["cos"], c["sin"], c["lens"],
+                          c["mask"], 0.25, torch.empty_like(c["x"]), kc, vc)
+
+    assert "14 linears" in _errors(run(lin=c["linears"][:12]))
+    assert "out_features[0:3]" in _errors(run(widths=[w[0], w[1] + 16] + w[2:]))
+    assert "(gate)" in _errors(run(widths=w[:4] + [w[4], w[5] - 32, w[6]]))
+    assert "out_features[6] (down)" in _errors(run(widths=w[:6] + [63]))
+    assert "4 to 7" in _errors(run(widths=w + [64]))

@@ -91,17 +91,21 @@ def test_leading_dimensions_are_kept(shape):
     assert torch.equal(got, ops.stream_linear(x, ops.stream_linear_pack(w), None, 40))
 
 
-def test_a_row_gets_the_same_bits_whatever_rows_share_its_call():
-    w = _q4(96, 576, seed=5)[0]
+@pytest.mark.parametrize("quant", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("N", [96, 40, 56])   # whole blocks; a last block of 8 and of 24 outputs
+def test_a_row_gets_the_same_bits_whatever_rows_share_its_call(quant, N):
+    """1-2 rows take the whole block in one pass on AVX2, more rows half a block per pass: the
+    same chains, the same bits."""
+    w = (_q4 if quant == "q4_1" else _q8)(N, 576, seed=5)[0]
     _, codes, scales = ops.stream_linear_pack_blocks(w)
     x = torch.randn(24, 576)
-    alone = torch.cat([ops.stream_linear_blocks(x[i:i + 1], codes, scales, None, 96) for i in range(24)])
-    for M in (2, 7, 12, 13, 24):
-        assert torch.equal(ops.stream_linear_blocks(x[:M], codes, scales, None, 96), alone[:M]), M
+    alone = torch.cat([ops.stream_linear_blocks(x[i:i + 1], codes, scales, None, N) for i in range(24)])
+    for M in (2, 3, 7, 12, 13, 24):
+        assert torch.equal(ops.stream_linear_blocks(x[:M], codes, scales, None, N), alone[:M]), M
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        assert torch.equal(ops.stream_linear_blocks(x, codes, scales, None, 96), alone)
+        assert torch.equal(ops.stream_linear_blocks(x, codes, scales, None, N), alone)
     finally:
         torch.set_num_threads(threads)
 

@@ -61,6 +61,16 @@ def samples(device):
                                    torch.tensor([4, 0]), torch.ones(2, 3, 3, dtype=torch.bool).tril(), 0.35,
                                    torch.empty(2, 3, 32), torch.randn(2, 9, 1, 8, generator=g),
                                    torch.randn(2, 9, 1, 8, generator=g))))
+    # ... with Q, K, V and gate, up as separate calls (7 linears)
+    lin = [ops.stream_linear_pack(torch.randn(n, k, generator=g) * 0.1) for n, k in (
+        (16, 32), (8, 32), (8, 32), (32, 16), (32, 32), (32, 32), (32, 32))]
+    out.append(("decoder_layer_", (torch.randn(2, 3, 32, generator=g), torch.rand(32, generator=g) + 0.5, 1e-5,
+                                   torch.rand(32, generator=g) + 0.5, 1e-5,
+                                   [t for w in lin for t in (w, torch.empty(0))], [16, 8, 8, 32, 32, 32, 32],
+                                   torch.randn(2, 3, 8, generator=g), torch.randn(2, 3, 8, generator=g),
+                                   torch.tensor([4, 0]), torch.ones(2, 3, 3, dtype=torch.bool).tril(), 0.35,
+                                   torch.empty(2, 3, 32), torch.randn(2, 9, 1, 8, generator=g),
+                                   torch.randn(2, 9, 1, 8, generator=g))))
     return [(name, tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)) for name, args in out]
 
 
@@ -68,7 +78,7 @@ def test_samples_cover_every_op():
     assert {name for name, _ in samples("cpu")} == set(ops.OP_NAMES)
 
 
-@pytest.mark.parametrize("idx", range(19))
+@pytest.mark.parametrize("idx", range(20))
 def test_opcheck(devices, idx):
     if devices != "cpu" and samples("cpu")[idx][0] in ops.CPU_ONLY_OPS:
         pytest.skip("a CPU-only op (no CUDA kernel)")

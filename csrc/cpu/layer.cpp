@@ -12,18 +12,22 @@
 // the same bits: every row invariance those kernels promise holds for the layer.
 //
 // Layout. x [B, T, H] (float32, or bfloat16 with float / bfloat16 weights: what the linears
-// take); linears: four (weight, scales) pairs, in order QKV (fused: Hq, Hkv, Hkv heads of D),
-// O, gate/up (fused: I, I), down. scales with no elements: weight is stream_linear's packed form;
-// otherwise weight and scales are stream_linear_blocks' codes and scales. out_features: the four
-// output widths. cos, sin [B, T, D]; prefix_lens [B]; tree_mask [B, T, T] bool; k_cache,
-// v_cache [B, S, Hkv, D] (one layer's cache: the T new rows are written after each prefix);
-// x_out [B, T, H] (written):
-//   h  = rms_norm(x, norm1, eps1);   q = rope_kv_write_(linear_0(h), cos, sin) (K, V to the cache)
-//   x1 = x + linear_1(tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, scale))
-//   g, u = split(linear_2(rms_norm(x1, norm2, eps2)));   x_out = x1 + linear_3(silu(g) * u)
+// take); linears: one (weight, scales) pair per linear call, in order QKV (one fused call of Hq,
+// Hkv, Hkv heads of D, or three: Q, K, V), O, gate/up (one fused call of I, I, or two: gate, up),
+// down. scales with no elements: weight is stream_linear's packed form; otherwise weight and
+// scales are stream_linear_blocks' codes and scales. out_features: the calls' output widths; its
+// length (4 to 7) says which groups are fused (LayerCalls). Fused or not, a linear's outputs are
+// the same bits (each output column is its own dot product), so the layer takes whatever calls
+// the tuned linears chose at this row count. cos, sin [B, T, D]; prefix_lens [B]; tree_mask
+// [B, T, T] bool; k_cache, v_cache [B, S, Hkv, D] (one layer's cache: the T new rows are written
+// after each prefix); x_out [B, T, H] (written):
+//   h  = rms_norm(x, norm1, eps1);   q = rope_kv_write_(QKV(h), cos, sin) (K, V to the cache)
+//   x1 = x + O(tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, scale))
+//   g, u = gate/up(rms_norm(x1, norm2, eps2));   x_out = x1 + down(silu(g) * u)
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/add.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mul.h>
 #include <ATen/ops/silu.h>
@@ -37,8 +41,8 @@
 namespace heterospec {
 namespace {
 
-// linear i of the four: stream_linear (packed weight) or stream_linear_blocks (codes + scales).
-Tensor run_linear(const Tensor& x, const at::TensorList& linears, const at::IntArrayRef& out_features, int i) {
+// linear call i: stream_linear (packed weight) or stream_linear_blocks (codes + scales).
+Tensor run_linear(const Tensor& x, const at::TensorList& linears, const at::IntArrayRef& out_features, int64_t i) {
   const Tensor& w = linears[2 * i];
   const Tensor& s = linears[2 * i + 1];
   if (s.numel() == 0) return stream_linear_cpu(x, w, std::nullopt, out_features[i]);
@@ -52,21 +56,32 @@ void decoder_layer_cpu(const Tensor& x, const Tensor& norm1, double eps1, const 
                        const Tensor& prefix_lens, const Tensor& tree_mask, double scale, Tensor& x_out,
                        Tensor& k_cache, Tensor& v_cache) {
   constexpr const char* op = "decoder_layer_";
-  check_decoder_layer_inputs(Backend::CPU, op, x, linears, out_features, k_cache, x_out, prefix_lens, tree_mask);
+  const LayerCalls c = check_decoder_layer_inputs(Backend::CPU, op, x, linears, out_features, k_cache, x_out,
+                                                  prefix_lens, tree_mask);
   const int64_t B = x.size(0), T = x.size(1);
   const int64_t Hkv = k_cache.size(2), D = k_cache.size(3);
-  const int64_t Hq = out_features[0] / D - 2 * Hkv, I = out_features[2] / 2;
+  const int64_t Hq = c.hq(out_features, Hkv, D), I = c.intermediate(out_features);
   // 1. attention half
   const Tensor h = rms_norm_cpu(x, norm1, eps1);
-  const Tensor qkv = run_linear(h, linears, out_features, 0);
+  const Tensor qkv = c.qkv == 1 ? run_linear(h, linears, out_features, 0)
+                                : at::cat({run_linear(h, linears, out_features, 0),
+                                           run_linear(h, linears, out_features, 1),
+                                           run_linear(h, linears, out_features, 2)}, -1);
   Tensor q = at::empty({B, T, Hq, D}, qkv.options());
   rope_kv_write_cpu(qkv, cos, sin, prefix_lens, q, k_cache, v_cache);
   const Tensor o = tree_attention_cpu(q, k_cache, v_cache, prefix_lens, tree_mask, scale);
-  const Tensor x1 = at::add(x, run_linear(o.view({B, T, Hq * D}), linears, out_features, 1));
+  const Tensor x1 = at::add(x, run_linear(o.view({B, T, Hq * D}), linears, out_features, c.o()));
   // 2. MLP half
-  const Tensor gu = run_linear(rms_norm_cpu(x1, norm2, eps2), linears, out_features, 2);
-  const Tensor m = at::mul(at::silu(gu.narrow(-1, 0, I)), gu.narrow(-1, I, I));
-  at::add_out(x_out, x1, run_linear(m, linears, out_features, 3));
+  const Tensor h2 = rms_norm_cpu(x1, norm2, eps2);
+  Tensor m;
+  if (c.gate_up == 1) {
+    const Tensor gu = run_linear(h2, linears, out_features, c.gate());
+    m = at::mul(at::silu(gu.narrow(-1, 0, I)), gu.narrow(-1, I, I));
+  } else {
+    const Tensor g = run_linear(h2, linears, out_features, c.gate());
+    m = at::mul(at::silu(g), run_linear(h2, linears, out_features, c.gate() + 1));
+  }
+  at::add_out(x_out, x1, run_linear(m, linears, out_features, c.down()));
 }
 
 TORCH_LIBRARY_IMPL(heterospec, CPU, m) { m.impl("decoder_layer_", &decoder_layer_cpu); }

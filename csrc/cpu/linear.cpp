@@ -26,7 +26,10 @@
 //   1. split the P blocks evenly over the threads (each task streams its own blocks);
 //   2. per block, the M rows in balanced chunks of <= MR_MAX (12 AVX-512, 6 AVX2, 4 portable):
 //      the micro-kernel keeps rows x kBlock accumulators in registers and walks k once,
-//      prefetching the block ahead (later chunks re-read the block from L2);
+//      prefetching the block ahead (later chunks re-read the block from L2). AVX2 has room for
+//      rows x 16 accumulators only, so it walks k twice, a half block each time, except for 1-2
+//      rows: there the whole block in one pass gives each row four FMA chains to interleave
+//      instead of two (a one-row step waited on the FMA latency);
 //   3. masked store of the block's outputs (the last block may be partial); bias added after.
 //
 // Row invariance. Every output y[m, n] is one chain of fused multiply-adds over k = 0..K-1 in
@@ -70,6 +73,7 @@ namespace {
 
 constexpr int64_t kBlock = 32;      // outputs per packed block (two AVX-512 / four AVX2 vectors)
 constexpr int64_t kPrefetch = 16;   // k steps ahead the micro-kernel prefetches (2 KiB of a block)
+constexpr int kOnePassRows = 2;     // AVX2: rows a whole-block pass serves (4 MR accumulators of 16 registers)
 
 // ---- micro-kernels -----------------------------------------------------------------------------
 // One call: MR rows of x (row stride ldx) times one packed block (K x kBlock) of weights of type W
@@ -178,6 +182,16 @@ __attribute__((target("avx2"), always_inline)) inline void store_half_avx2(__m25
     }
   }
 }
+// A whole block's 4 vectors per row (one-pass kernels): outputs 0..15, then 16..31 where valid.
+// (Constant indices only: an accumulator indexed at run time lives in memory, stored every step.)
+template <int MR>
+__attribute__((target("avx2"), always_inline)) inline void store_one_pass_avx2(__m256 (&acc)[MR][4], float* y,
+                                                                               int64_t ldy, int64_t valid) {
+  __m256 lo[MR][2], hi[MR][2];
+  for (int m = 0; m < MR; ++m) lo[m][0] = acc[m][0], lo[m][1] = acc[m][1], hi[m][0] = acc[m][2], hi[m][1] = acc[m][3];
+  store_half_avx2<MR>(lo, y, ldy, std::min<int64_t>(valid, 16));
+  if (valid > 16) store_half_avx2<MR>(hi, y + 16, ldy, valid - 16);
+}
 
 // AVX-512: MR rows x 2 vectors of 16 (2 * MR <= 24 accumulators of 32 registers).
 template <typename W, int MR>
@@ -213,6 +227,29 @@ __attribute__((target("avx2,fma,f16c"))) void micro_avx2(const float* x, int64_t
     if (left <= 0) break;
     store_half_avx2<MR>(acc, y + 16 * h, ldy, left);
   }
+}
+
+// AVX2, one or two rows: the whole block in one pass (4 MR accumulators), four FMA chains per row
+// instead of two, as blocks_avx2_one_pass below; the same chains, so the same bits.
+template <typename W, int MR>
+__attribute__((target("avx2,fma,f16c"))) void micro_avx2_one_pass(const float* x, int64_t ldx, const W* blk, int64_t K,
+                                                             float* y, int64_t ldy, int64_t valid) {
+  __m256 acc[MR][4];
+  for (int m = 0; m < MR; ++m) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    const W* w = blk + k * kBlock;
+    _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetch * kBlock), _MM_HINT_T0);
+    if (sizeof(W) == 4) _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetch * kBlock + 16), _MM_HINT_T0);
+    const __m256 w0 = load8(w), w1 = load8(w + 8), w2 = load8(w + 16), w3 = load8(w + 24);
+    for (int m = 0; m < MR; ++m) {
+      const __m256 b = _mm256_broadcast_ss(x + m * ldx + k);
+      acc[m][0] = _mm256_fmadd_ps(b, w0, acc[m][0]);
+      acc[m][1] = _mm256_fmadd_ps(b, w1, acc[m][1]);
+      acc[m][2] = _mm256_fmadd_ps(b, w2, acc[m][2]);
+      acc[m][3] = _mm256_fmadd_ps(b, w3, acc[m][3]);
+    }
+  }
+  store_one_pass_avx2<MR>(acc, y, ldy, valid);
 }
 
 // ---- block-coded weights (stream_linear_blocks) ------------------------------------------------
@@ -297,6 +334,51 @@ __attribute__((target("avx2,fma"))) void blocks_avx2(const float* x, int64_t ldx
     store_half_avx2<MR>(acc, y + 16 * h, ldy, left);
   }
 }
+
+// AVX2, few rows: the whole block in one pass, four vectors of 8 outputs (4 MR accumulators),
+// so each k step feeds four independent FMA chains per row. In the half-block passes above a
+// one-row call has two chains, each waiting on the FMA latency at every step, and streamed well
+// below the memory's speed (bench/RESULTS.md, sixtieth session). The chains, their order and the
+// weights' values are the half-block kernel's: the same bits.
+template <bool kQ4, int MR>
+__attribute__((target("avx2,fma"), always_inline)) inline void one_pass_step(__m256 (&acc)[MR][4], const float* x,
+                                                                            int64_t ldx, int64_t k, const uint8_t* c,
+                                                                            const float* s) {
+  _mm_prefetch(reinterpret_cast<const char*>(c + 4 * kPrefetch * code_bytes<kQ4>()), _MM_HINT_T0);
+  __m256 b[MR];
+  for (int m = 0; m < MR; ++m) b[m] = _mm256_broadcast_ss(x + m * ldx + k);
+  for (int h = 0; h < 2; ++h) {
+    const __m256 q0 = kQ4 ? q8_avx2_q4(c, h == 1) : q8_avx2_q8(c + 16 * h);
+    const __m256 q1 = kQ4 ? q8_avx2_q4(c + 8, h == 1) : q8_avx2_q8(c + 16 * h + 8);
+    const __m256 w0 = _mm256_fmadd_ps(q0, _mm256_loadu_ps(s + 16 * h), _mm256_loadu_ps(s + 32 + 16 * h));
+    const __m256 w1 = _mm256_fmadd_ps(q1, _mm256_loadu_ps(s + 16 * h + 8), _mm256_loadu_ps(s + 40 + 16 * h));
+    for (int m = 0; m < MR; ++m) {
+      acc[m][2 * h] = _mm256_fmadd_ps(b[m], w0, acc[m][2 * h]);
+      acc[m][2 * h + 1] = _mm256_fmadd_ps(b[m], w1, acc[m][2 * h + 1]);
+    }
+  }
+}
+
+template <bool kQ4, int MR>
+__attribute__((target("avx2,fma"))) void blocks_avx2_one_pass(const float* x, int64_t ldx, const uint8_t* codes,
+                                                              const float* scales, int64_t K, float* y, int64_t ldy,
+                                                              int64_t valid) {
+  constexpr int64_t cb = code_bytes<kQ4>();
+  __m256 acc[MR][4];
+  for (int m = 0; m < MR; ++m) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = _mm256_setzero_ps();
+  if constexpr (MR == 1) {
+    // a group's 8 scale vectors stay in registers beside one row's 4 accumulators
+    for (int64_t g = 0; g < K / kGroup; ++g)
+      for (int64_t kk = 0; kk < kGroup; ++kk)
+        one_pass_step<kQ4, MR>(acc, x, ldx, g * kGroup + kk, codes + (g * kGroup + kk) * cb, scales + g * 2 * kBlock);
+  } else {
+    // one flat k loop, the scales read from L1 at each step: held for a group they pushed an
+    // accumulator of two Q4_1 rows onto the stack (a store-to-load wait in its chain)
+    for (int64_t k = 0; k < K; ++k)
+      one_pass_step<kQ4, MR>(acc, x, ldx, k, codes + k * cb, scales + (k / kGroup) * 2 * kBlock);
+  }
+  store_one_pass_avx2<MR>(acc, y, ldy, valid);
+}
 #endif  // HS_HAVE_X86_SIMD
 
 // The portable loop: the same q, the same fma to the weight, the same chain.
@@ -346,8 +428,9 @@ struct BlocksAvx512K {
   static constexpr BlocksFn fn = blocks_avx512<kQ4, MR>;
 };
 template <bool kQ4, int MR>
-struct BlocksAvx2K {
-  static constexpr BlocksFn fn = blocks_avx2<kQ4, MR>;
+struct BlocksAvx2K {   // one pass over the block where its accumulators fit, else halves
+  static constexpr BlocksFn fn = MR <= kOnePassRows ? blocks_avx2_one_pass<kQ4, (MR <= kOnePassRows ? MR : 1)>
+                                                    : blocks_avx2<kQ4, MR>;
 };
 #endif
 
@@ -389,8 +472,9 @@ struct Avx512K {
   static constexpr MicroFn<W> fn = micro_avx512<W, MR>;
 };
 template <typename W, int MR>
-struct Avx2K {
-  static constexpr MicroFn<W> fn = micro_avx2<W, MR>;
+struct Avx2K {   // one pass over the block where its accumulators fit, else halves
+  static constexpr MicroFn<W> fn = MR <= kOnePassRows ? micro_avx2_one_pass<W, (MR <= kOnePassRows ? MR : 1)>
+                                                      : micro_avx2<W, MR>;
 };
 #endif
 

@@ -209,15 +209,26 @@ class StreamedLayer(NamedTuple):
 
 
 def _layer_op_args(qkv: list, o_proj, gate_up: list, down) -> tuple | None:
-    """``(linears, out_features)`` for ``decoder_layer_``: where Q/K/V and gate/up each run as one
-    fused call and no linear has a bias (else None: the layer runs call by call)."""
-    if len(qkv) != 1 or len(gate_up) != 1 or qkv[0].splits is None or len(qkv[0].splits) != 3 \
-            or gate_up[0].splits is None or len(gate_up[0].splits) != 2 or gate_up[0].splits[0] != gate_up[0].splits[1]:
+    """``(linears, out_features)`` for ``decoder_layer_``: Q/K/V as one fused call or three,
+    gate/up as one fused call or two of one width, no linear with a bias (else None: the layer
+    runs call by call)."""
+    def group(calls, members):
+        if len(calls) == 1:
+            splits = calls[0].splits
+            return splits is not None and len(splits) == members
+        return len(calls) == members and all(c.splits is None for c in calls)
+
+    if not (group(qkv, 3) and group(gate_up, 2)):
         return None
-    pairs = [call.weight_pair() for call in (qkv[0], o_proj, gate_up[0], down)]
+    calls = [*qkv, o_proj, *gate_up, down]
+    pairs = [call.weight_pair() for call in calls]
     if None in pairs:
         return None
-    return [t for w, s, _ in pairs for t in (w, s)], [n for _, _, n in pairs]
+    widths = [n for _, _, n in pairs]
+    gate, up = gate_up[0].splits or widths[len(qkv) + 1:len(qkv) + 3]
+    if gate != up:
+        return None             # the op takes gate and up of one width
+    return [t for w, s, _ in pairs for t in (w, s)], widths
 
 
 def _pack(t: torch.Tensor, ragged) -> torch.Tensor:
