@@ -448,18 +448,26 @@ struct LayerCalls {
   int64_t intermediate(at::IntArrayRef of) const { return gate_up == 1 ? of[gate()] / 2 : of[gate()]; }
 };
 
-// What the layer itself asks (each kernel it calls checks its own inputs): x [B, T, H] float32 or
-// bfloat16; one (weight, scales) pair and one output width per linear call (LayerCalls); QKV's
-// widths (Hq + 2 Hkv) D fused or Hq D, Hkv D, Hkv D with Hq >= 1; O and down H; gate/up 2 I fused or
-// I, I; x_out like x, contiguous; k_cache [B, S, Hkv, D].
-inline LayerCalls check_decoder_layer_inputs(Backend be, const char* op, const at::Tensor& x, at::TensorList linears,
-                                             at::IntArrayRef out_features, const at::Tensor& k_cache,
-                                             const at::Tensor& x_out, const at::Tensor& prefix_lens,
-                                             const at::Tensor& tree_mask) {
+// What the layer itself asks (each kernel it calls checks its own inputs): x [B, T, Hin] float32
+// or bfloat16; residual r [B, T, H] of x's dtype (x itself where the op got none, Hin = H); one
+// (weight, scales) pair and one output width per linear call (LayerCalls); QKV's widths
+// (Hq + 2 Hkv) D fused or Hq D, Hkv D, Hkv D with Hq >= 1; O and down H; gate/up 2 I fused or I, I;
+// x_out like r, contiguous; k_cache [B, S, Hkv, D]; tree_mask [B, T, C] bool with C >= T.
+inline LayerCalls check_decoder_layer_inputs(Backend be, const char* op, const at::Tensor& x, const at::Tensor& r,
+                                             at::TensorList linears, at::IntArrayRef out_features,
+                                             const at::Tensor& k_cache, const at::Tensor& x_out,
+                                             const at::Tensor& prefix_lens, const at::Tensor& tree_mask) {
   HS_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, op,
            ": expected x of dtype float32 or bfloat16, got ", x.scalar_type());
-  check_dim(op, "x", x, 3, "[B, T, H]");
+  check_dim(op, "x", x, 3, "[B, T, Hin]");
   check_ref_device(be, op, "x", x);
+  if (!r.is_same(x)) {
+    check_dtype(op, "residual", r, x.scalar_type());
+    check_device(be, op, "residual", r, "x", x);
+    check_dim(op, "residual", r, 3, "[B, T, H]");
+    check_size(op, "residual", r, 0, x.size(0), "B = x.size(0)");
+    check_size(op, "residual", r, 1, x.size(1), "T = x.size(1)");
+  }
   const int64_t n = static_cast<int64_t>(out_features.size());
   HS_CHECK(n >= 4 && n <= 7, op, ": expected 4 to 7 out_features (QKV as 1 or 3 calls, O, gate/up as 1 or 2 calls, ",
            "down), got ", n);
@@ -467,7 +475,7 @@ inline LayerCalls check_decoder_layer_inputs(Backend be, const char* op, const a
   HS_CHECK(static_cast<int64_t>(linears.size()) == 2 * n, op, ": expected ", 2 * n,
            " linears tensors (weight, scales) for the ", n, " out_features, got ", linears.size());
   check_dim(op, "k_cache", k_cache, 4, "[B, S, Hkv, D]");
-  const int64_t H = x.size(2), Hkv = k_cache.size(2), D = k_cache.size(3);
+  const int64_t Hin = x.size(2), H = r.size(2), Hkv = k_cache.size(2), D = k_cache.size(3);
   if (c.qkv == 1) {
     HS_CHECK(D >= 1 && out_features[0] % D == 0 && out_features[0] / D - 2 * Hkv >= 1, op,
              ": expected out_features[0] = (Hq + 2 Hkv) * D with Hq >= 1 (Hkv = ", Hkv, ", D = ", D,
@@ -479,8 +487,8 @@ inline LayerCalls check_decoder_layer_inputs(Backend be, const char* op, const a
              D, " from k_cache), got ", out_features[0], ", ", out_features[1], ", ", out_features[2]);
   }
   HS_CHECK(out_features[c.o()] == H && out_features[c.down()] == H, op, ": expected out_features[", c.o(),
-           "] (O) and out_features[", c.down(), "] (down) to be H = x.size(2) = ", H, ", got ", out_features[c.o()],
-           " and ", out_features[c.down()]);
+           "] (O) and out_features[", c.down(), "] (down) to be H = ", r.is_same(x) ? "x" : "residual",
+           ".size(2) = ", H, ", got ", out_features[c.o()], " and ", out_features[c.down()]);
   if (c.gate_up == 1) {
     HS_CHECK(out_features[c.gate()] >= 2 && out_features[c.gate()] % 2 == 0, op, ": expected out_features[",
              c.gate(), "] (gate and up, fused) to be even, got ", out_features[c.gate()]);
@@ -491,31 +499,33 @@ inline LayerCalls check_decoder_layer_inputs(Backend be, const char* op, const a
   }
   check_dtype(op, "x_out", x_out, x.scalar_type());
   check_device(be, op, "x_out", x_out, "x", x);
-  HS_CHECK(x_out.sizes() == x.sizes() && x_out.is_contiguous(), op, ": expected x_out contiguous of x's shape ",
-           x.sizes(), ", got ", x_out.sizes());
+  HS_CHECK(x_out.sizes() == r.sizes() && x_out.is_contiguous(), op, ": expected x_out contiguous of ",
+           r.is_same(x) ? "x" : "residual", "'s shape ", r.sizes(), ", got ", x_out.sizes());
   // What would fail only after the cache was written: the later linears' input widths, the mask,
   // the lengths and the slots (so a refused call writes nothing).
   const int64_t Hq = c.hq(out_features, Hkv, D), I = c.intermediate(out_features);
   for (int64_t i = 0; i < n; ++i) {
     const bool is_o = i == c.o(), is_down = i == c.down();
     const bool is_qkv = i < c.o(), is_gate_up = !is_qkv && !is_o && !is_down;
-    const int64_t K = is_o ? Hq * D : is_down ? I : H;
+    const int64_t K = is_qkv ? Hin : is_o ? Hq * D : is_down ? I : H;
     const char* which = is_qkv ? "QKV" : is_o ? "O" : is_gate_up ? "gate/up" : "down";
     HS_CHECK(linears[2 * i].dim() == 3 && linears[2 * i].size(1) == K, op, ": expected the ", which,
              " weight linears[", 2 * i, "] packed as [P, ", K, ", 16 or 32], got ", linears[2 * i].sizes());
   }
   check_request_vector(be, op, "prefix_lens", prefix_lens, x.size(0), "x", x);
   check_dtype(op, "tree_mask", tree_mask, at::kBool);
-  check_dim(op, "tree_mask", tree_mask, 3, "[B, T, T]");
+  check_dim(op, "tree_mask", tree_mask, 3, "[B, T, C]");
   check_size(op, "tree_mask", tree_mask, 0, x.size(0), "B = x.size(0)");
   check_size(op, "tree_mask", tree_mask, 1, x.size(1), "T = x.size(1)");
+  const int64_t C = tree_mask.size(2);
+  HS_CHECK(C >= x.size(1), op, ": expected tree_mask's columns C = tree_mask.size(2) >= T = x.size(1), got C = ", C);
   if (be == Backend::CPU) {
     const at::Tensor lens = prefix_lens.contiguous();
     const int64_t* lp = lens.const_data_ptr<int64_t>();
     for (int64_t b = 0; b < x.size(0); ++b)
-      HS_CHECK(lp[b] >= 0 && lp[b] + x.size(1) <= k_cache.size(1), op, ": expected 0 <= prefix_lens[", b,
-               "] and prefix_lens[", b, "] + T <= S = k_cache.size(1) = ", k_cache.size(1), ", got ", lp[b], " (T = ",
-               x.size(1), ")");
+      HS_CHECK(lp[b] >= 0 && lp[b] + C <= k_cache.size(1), op, ": expected 0 <= prefix_lens[", b,
+               "] and prefix_lens[", b, "] + C <= S = k_cache.size(1) = ", k_cache.size(1), ", got ", lp[b],
+               " (C = tree_mask.size(2) = ", C, ")");
   }
   return c;
 }

@@ -60,11 +60,12 @@ TORCH_LIBRARY(heterospec, m) {
   // the rotated K and V into each request's cache slots prefix_lens[b] + t.
   m.def("rope_kv_write_(Tensor qkv, Tensor cos, Tensor sin, Tensor prefix_lens, Tensor(a!) q_out, "
         "Tensor(b!) k_cache, Tensor(c!) v_cache) -> ()");
-  // One Llama decoder layer of a decode step or a tree verify, its kernels chained in C++ (CPU
-  // kernel only): the layer's output into x_out, its new K / V rows into the layer's cache.
-  m.def("decoder_layer_(Tensor x, Tensor norm1, float eps1, Tensor norm2, float eps2, Tensor[] linears, "
+  // One Llama decoder layer of a decode step or a tree verify (a target's; or the EAGLE-3 draft's:
+  // no norm1, its own residual), its kernels chained in C++ (CPU kernel only): the layer's
+  // output into x_out, its new K / V rows into the layer's cache.
+  m.def("decoder_layer_(Tensor x, Tensor? norm1, float eps1, Tensor norm2, float eps2, Tensor[] linears, "
         "int[] out_features, Tensor cos, Tensor sin, Tensor prefix_lens, Tensor tree_mask, float scale, "
-        "Tensor(a!) x_out, Tensor(b!) k_cache, Tensor(c!) v_cache) -> ()");
+        "Tensor(a!) x_out, Tensor(b!) k_cache, Tensor(c!) v_cache, Tensor? residual=None) -> ()");
   // Attention of a few query rows (a decode step, a tree verify) to each request's cached prefix
   // and its own tree, the mask implicit (CPU kernel only).
   m.def("tree_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor prefix_lens, Tensor tree_mask, "

@@ -47,10 +47,10 @@ void rope_kv_write_cpu(const Tensor& qkv, const Tensor& cos, const Tensor& sin, 
                        Tensor& q_out, Tensor& k_cache, Tensor& v_cache);
 Tensor tree_attention_cpu(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& prefix_lens,
                           const Tensor& tree_mask, double scale);
-void decoder_layer_cpu(const Tensor& x, const Tensor& norm1, double eps1, const Tensor& norm2, double eps2,
-                       at::TensorList linears, at::IntArrayRef out_features, const Tensor& cos, const Tensor& sin,
-                       const Tensor& prefix_lens, const Tensor& tree_mask, double scale, Tensor& x_out,
-                       Tensor& k_cache, Tensor& v_cache);
+void decoder_layer_cpu(const Tensor& x, const std::optional<Tensor>& norm1, double eps1, const Tensor& norm2,
+                       double eps2, at::TensorList linears, at::IntArrayRef out_features, const Tensor& cos,
+                       const Tensor& sin, const Tensor& prefix_lens, const Tensor& tree_mask, double scale,
+                       Tensor& x_out, Tensor& k_cache, Tensor& v_cache, const std::optional<Tensor>& residual);
 
 // ---- CUDA (compiled only when torch has CUDA) ----
 std::tuple<Tensor, Tensor, Tensor> topk_entropy_cuda(const Tensor& logits, int64_t k,

@@ -1129,32 +1129,40 @@ def _(q, k_cache, v_cache, prefix_lens, tree_mask, scale):
 # ---------------------------------------------------------------------------------------------
 # 13. decoder_layer_ (CPU): a Llama decoder layer's kernels chained in C++
 # ---------------------------------------------------------------------------------------------
-def decoder_layer_(x: Tensor, norm1: Tensor, eps1: float, norm2: Tensor, eps2: float, linears: Sequence[Tensor],
-                   out_features: Sequence[int], cos: Tensor, sin: Tensor, prefix_lens: Tensor, tree_mask: Tensor,
-                   scale: float, x_out: Tensor, k_cache: Tensor, v_cache: Tensor) -> None:
-    """One Llama decoder layer of a decode step or a tree verify (CPU), its kernels called from C++.
+def decoder_layer_(x: Tensor, norm1: Optional[Tensor], eps1: float, norm2: Tensor, eps2: float,
+                   linears: Sequence[Tensor], out_features: Sequence[int], cos: Tensor, sin: Tensor,
+                   prefix_lens: Tensor, tree_mask: Tensor, scale: float, x_out: Tensor, k_cache: Tensor,
+                   v_cache: Tensor, residual: Optional[Tensor] = None) -> None:
+    """One Llama decoder layer of a decode step or a tree verify (CPU), its kernels called from C++:
+    a target's layer, or the EAGLE-3 draft's (no ``norm1``, its own ``residual``).
 
     With ``lin_i(t)`` the ``i``-th streamed linear call (:func:`stream_linear` of ``linears[2 i]``
     where ``linears[2 i + 1]`` has no elements, else :func:`stream_linear_blocks` of the codes
     ``linears[2 i]`` and scales ``linears[2 i + 1]``, no bias, ``out_features[i]`` outputs), and
     QKV, gate/up the layer's fused calls or their members' outputs concatenated::
 
-        q  = rope_kv_write_(QKV(rms_norm(x, norm1, eps1)), cos, sin, prefix_lens, k_cache, v_cache)
-        x1 = x + O(tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, scale))
+        h  = rms_norm(x, norm1, eps1) if norm1 is given, else x
+        q  = rope_kv_write_(QKV(h), cos, sin, prefix_lens + C - T, k_cache, v_cache)
+        x1 = (residual if given, else x) + O(tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, scale))
         g, u = gate/up(rms_norm(x1, norm2, eps2))
         x_out = x1 + down(silu(g) * u)
 
-    The same kernels in the same order as the Python layer (``models.target.StreamedLayer``),
-    so the same bits, without a Python round trip per kernel. A linear's outputs are the same
+    The same kernels in the same order as the Python layers (``models.target.StreamedLayer``,
+    the draft's ``models.draft.Eagle3Draft._streamed_layer``), so the same bits, without a Python
+    round trip per kernel. A linear's outputs are the same
     bits fused or not (each output column is its own dot product), so the layer takes whichever
     calls the tuned linears chose at this row count.
 
     Parameters
     ----------
     x : Tensor
-        ``[B, T, H]`` float32 (or bfloat16 with float / bfloat16 stream weights) on the CPU.
-    norm1, norm2 : Tensor
-        ``[H]``, ``x``'s dtype: the input and post-attention RMSNorm weights.
+        ``[B, T, Hin]`` float32 (or bfloat16 with float / bfloat16 stream weights) on the CPU: the
+        layer's input (``Hin = H`` without ``residual``).
+    norm1 : Tensor or None
+        ``[Hin]``, ``x``'s dtype: the input RMSNorm's weight; None: ``x`` is already the
+        attention's input (the EAGLE-3 draft normalises its two halves itself).
+    norm2 : Tensor
+        ``[H]``, ``x``'s dtype: the post-attention RMSNorm's weight.
     eps1, eps2 : float
         Their epsilons.
     linears : sequence of Tensor
@@ -1171,16 +1179,20 @@ def decoder_layer_(x: Tensor, norm1: Tensor, eps1: float, norm2: Tensor, eps2: f
     prefix_lens : Tensor
         ``[B]`` int64.
     tree_mask : Tensor
-        ``[B, T, T]`` bool (as :func:`tree_attention`).
+        ``[B, T, C]`` bool with ``C >= T`` (as :func:`tree_attention`): the last ``T`` of the
+        ``C`` tree columns are this call's rows, written at cache slots
+        ``prefix_lens[b] + C - T + t``.
     scale : float
         The attention scale.
     x_out : Tensor
         ``[B, T, H]`` contiguous, ``x``'s dtype; written with the layer's output.
     k_cache, v_cache : Tensor
-        ``[B, S, Hkv, D]``: the layer's cache, its ``T`` new rows written after each prefix.
+        ``[B, S, Hkv, D]``: the layer's cache, its ``T`` new rows written as ``tree_mask`` says.
+    residual : Tensor, optional
+        ``[B, T, H]``, ``x``'s dtype: what the attention's output is added to (default ``x``).
     """
     op = "decoder_layer_"
-    check_tensor(op, "x", x, dtype=(torch.float32, torch.bfloat16), ndim=3, layout="[B, T, H]")
+    check_tensor(op, "x", x, dtype=(torch.float32, torch.bfloat16), ndim=3, layout="[B, T, Hin]")
     _cpu_only(op, "x", x, "the model's own decoder layer")
     n = len(out_features)
     if not 4 <= n <= 7 or not all(isinstance(w, int) and not isinstance(w, bool) for w in out_features):
@@ -1192,16 +1204,26 @@ def decoder_layer_(x: Tensor, norm1: Tensor, eps1: float, norm2: Tensor, eps2: f
     qkv_calls, gate_up_calls = (3 if n in (6, 7) else 1), (2 if n in (5, 7) else 1)
     o, gate = qkv_calls, qkv_calls + 1
     down = gate + gate_up_calls
-    B, T, H = x.shape
-    for name, w in (("norm1", norm1), ("norm2", norm2)):
+    B, T, Hin = x.shape
+    r, r_name = (x, "x") if residual is None else (residual, "residual")
+    if residual is not None:
+        check_tensor(op, "residual", residual, dtype=x.dtype, ndim=3, layout="[B, T, H]", device=x.device,
+                     device_of="x")
+        if residual.shape[:2] != x.shape[:2]:
+            raise ValueError(f"{op}: expected residual of x's [B, T] = {list(x.shape[:2])}, got "
+                             f"{list(residual.shape[:2])}")
+    H = r.shape[2]
+    for name, w, width, of in (("norm1", norm1, Hin, "Hin = x.size(2)"), ("norm2", norm2, H, f"H = {r_name}.size(2)")):
+        if w is None and name == "norm1":
+            continue
         check_tensor(op, name, w, dtype=x.dtype, ndim=1, layout="[H]", device=x.device, device_of="x")
-        check_size(op, name, w, 0, H, "H = x.size(2)")
+        check_size(op, name, w, 0, width, of)
     for name, e in (("eps1", eps1), ("eps2", eps2)):
         if isinstance(e, bool) or not isinstance(e, (int, float)) or not math.isfinite(e) or e < 0:
             raise ValueError(f"{op}: expected a finite {name} >= 0, got {e!r}")
     check_tensor(op, "x_out", x_out, dtype=x.dtype, ndim=3, layout="[B, T, H]", device=x.device, device_of="x")
     if tuple(x_out.shape) != (B, T, H) or not x_out.is_contiguous():
-        raise ValueError(f"{op}: expected x_out contiguous of x's shape {[B, T, H]}, got {list(x_out.shape)}")
+        raise ValueError(f"{op}: expected x_out contiguous of {r_name}'s shape {[B, T, H]}, got {list(x_out.shape)}")
     check_tensor(op, "k_cache", k_cache, ndim=4, layout="[B, S, Hkv, D]", device=x.device, device_of="x")
     Hkv, D = k_cache.shape[2], k_cache.shape[3]
     if qkv_calls == 1 and (D < 1 or out_features[0] % D or out_features[0] // D - 2 * Hkv < 1):
@@ -1212,8 +1234,8 @@ def decoder_layer_(x: Tensor, norm1: Tensor, eps1: float, norm2: Tensor, eps2: f
         raise ValueError(f"{op}: expected out_features[0:3] (Q, K, V) = Hq * D, Hkv * D, Hkv * D with Hq >= 1 "
                          f"(Hkv = {Hkv}, D = {D} from k_cache), got {list(out_features[:3])}")
     if out_features[o] != H or out_features[down] != H:
-        raise ValueError(f"{op}: expected out_features[{o}] (O) and out_features[{down}] (down) to be H = x.size(2) "
-                         f"= {H}, got {out_features[o]} and {out_features[down]}")
+        raise ValueError(f"{op}: expected out_features[{o}] (O) and out_features[{down}] (down) to be H = "
+                         f"{r_name}.size(2) = {H}, got {out_features[o]} and {out_features[down]}")
     if gate_up_calls == 1 and (out_features[gate] < 2 or out_features[gate] % 2):
         raise ValueError(f"{op}: expected out_features[{gate}] (gate and up, fused) to be even, "
                          f"got {out_features[gate]}")
@@ -1223,12 +1245,12 @@ def decoder_layer_(x: Tensor, norm1: Tensor, eps1: float, norm2: Tensor, eps2: f
     # The kernels it chains check the rest (weights, tables, cache, lengths, mask) by name.
     _ops.decoder_layer_.default(x, norm1, float(eps1), norm2, float(eps2), list(linears),
                                 [int(w) for w in out_features], cos, sin, prefix_lens, tree_mask, float(scale), x_out,
-                                k_cache, v_cache)
+                                k_cache, v_cache, residual)
 
 
 @_fake("decoder_layer_")
 def _(x, norm1, eps1, norm2, eps2, linears, out_features, cos, sin, prefix_lens, tree_mask, scale, x_out, k_cache,
-      v_cache):
+      v_cache, residual=None):
     torch._check(x.dim() == 3 and x_out.dim() == 3, lambda: "decoder_layer_: x and x_out must be [B, T, H]")
     return None
 

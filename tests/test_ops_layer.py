@@ -144,7 +144,7 @@ def test_bad_input_gets_a_clear_error(call):
         return lambda: fn(*a.values())
 
     assert "x of dtype" in _errors(run(x=c["x"].double()))
-    assert "[B, T, H]" in _errors(run(x=c["x"][0]))
+    assert "[B, T, Hin]" in _errors(run(x=c["x"][0]))
     assert "8 linears" in _errors(run(lin=c["linears"][:6]))
     assert "4" in _errors(run(w=c["widths"][:3]))
     assert "out_features[0]" in _errors(run(w=[c["widths"][0] + 1] + c["widths"][1:]))
@@ -179,3 +179,60 @@ def test_bad_split_layout_gets_a_clear_error(call):
     assert "(gate)" in _errors(run(widths=w[:4] + [w[4], w[5] - 32, w[6]]))
     assert "out_features[6] (down)" in _errors(run(widths=w[:6] + [63]))
     assert "4 to 7" in _errors(run(widths=w + [64]))
+
+
+@pytest.mark.parametrize("call", ["wrapper", "raw"])
+def test_the_draft_layout_no_input_norm_its_own_residual_and_earlier_tree_columns(call):
+    """The EAGLE-3 draft's layer: x = [embedding, hidden] already normalised (2H wide, no norm1),
+    the hidden state as residual, and a tree step's mask [B, T, C] whose first C - T columns are
+    earlier nodes: the new rows are written at prefix_lens + C - T. Against the pure-PyTorch layer
+    and the call-by-call chain, bit for bit."""
+    fn = ops.decoder_layer_ if call == "wrapper" else (lambda *a: raw.decoder_layer_(*a))
+    g = torch.Generator().manual_seed(3)
+    B, T, C, H, Hq, Hkv, D, I, S = 2, 3, 5, 64, 4, 2, 16, 96, 24
+    shapes = [((Hq + 2 * Hkv) * D, 2 * H), (H, Hq * D), (2 * I, H), (H, I)]
+    weights = [quantize_q8_0_ref(torch.randn(n, k, generator=g) * k ** -0.5)[0] for n, k in shapes]
+    linears = [t for w in weights for t in ops.stream_linear_pack_blocks(w)[1:]]
+    x, res = torch.randn(B, T, 2 * H, generator=g), torch.randn(B, T, H, generator=g)
+    n2 = torch.rand(H, generator=g) + 0.5
+    ang = torch.rand(B, T, D // 2, generator=g) * 50
+    cos, sin = torch.cat((ang, ang), -1).cos(), torch.cat((ang, ang), -1).sin()
+    lens = torch.tensor([5, 0])
+    mask = torch.rand(B, T, C, generator=g) < 0.6
+    mask[:, :, C - T:] = torch.ones(T, T, dtype=torch.bool).tril()       # each new row sees itself
+    kc, vc = torch.randn(B, S, Hkv, D, generator=g), torch.randn(B, S, Hkv, D, generator=g)
+    widths = [w.shape[0] for w in weights]
+
+    out, k1, v1 = torch.empty_like(res), kc.clone(), vc.clone()
+    fn(x, None, 0.0, n2, 1e-6, linears, widths, cos, sin, lens, mask, D ** -0.5, out, k1, v1, res)
+
+    # pure PyTorch: Q/K/V of x, K/V written after the earlier columns, attention, residual, MLP
+    q, k2, v2 = rope_kv_write_ref(F.linear(x, weights[0]), cos, sin, lens + C - T, kc, vc, Hq)
+    o = tree_attention_ref(q, k2, v2, lens, mask, D ** -0.5)
+    x1 = res + F.linear(o.flatten(-2), weights[1])
+    gg, u = F.linear(rms_norm_ref(x1, n2, 1e-6), weights[2]).split(I, dim=-1)
+    want = x1 + F.linear(F.silu(gg) * u, weights[3])
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(k1, k2, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(v1, v2, rtol=1e-5, atol=1e-5)
+
+    # the chain of ops the draft runs call by call
+    lin = lambda t, i: ops.stream_linear_blocks(t, linears[2 * i], linears[2 * i + 1], None, widths[i])
+    k3, v3 = kc.clone(), vc.clone()
+    qc = torch.empty(B, T, Hq, D)
+    ops.rope_kv_write_(lin(x, 0), cos, sin, lens + C - T, qc, k3, v3)
+    x1c = res + lin(ops.tree_attention(qc, k3, v3, lens, mask, D ** -0.5).flatten(-2), 1)
+    gc, uc = lin(ops.rms_norm(x1c, n2, 1e-6), 2).split_with_sizes([I, I], dim=-1)
+    assert torch.equal(out, x1c + lin(F.silu(gc) * uc, 3))
+    assert torch.equal(k1, k3) and torch.equal(v1, v3)
+
+    def err(**kw):
+        a = dict(x=x, n1=None, e1=0.0, n2=n2, e2=1e-6, lin=linears, w=widths, cos=cos, sin=sin, lens=lens,
+                 mask=mask, scale=0.25, out=torch.empty_like(res), kc=kc.clone(), vc=vc.clone(), res=res)
+        a.update(kw)
+        return _errors(lambda: fn(*a.values()))
+
+    assert "residual" in err(res=res[:, :2])                                  # not x's [B, T]
+    assert "C = " in err(mask=mask[:, :, :2])                                 # fewer columns than rows
+    assert "prefix_lens" in err(lens=torch.tensor([20, 0]))                   # 20 + C past the 24 slots
+    assert "linears[0]" in err(x=torch.randn(B, T, H))                        # QKV takes 2H

@@ -38,10 +38,12 @@ def pair(tmp_path, monkeypatch):
     return target, draft
 
 
-def _round(target, draft, streamed: bool, cache_len: int = 40, hole=None, depths: int = 4, k: int = 3):
-    """Extend over two prompts (one padded), then ``depths`` tree steps of ``k`` random nodes with
-    random parents on the layer above; returns the outputs, the tree state and the ops run."""
-    B, Ls = 2, [10, 6]
+def _round(target, draft, streamed: bool, cache_len: int = 40, hole=None, depths: int = 4, k: int = 3,
+           Ls=(10, 6)):
+    """Extend over two prompts (``Ls``: their lengths of 10 tokens, the shorter padded), then
+    ``depths`` tree steps of ``k`` random nodes with random parents on the layer above; returns
+    the outputs, the tree state and the ops run."""
+    B, Ls = 2, list(Ls)
     g = torch.Generator().manual_seed(4)
     ids = torch.randint(0, 96, (B, 10), generator=g)
     old = DM.STREAMED_DRAFT
@@ -71,7 +73,7 @@ def _round(target, draft, streamed: bool, cache_len: int = 40, hole=None, depths
             logits = draft.logits(layer)
     finally:
         DM.STREAMED_DRAFT = old
-    valid = torch.cat([h[0, :10], h[1, :6]])
+    valid = torch.cat([h[0, :Ls[0]], h[1, :Ls[1]]])
     return [valid, *outs, logits], state, {e.name for e in prof.events()}
 
 
@@ -86,6 +88,24 @@ def test_streamed_steps_give_the_modules_results(pair):
     assert torch.equal(state.anc, ref_state.anc)
     torch.testing.assert_close(state.k, ref_state.k, **TOL)
     torch.testing.assert_close(state.v, ref_state.v, **TOL)
+
+
+@pytest.mark.parametrize("Ls", [(10, 6), (10, 10)])
+def test_the_layer_as_one_op_gives_the_same_bits(pair, monkeypatch, Ls):
+    """decoder_layer_ (no input norm, the draft's own residual, the tree's earlier columns before
+    the new rows) against the streamed layer call by call: the same hidden states, logits, cache
+    and tree. A padded extend (10, 6) writes only real rows, so it stays call by call."""
+    target, draft = pair
+    monkeypatch.setattr(DM, "LAYER_OP", False)
+    want, ref_state, names = _round(target, draft, streamed=True, Ls=Ls)
+    assert "heterospec::decoder_layer_" not in names
+    monkeypatch.setattr(DM, "LAYER_OP", True)
+    got, state, names = _round(target, draft, streamed=True, Ls=Ls)
+    assert "heterospec::decoder_layer_" in names
+    for w, g in zip(want, got):
+        assert torch.equal(g, w)
+    assert torch.equal(state.anc, ref_state.anc)
+    assert torch.equal(state.k, ref_state.k) and torch.equal(state.v, ref_state.v)
 
 
 def test_a_round_out_of_free_slots_goes_on_in_the_compact_layout(pair):

@@ -8,10 +8,11 @@
 // C++: heterospec's kernels are called directly, ATen's (add, silu, mul) through the dispatcher
 // from C++.
 //
-// Same kernels, same order, same arguments as the Python layer (models.target.StreamedLayer), so
-// the same bits: every row invariance those kernels promise holds for the layer.
+// Same kernels, same order, same arguments as the Python layers (models.target.StreamedLayer, the
+// EAGLE-3 draft's models.draft.Eagle3Draft._streamed_layer), so the same bits: every row
+// invariance those kernels promise holds for the layer.
 //
-// Layout. x [B, T, H] (float32, or bfloat16 with float / bfloat16 weights: what the linears
+// Layout. x [B, T, Hin] (float32, or bfloat16 with float / bfloat16 weights: what the linears
 // take); linears: one (weight, scales) pair per linear call, in order QKV (one fused call of Hq,
 // Hkv, Hkv heads of D, or three: Q, K, V), O, gate/up (one fused call of I, I, or two: gate, up),
 // down. scales with no elements: weight is stream_linear's packed form; otherwise weight and
@@ -19,11 +20,15 @@
 // length (4 to 7) says which groups are fused (LayerCalls). Fused or not, a linear's outputs are
 // the same bits (each output column is its own dot product), so the layer takes whatever calls
 // the tuned linears chose at this row count. cos, sin [B, T, D]; prefix_lens [B]; tree_mask
-// [B, T, T] bool; k_cache, v_cache [B, S, Hkv, D] (one layer's cache: the T new rows are written
-// after each prefix); x_out [B, T, H] (written):
-//   h  = rms_norm(x, norm1, eps1);   q = rope_kv_write_(QKV(h), cos, sin) (K, V to the cache)
-//   x1 = x + O(tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, scale))
+// [B, T, C] bool, C >= T (C - T tree columns of earlier steps before the T new rows, as
+// tree_attention takes them); k_cache, v_cache [B, S, Hkv, D] (one layer's cache: the T new rows
+// are written at slots prefix_lens[b] + C - T + t); residual [B, T, H] or none (then x, Hin = H);
+// x_out [B, T, H] (written):
+//   h  = norm1 ? rms_norm(x, norm1, eps1) : x;   q = rope_kv_write_(QKV(h), cos, sin) (K, V to the cache)
+//   x1 = (residual or x) + O(tree_attention(q, k_cache, v_cache, prefix_lens, tree_mask, scale))
 //   g, u = gate/up(rms_norm(x1, norm2, eps2));   x_out = x1 + down(silu(g) * u)
+// A target layer passes norm1 and no residual (C = T); the EAGLE-3 draft's layer passes its
+// already normalised [embedding, hidden] (Hin = 2 H), no norm1, and its hidden state as residual.
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/add.h>
@@ -51,26 +56,28 @@ Tensor run_linear(const Tensor& x, const at::TensorList& linears, const at::IntA
 
 }  // namespace
 
-void decoder_layer_cpu(const Tensor& x, const Tensor& norm1, double eps1, const Tensor& norm2, double eps2,
-                       at::TensorList linears, at::IntArrayRef out_features, const Tensor& cos, const Tensor& sin,
-                       const Tensor& prefix_lens, const Tensor& tree_mask, double scale, Tensor& x_out,
-                       Tensor& k_cache, Tensor& v_cache) {
+void decoder_layer_cpu(const Tensor& x, const std::optional<Tensor>& norm1, double eps1, const Tensor& norm2,
+                       double eps2, at::TensorList linears, at::IntArrayRef out_features, const Tensor& cos,
+                       const Tensor& sin, const Tensor& prefix_lens, const Tensor& tree_mask, double scale,
+                       Tensor& x_out, Tensor& k_cache, Tensor& v_cache, const std::optional<Tensor>& residual) {
   constexpr const char* op = "decoder_layer_";
-  const LayerCalls c = check_decoder_layer_inputs(Backend::CPU, op, x, linears, out_features, k_cache, x_out,
+  const bool has_norm1 = norm1.has_value() && norm1->defined();
+  const Tensor& r = residual.has_value() && residual->defined() ? *residual : x;
+  const LayerCalls c = check_decoder_layer_inputs(Backend::CPU, op, x, r, linears, out_features, k_cache, x_out,
                                                   prefix_lens, tree_mask);
-  const int64_t B = x.size(0), T = x.size(1);
+  const int64_t B = x.size(0), T = x.size(1), C = tree_mask.size(2);
   const int64_t Hkv = k_cache.size(2), D = k_cache.size(3);
   const int64_t Hq = c.hq(out_features, Hkv, D), I = c.intermediate(out_features);
-  // 1. attention half
-  const Tensor h = rms_norm_cpu(x, norm1, eps1);
+  // 1. attention half (the new rows' K, V at prefix_lens + C - T: after earlier tree columns)
+  const Tensor h = has_norm1 ? rms_norm_cpu(x, *norm1, eps1) : x;
   const Tensor qkv = c.qkv == 1 ? run_linear(h, linears, out_features, 0)
                                 : at::cat({run_linear(h, linears, out_features, 0),
                                            run_linear(h, linears, out_features, 1),
                                            run_linear(h, linears, out_features, 2)}, -1);
   Tensor q = at::empty({B, T, Hq, D}, qkv.options());
-  rope_kv_write_cpu(qkv, cos, sin, prefix_lens, q, k_cache, v_cache);
+  rope_kv_write_cpu(qkv, cos, sin, C == T ? prefix_lens : at::add(prefix_lens, C - T), q, k_cache, v_cache);
   const Tensor o = tree_attention_cpu(q, k_cache, v_cache, prefix_lens, tree_mask, scale);
-  const Tensor x1 = at::add(x, run_linear(o.view({B, T, Hq * D}), linears, out_features, c.o()));
+  const Tensor x1 = at::add(r, run_linear(o.view({B, T, Hq * D}), linears, out_features, c.o()));
   // 2. MLP half
   const Tensor h2 = rms_norm_cpu(x1, norm2, eps2);
   Tensor m;

@@ -51,7 +51,7 @@ from .attention import causal_tree_mask, tree_op_serves
 from .kv_cache import KVCache
 from .layers import (MLP, QKVO, RMSNorm, Rotary, _glue, additive_mask, assign_weights, expand_kv_heads,
                      load_weight_file, rope_exact_length, rope_inv_freq, sdpa, sdpa_kernel_friendly)
-from .linear import StreamPlans, stream_group, stream_watch
+from .linear import StreamPlans, layer_op_args, stream_group, stream_watch
 
 _ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters")
 _KNOWN_KEYS = {
@@ -253,19 +253,25 @@ class TrainOutput(NamedTuple):
 # linears, the dispatch and the concatenations were most of a CPU tree step's time
 # (bench/RESULTS.md, "A streamed draft with 8-bit weights"). False runs the modules (A/B benchmarks).
 STREAMED_DRAFT = True
+# ... and from its QKV to its output as one op (decoder_layer_: the same kernels chained in C++,
+# the same bits), where every row's K/V is written; False: call by call (A/B benchmarks, tests).
+LAYER_OP = True
 _TREE_ATTENTION = torch.ops.heterospec.tree_attention.default
+_LAYER_OP = torch.ops.heterospec.decoder_layer_.default
 
 
 class StreamedDraft(NamedTuple):
     """The draft layer's linears as :class:`~.linear.StreamCall` s at one row count (QKV and
     gate/up: one fused call or one per member); ``fc`` and ``lm_head`` where they stream at it
-    too (else None: their modules run)."""
+    too (else None: their modules run); ``layer_op`` the layer's ``decoder_layer_`` arguments
+    where that op serves it (:func:`~.linear.layer_op_args`)."""
     fc: object | None
     qkv: list
     o_proj: object
     gate_up: list
     down: object
     lm_head: object | None
+    layer_op: tuple | None = None
 
 
 class DraftMidLayer(nn.Module):
@@ -604,7 +610,8 @@ class Eagle3Draft(nn.Module):
             return None
         fc = stream_group(self, ("fc",), rows, dtype) if self.fc is not None else None
         head = stream_group(self, ("lm_head",), rows, dtype)
-        return StreamedDraft(fc and fc[0], qkv, o[0], gate_up, down[0], head and head[0])
+        return StreamedDraft(fc and fc[0], qkv, o[0], gate_up, down[0], head and head[0],
+                             layer_op_args(qkv, o[0], gate_up, down[0]))
 
     def _plan_weights(self) -> list:
         """What a plan reads (:func:`~.linear.stream_watch`); the norms' weights are read per call."""
@@ -636,7 +643,9 @@ class Eagle3Draft(nn.Module):
         """:meth:`_layer_in`, attention and :meth:`_layer_out` with ``plan``'s calls (the modules'
         kernels in their order): the rows' K/V are written at cache slots ``write_at[b] + j``
         (rows ``j < num_valid[b]``; all without it), then each row attends to the
-        ``prefix_lens[b]`` committed slots and the tree columns of ``tree_mask`` [B, T, C]."""
+        ``prefix_lens[b]`` committed slots and the tree columns of ``tree_mask`` [B, T, C].
+        ``write_at`` is ``prefix_lens + C - T`` at every caller (the new rows are the mask's last
+        columns), which is where ``decoder_layer_`` writes them."""
         norm = torch.ops.heterospec.rms_norm.default
         m, a = self.midlayer, self.midlayer.self_attn
         B, T = input_ids.shape
@@ -646,6 +655,15 @@ class Eagle3Draft(nn.Module):
         e = self.embedding(input_ids).to(self.dtype)
         x = torch.cat((norm(e, m.input_layernorm.weight, m.input_layernorm.eps), hn), dim=-1)
         cos, sin = self.rotary(positions, self.dtype)
+        if (LAYER_OP and plan.layer_op is not None and num_valid is None and cache.k.dtype == x.dtype
+                and tuple(cos.shape) == (B, T, a.head_dim)):
+            # the rows' K/V land at prefix_lens + C - T, C the mask's columns: write_at here
+            # (the raw op: the kernels it calls check their inputs)
+            out = torch.empty_like(residual)
+            _LAYER_OP(x, None, 0.0, m.post_attention_layernorm.weight, m.post_attention_layernorm.eps,
+                      plan.layer_op[0], plan.layer_op[1], cos, sin, prefix_lens, tree_mask, a.scale, out,
+                      cache.k[0], cache.v[0], residual)
+            return out
         q, k, v = (out for call in plan.qkv for out in call(x))
         q, k = torch.ops.heterospec.rope.default(q.view(B, T, a.n_heads, a.head_dim),
                                                  k.view(B, T, a.n_kv_heads, a.head_dim), cos, sin)

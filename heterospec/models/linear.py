@@ -163,6 +163,29 @@ def _stream_call(packed, bias: Optional[torch.Tensor], n: int, splits: Optional[
     return StreamCall(torch.ops.heterospec.stream_linear.default, (packed, bias, n), splits)
 
 
+def layer_op_args(qkv: list, o_proj, gate_up: list, down) -> tuple | None:
+    """``(linears, out_features)`` for ``decoder_layer_`` from a layer's stream calls (a target's
+    or the EAGLE-3 draft's): Q/K/V as one fused call or three, gate/up as one fused call or two
+    of one width, no linear with a bias (else None: the layer runs call by call)."""
+    def group(calls, members):
+        if len(calls) == 1:
+            splits = calls[0].splits
+            return splits is not None and len(splits) == members
+        return len(calls) == members and all(c.splits is None for c in calls)
+
+    if not (group(qkv, 3) and group(gate_up, 2)):
+        return None
+    calls = [*qkv, o_proj, *gate_up, down]
+    pairs = [call.weight_pair() for call in calls]
+    if None in pairs:
+        return None
+    widths = [n for _, _, n in pairs]
+    gate, up = gate_up[0].splits or widths[len(qkv) + 1:len(qkv) + 3]
+    if gate != up:
+        return None             # the op takes gate and up of one width
+    return [t for w, s, _ in pairs for t in (w, s)], widths
+
+
 def stream_group(owner: nn.Module, names: Sequence[str], rows: int, dtype: torch.dtype) -> Optional[List[StreamCall]]:
     """The calls that compute ``owner``'s linears ``names`` (siblings reading one input, or a
     single name) for an input of ``rows`` rows of ``dtype``, exactly as their modules would -

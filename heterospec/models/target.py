@@ -27,7 +27,7 @@ from .attention import TreeOpPlan, causal_tree_mask, make_backend
 from .kv_cache import KVCache
 from .layers import (MLP, QKVO, RMSNorm, Rotary, _glue, assign_weights, load_weight_file, rope_exact_length,
                      rope_inv_freq, rope_qk)
-from .linear import StreamPlans, stream_group, stream_watch
+from .linear import StreamPlans, layer_op_args, stream_group, stream_watch
 
 
 # A CPU forward whose every linear runs the stream path skips the modules' per-call dispatch
@@ -139,7 +139,7 @@ class DecoderLayer(nn.Module):
             return None
         n1, n2 = self.input_layernorm, self.post_attention_layernorm
         return StreamedLayer(n1.weight, n1.eps, qkv, o[0], n2.weight, n2.eps, gate_up, down[0],
-                             a.n_heads, a.n_kv_heads, a.head_dim, _layer_op_args(qkv, o[0], gate_up, down[0]))
+                             a.n_heads, a.n_kv_heads, a.head_dim, layer_op_args(qkv, o[0], gate_up, down[0]))
 
     def weights(self) -> list:
         """``(dict, name)`` of everything a :class:`StreamedLayer` of this layer reads: its norm
@@ -206,29 +206,6 @@ class StreamedLayer(NamedTuple):
         h = norm(x, self.norm2, self.eps2)
         gate, up = (out for call in self.gate_up for out in call(h))
         return x + self.down(torch.nn.functional.silu(gate) * up)[0]
-
-
-def _layer_op_args(qkv: list, o_proj, gate_up: list, down) -> tuple | None:
-    """``(linears, out_features)`` for ``decoder_layer_``: Q/K/V as one fused call or three,
-    gate/up as one fused call or two of one width, no linear with a bias (else None: the layer
-    runs call by call)."""
-    def group(calls, members):
-        if len(calls) == 1:
-            splits = calls[0].splits
-            return splits is not None and len(splits) == members
-        return len(calls) == members and all(c.splits is None for c in calls)
-
-    if not (group(qkv, 3) and group(gate_up, 2)):
-        return None
-    calls = [*qkv, o_proj, *gate_up, down]
-    pairs = [call.weight_pair() for call in calls]
-    if None in pairs:
-        return None
-    widths = [n for _, _, n in pairs]
-    gate, up = gate_up[0].splits or widths[len(qkv) + 1:len(qkv) + 3]
-    if gate != up:
-        return None             # the op takes gate and up of one width
-    return [t for w, s, _ in pairs for t in (w, s)], widths
 
 
 def _pack(t: torch.Tensor, ragged) -> torch.Tensor:
