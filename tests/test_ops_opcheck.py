@@ -61,6 +61,17 @@ def samples(device):
                                    torch.tensor([4, 0]), torch.ones(2, 3, 3, dtype=torch.bool).tril(), 0.35,
                                    torch.empty(2, 3, 32), torch.randn(2, 9, 1, 8, generator=g),
                                    torch.randn(2, 9, 1, 8, generator=g))))
+    # ... the EAGLE-3 draft's layer: a 64-wide input, no input norm, its own 32-wide residual,
+    # a tree step's 2 earlier columns before the 3 new rows
+    lin = [ops.stream_linear_pack(torch.randn(n, k, generator=g) * 0.1) for n, k in ((32, 64), (32, 16), (64, 32),
+                                                                                    (32, 32))]
+    out.append(("decoder_layer_", (torch.randn(2, 3, 64, generator=g), None, 0.0,
+                                   torch.rand(32, generator=g) + 0.5, 1e-5,
+                                   [t for w in lin for t in (w, torch.empty(0))], [32, 32, 64, 32],
+                                   torch.randn(2, 3, 8, generator=g), torch.randn(2, 3, 8, generator=g),
+                                   torch.tensor([4, 0]), torch.ones(2, 3, 5, dtype=torch.bool), 0.35,
+                                   torch.empty(2, 3, 32), torch.randn(2, 11, 1, 8, generator=g),
+                                   torch.randn(2, 11, 1, 8, generator=g), torch.randn(2, 3, 32, generator=g))))
     # ... with Q, K, V and gate, up as separate calls (7 linears)
     lin = [ops.stream_linear_pack(torch.randn(n, k, generator=g) * 0.1) for n, k in (
         (16, 32), (8, 32), (8, 32), (32, 16), (32, 32), (32, 32), (32, 32))]
@@ -78,7 +89,7 @@ def test_samples_cover_every_op():
     assert {name for name, _ in samples("cpu")} == set(ops.OP_NAMES)
 
 
-@pytest.mark.parametrize("idx", range(20))
+@pytest.mark.parametrize("idx", range(21))
 def test_opcheck(devices, idx):
     if devices != "cpu" and samples("cpu")[idx][0] in ops.CPU_ONLY_OPS:
         pytest.skip("a CPU-only op (no CUDA kernel)")
