@@ -1213,10 +1213,11 @@ def decoder_layer_(x: Tensor, norm1: Optional[Tensor], eps1: float, norm2: Tenso
             raise ValueError(f"{op}: expected residual of x's [B, T] = {list(x.shape[:2])}, got "
                              f"{list(residual.shape[:2])}")
     H = r.shape[2]
-    for name, w, width, of in (("norm1", norm1, Hin, "Hin = x.size(2)"), ("norm2", norm2, H, f"H = {r_name}.size(2)")):
-        if w is None and name == "norm1":
-            continue
-        check_tensor(op, name, w, dtype=x.dtype, ndim=1, layout="[H]", device=x.device, device_of="x")
+    norms = [("norm2", norm2, H, "[H]", f"H = {r_name}.size(2)")]
+    if norm1 is not None:
+        norms.insert(0, ("norm1", norm1, Hin, "[Hin]", "Hin = x.size(2)"))
+    for name, w, width, layout, of in norms:
+        check_tensor(op, name, w, dtype=x.dtype, ndim=1, layout=layout, device=x.device, device_of="x")
         check_size(op, name, w, 0, width, of)
     for name, e in (("eps1", eps1), ("eps2", eps2)):
         if isinstance(e, bool) or not isinstance(e, (int, float)) or not math.isfinite(e) or e < 0:

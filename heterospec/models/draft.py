@@ -637,15 +637,13 @@ class Eagle3Draft(nn.Module):
         return int(prefix_lens.max()) + columns <= cache.max_length
 
     def _streamed_layer(self, plan: StreamedDraft, input_ids: torch.Tensor, hidden: torch.Tensor,
-                        positions: torch.Tensor, cache: KVCache, write_at: torch.Tensor,
-                        num_valid: torch.Tensor | None, prefix_lens: torch.Tensor,
-                        tree_mask: torch.Tensor) -> torch.Tensor:
+                        positions: torch.Tensor, cache: KVCache, num_valid: torch.Tensor | None,
+                        prefix_lens: torch.Tensor, tree_mask: torch.Tensor) -> torch.Tensor:
         """:meth:`_layer_in`, attention and :meth:`_layer_out` with ``plan``'s calls (the modules'
-        kernels in their order): the rows' K/V are written at cache slots ``write_at[b] + j``
-        (rows ``j < num_valid[b]``; all without it), then each row attends to the
-        ``prefix_lens[b]`` committed slots and the tree columns of ``tree_mask`` [B, T, C].
-        ``write_at`` is ``prefix_lens + C - T`` at every caller (the new rows are the mask's last
-        columns), which is where ``decoder_layer_`` writes them."""
+        kernels in their order): each row attends to the ``prefix_lens[b]`` committed slots and
+        the tree columns of ``tree_mask`` [B, T, C], whose last ``T`` are the rows themselves: their
+        K/V are written at cache slots ``prefix_lens[b] + C - T + j`` (rows ``j < num_valid[b]``;
+        all without it), after the ``C - T`` earlier nodes of a tree step (none in an extend)."""
         norm = torch.ops.heterospec.rms_norm.default
         m, a = self.midlayer, self.midlayer.self_attn
         B, T = input_ids.shape
@@ -657,7 +655,6 @@ class Eagle3Draft(nn.Module):
         cos, sin = self.rotary(positions, self.dtype)
         if (LAYER_OP and plan.layer_op is not None and num_valid is None and cache.k.dtype == x.dtype
                 and tuple(cos.shape) == (B, T, a.head_dim)):
-            # the rows' K/V land at prefix_lens + C - T, C the mask's columns: write_at here
             # (the raw op: the kernels it calls check their inputs)
             out = torch.empty_like(residual)
             _LAYER_OP(x, None, 0.0, m.post_attention_layernorm.weight, m.post_attention_layernorm.eps,
@@ -667,7 +664,9 @@ class Eagle3Draft(nn.Module):
         q, k, v = (out for call in plan.qkv for out in call(x))
         q, k = torch.ops.heterospec.rope.default(q.view(B, T, a.n_heads, a.head_dim),
                                                  k.view(B, T, a.n_kv_heads, a.head_dim), cos, sin)
-        cache.write(0, k, v.view(B, T, a.n_kv_heads, a.head_dim), write_at, num_valid)
+        earlier = tree_mask.shape[2] - T
+        cache.write(0, k, v.view(B, T, a.n_kv_heads, a.head_dim), prefix_lens + earlier if earlier else prefix_lens,
+                    num_valid)
         o = _TREE_ATTENTION(q, cache.k[0], cache.v[0], prefix_lens, tree_mask, a.scale)
         h = residual + plan.o_proj(o.flatten(-2))[0]
         gate, up = (out for call in plan.gate_up for out in call(norm(h, m.post_attention_layernorm.weight,
@@ -701,7 +700,7 @@ class Eagle3Draft(nn.Module):
         plan = self._streamed(B * n)
         if plan is not None and self._streams_into(cache, prefix_lens, hole, n, n):
             every = bool((num_new == n).all())     # then slice copies, not an indexed write
-            return self._streamed_layer(plan, input_ids, features, positions, cache, prefix_lens,
+            return self._streamed_layer(plan, input_ids, features, positions, cache,
                                         None if every else num_new, prefix_lens,
                                         causal_tree_mask(B, n, input_ids.device))
         residual, x = self._layer_in(input_ids, features)
@@ -831,7 +830,7 @@ class Eagle3Draft(nn.Module):
             state.static = False
             self._tree_storage(state, cache, B, k, hidden)
             rows = self._ancestor_rows(state, parent_slots, B, k)
-            out = self._streamed_layer(plan, input_ids, hidden, positions, cache, prefix_lens + N, None, prefix_lens,
+            out = self._streamed_layer(plan, input_ids, hidden, positions, cache, None, prefix_lens,
                                        rows[:, :, :N + k])
             state.n = N + k
             return out
