@@ -530,6 +530,73 @@ inline LayerCalls check_decoder_layer_inputs(Backend be, const char* op, const a
   return c;
 }
 
+// ---- decoder_layers_ (CPU only) --------------------------------------------------------------------
+// The stack's own lists (each layer's tensors are then checked as decoder_layer_'s): x [B, T, H]
+// contiguous; L = layer_calls.size() >= 1, each 4 to 7, summing to out_features.size(), with
+// 2 out_features.size() linears; 2 L norms [H] of x's dtype and 2 L finite eps >= 0; taps in
+// 0 .. L; x_out like x, contiguous, not x; features [B, T, len(taps) H] of x's dtype; k_cache,
+// v_cache one shape [L, B, S, Hkv, D] of x's dtype. Returns L.
+inline int64_t check_decoder_layers_inputs(Backend be, const char* op, const at::Tensor& x, at::TensorList norms,
+                                           at::ArrayRef<double> eps, at::TensorList linears,
+                                           at::IntArrayRef out_features, at::IntArrayRef layer_calls,
+                                           at::IntArrayRef taps, const at::Tensor& x_out, const at::Tensor& features,
+                                           const at::Tensor& k_cache, const at::Tensor& v_cache) {
+  HS_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, op,
+           ": expected x of dtype float32 or bfloat16, got ", x.scalar_type());
+  check_dim(op, "x", x, 3, "[B, T, H]");
+  check_ref_device(be, op, "x", x);
+  HS_CHECK(x.is_contiguous(), op, ": expected a contiguous x");
+  const int64_t L = static_cast<int64_t>(layer_calls.size());
+  HS_CHECK(L >= 1, op, ": expected at least one layer (layer_calls has one entry per layer), got none");
+  int64_t calls = 0;
+  for (int64_t i = 0; i < L; ++i) {
+    HS_CHECK(layer_calls[i] >= 4 && layer_calls[i] <= 7, op, ": expected layer_calls[", i,
+             "] to be 4 to 7 (a layer's linear calls, as decoder_layer_'s out_features), got ", layer_calls[i]);
+    calls += layer_calls[i];
+  }
+  HS_CHECK(static_cast<int64_t>(out_features.size()) == calls, op, ": expected ", calls,
+           " out_features (the sum of layer_calls), got ", out_features.size());
+  HS_CHECK(static_cast<int64_t>(linears.size()) == 2 * calls, op, ": expected ", 2 * calls,
+           " linears tensors (weight, scales) for the ", calls, " out_features, got ", linears.size());
+  HS_CHECK(static_cast<int64_t>(norms.size()) == 2 * L && static_cast<int64_t>(eps.size()) == 2 * L, op,
+           ": expected 2 L = ", 2 * L, " norms and eps (norm1 and norm2 of each of the L = layer_calls.size() ",
+           "layers), got ", norms.size(), " norms and ", eps.size(), " eps");
+  const int64_t H = x.size(2);
+  for (int64_t i = 0; i < 2 * L; ++i) {
+    const std::string name = "norms[" + std::to_string(i) + "]";
+    check_dtype(op, name.c_str(), norms[i], x.scalar_type());
+    check_device(be, op, name.c_str(), norms[i], "x", x);
+    check_dim(op, name.c_str(), norms[i], 1, "[H]");
+    check_size(op, name.c_str(), norms[i], 0, H, "H = x.size(2)");
+    HS_CHECK(std::isfinite(eps[i]) && eps[i] >= 0, op, ": expected a finite eps[", i, "] >= 0, got ", eps[i]);
+  }
+  const auto check_cache = [&](const char* name, const at::Tensor& t) {
+    check_dtype(op, name, t, x.scalar_type());
+    check_device(be, op, name, t, "x", x);
+    check_dim(op, name, t, 5, "[L, B, S, Hkv, D]");
+    check_size(op, name, t, 0, L, "L = layer_calls.size()");
+    check_size(op, name, t, 1, x.size(0), "B = x.size(0)");
+  };
+  check_cache("k_cache", k_cache);
+  check_cache("v_cache", v_cache);
+  HS_CHECK(v_cache.sizes() == k_cache.sizes(), op, ": expected v_cache of k_cache's shape ", k_cache.sizes(), ", got ",
+           v_cache.sizes());
+  for (size_t j = 0; j < taps.size(); ++j)
+    HS_CHECK(taps[j] >= 0 && taps[j] <= L, op, ": expected taps in 0 .. L = ", L, " (L: the last layer's output), got taps[",
+             j, "] = ", taps[j]);
+  check_dtype(op, "x_out", x_out, x.scalar_type());
+  check_device(be, op, "x_out", x_out, "x", x);
+  HS_CHECK(x_out.sizes() == x.sizes() && x_out.is_contiguous() && !x_out.is_same(x), op,
+           ": expected x_out contiguous of x's shape ", x.sizes(), " and not x itself, got ", x_out.sizes());
+  check_dtype(op, "features", features, x.scalar_type());
+  check_device(be, op, "features", features, "x", x);
+  const int64_t width = static_cast<int64_t>(taps.size()) * H;
+  HS_CHECK(features.dim() == 3 && features.size(0) == x.size(0) && features.size(1) == x.size(1) &&
+               features.size(2) == width, op, ": expected features [B, T, len(taps) * H] = [", x.size(0), ", ",
+           x.size(1), ", ", width, "], got ", features.sizes());
+  return L;
+}
+
 // ---- tree_attention (CPU only) ---------------------------------------------------------------------
 // q [B, T, Hq, D] float32 / float16 / bfloat16; k_cache, v_cache [B, S, Hkv, D] of q's dtype with
 // Hq a multiple of Hkv; prefix_lens [B] int64; tree_mask [B, T, C] bool; a finite scale; on the CPU.

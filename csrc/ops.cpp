@@ -66,6 +66,13 @@ TORCH_LIBRARY(heterospec, m) {
   m.def("decoder_layer_(Tensor x, Tensor? norm1, float eps1, Tensor norm2, float eps2, Tensor[] linears, "
         "int[] out_features, Tensor cos, Tensor sin, Tensor prefix_lens, Tensor tree_mask, float scale, "
         "Tensor(a!) x_out, Tensor(b!) k_cache, Tensor(c!) v_cache, Tensor? residual=None) -> ()");
+  // A target's whole stack of L decoder layers in one call (CPU kernel only): decoder_layer_ for
+  // layer 0 .. L - 1 in turn, each layer's tensors taken in order from the flat lists; the last
+  // layer's output into x_out, the hidden states entering the layers in taps (L: the last output)
+  // side by side into features, each layer's new K / V rows into its cache.
+  m.def("decoder_layers_(Tensor x, Tensor[] norms, float[] eps, Tensor[] linears, int[] out_features, "
+        "int[] layer_calls, Tensor cos, Tensor sin, Tensor prefix_lens, Tensor tree_mask, float scale, int[] taps, "
+        "Tensor(a!) x_out, Tensor(b!) features, Tensor(c!) k_cache, Tensor(d!) v_cache) -> ()");
   // Attention of a few query rows (a decode step, a tree verify) to each request's cached prefix
   // and its own tree, the mask implicit (CPU kernel only).
   m.def("tree_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor prefix_lens, Tensor tree_mask, "

@@ -51,6 +51,10 @@ void decoder_layer_cpu(const Tensor& x, const std::optional<Tensor>& norm1, doub
                        double eps2, at::TensorList linears, at::IntArrayRef out_features, const Tensor& cos,
                        const Tensor& sin, const Tensor& prefix_lens, const Tensor& tree_mask, double scale,
                        Tensor& x_out, Tensor& k_cache, Tensor& v_cache, const std::optional<Tensor>& residual);
+void decoder_layers_cpu(const Tensor& x, at::TensorList norms, at::ArrayRef<double> eps, at::TensorList linears,
+                        at::IntArrayRef out_features, at::IntArrayRef layer_calls, const Tensor& cos,
+                        const Tensor& sin, const Tensor& prefix_lens, const Tensor& tree_mask, double scale,
+                        at::IntArrayRef taps, Tensor& x_out, Tensor& features, Tensor& k_cache, Tensor& v_cache);
 
 // ---- CUDA (compiled only when torch has CUDA) ----
 std::tuple<Tensor, Tensor, Tensor> topk_entropy_cuda(const Tensor& logits, int64_t k,

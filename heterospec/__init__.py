@@ -23,6 +23,7 @@ from .ops import (  # noqa: E402
     build_tree,
     compact_kv_,
     decoder_layer_,
+    decoder_layers_,
     dense_tree_attention_mask,
     entropy_bin_policy,
     rms_norm,

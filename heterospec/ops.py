@@ -44,13 +44,14 @@ OP_NAMES = (
     "rope_kv_write_",
     "tree_attention",
     "decoder_layer_",
+    "decoder_layers_",
 )
 
 #: Ops with CPU kernels only (no CUDA kernel: on a GPU the stock linear is already flat, a
 #: replayed CUDA graph already runs the layer glue without per-op dispatch, and FlashInfer
 #: attends to a tree with its custom mask).
 CPU_ONLY_OPS = ("stream_linear_pack", "stream_linear", "stream_linear_blocks", "rms_norm", "rope", "rope_kv_write_",
-                "tree_attention", "decoder_layer_")
+                "tree_attention", "decoder_layer_", "decoder_layers_")
 
 #: Sync-free error flags of the CUDA ops and the host-side checks that raise the CPU ops' errors.
 ERROR_HELPERS = (
@@ -1253,6 +1254,74 @@ def decoder_layer_(x: Tensor, norm1: Optional[Tensor], eps1: float, norm2: Tenso
 def _(x, norm1, eps1, norm2, eps2, linears, out_features, cos, sin, prefix_lens, tree_mask, scale, x_out, k_cache,
       v_cache, residual=None):
     torch._check(x.dim() == 3 and x_out.dim() == 3, lambda: "decoder_layer_: x and x_out must be [B, T, H]")
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# 14. decoder_layers_ (CPU): a target's whole stack of decoder layers in one call
+# ---------------------------------------------------------------------------------------------
+def decoder_layers_(x: Tensor, norms: Sequence[Tensor], eps: Sequence[float], linears: Sequence[Tensor],
+                    out_features: Sequence[int], layer_calls: Sequence[int], cos: Tensor, sin: Tensor,
+                    prefix_lens: Tensor, tree_mask: Tensor, scale: float, taps: Sequence[int], x_out: Tensor,
+                    features: Tensor, k_cache: Tensor, v_cache: Tensor) -> None:
+    """A target's ``L`` decoder layers of a decode step or a tree verify (CPU), in one call:
+    :func:`decoder_layer_` for layer ``0 .. L - 1`` in turn, each fed the previous one's output,
+    so the same bits as those ``L`` calls, without a Python round trip per layer.
+
+    Layer ``i`` takes the next ``layer_calls[i]`` entries of ``out_features`` and the next
+    ``2 layer_calls[i]`` of ``linears`` (as :func:`decoder_layer_`'s ``out_features`` and
+    ``linears``), ``norm1, norm2 = norms[2 i], norms[2 i + 1]`` (likewise ``eps``), its cache
+    ``k_cache[i]``, ``v_cache[i]``; ``cos``, ``sin``, ``prefix_lens``, ``tree_mask`` and
+    ``scale`` are every layer's (a target's layer: ``tree_mask`` ``[B, T, T]``, no residual).
+    Every layer's inputs are checked before any layer runs, so a refused call writes nothing.
+
+    Parameters
+    ----------
+    x : Tensor
+        ``[B, T, H]`` contiguous float32 (or bfloat16 with float / bfloat16 stream weights) on
+        the CPU: the first layer's input.
+    norms : sequence of Tensor
+        ``2 L`` tensors ``[H]`` of ``x``'s dtype: each layer's input and post-attention RMSNorm weights.
+    eps : sequence of float
+        ``2 L`` epsilons, finite and ``>= 0``, paired with ``norms``.
+    linears, out_features : sequences
+        Every layer's :func:`decoder_layer_` ``linears`` and ``out_features``, concatenated.
+    layer_calls : sequence of int
+        ``L >= 1`` entries of 4 to 7: each layer's number of linear calls.
+    cos, sin, prefix_lens, tree_mask, scale
+        As :func:`decoder_layer_`.
+    taps : sequence of int
+        Layer indices in ``0 .. L``, any order: the hidden states entering those layers (``L``:
+        the last layer's output) go to ``features`` side by side (EAGLE-3's feature taps).
+    x_out : Tensor
+        ``[B, T, H]`` contiguous, ``x``'s dtype, not ``x``: written with the last layer's output
+        (before any final norm).
+    features : Tensor
+        ``[B, T, len(taps) H]``, ``x``'s dtype: written with the tapped hidden states.
+    k_cache, v_cache : Tensor
+        ``[L, B, S, Hkv, D]`` of ``x``'s dtype: each layer's ``T`` new rows written.
+    """
+    op = "decoder_layers_"
+    check_tensor(op, "x", x, dtype=(torch.float32, torch.bfloat16), ndim=3, layout="[B, T, H]")
+    _cpu_only(op, "x", x, "the model's own decoder layers")
+    for name, seq in (("out_features", out_features), ("layer_calls", layer_calls), ("taps", taps)):
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in seq):
+            raise ValueError(f"{op}: expected ints in {name}, got {list(seq)!r}")
+    if not all(isinstance(t, Tensor) for t in (*norms, *linears)):
+        raise ValueError(f"{op}: expected tensors in norms and linears")
+    if not all(isinstance(e, (int, float)) and not isinstance(e, bool) for e in eps):
+        raise ValueError(f"{op}: expected floats in eps, got {list(eps)!r}")
+    # The op checks the lists' lengths, the outputs, the caches and, layer by layer, what
+    # decoder_layer_ checks, all before the first layer runs.
+    _ops.decoder_layers_.default(x, list(norms), [float(e) for e in eps], list(linears), list(out_features),
+                                 list(layer_calls), cos, sin, prefix_lens, tree_mask, float(scale), list(taps), x_out,
+                                 features, k_cache, v_cache)
+
+
+@_fake("decoder_layers_")
+def _(x, norms, eps, linears, out_features, layer_calls, cos, sin, prefix_lens, tree_mask, scale, taps, x_out,
+      features, k_cache, v_cache):
+    torch._check(x.dim() == 3 and x_out.dim() == 3, lambda: "decoder_layers_: x and x_out must be [B, T, H]")
     return None
 
 

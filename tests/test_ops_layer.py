@@ -123,7 +123,8 @@ def test_the_target_runs_its_layers_as_one_op_with_the_same_bits(monkeypatch, fu
     and cache of the layer run call by call; also where Q/K/V and gate/up run as separate calls."""
     from models_util import streamed_flag_ab
 
-    runs = streamed_flag_ab(monkeypatch, "LAYER_OP", "decoder_layer_", seed=8, fuse=fuse)
+    runs = streamed_flag_ab(monkeypatch, "LAYER_OP", "decoder_layer_", seed=8, fuse=fuse, off={"STACK_OP": False},
+                            force_stream=True)
     if runs is None:
         pytest.skip("the tiny model's linears do not all stream fused here")
     (fused, cache_f), (plain, cache_p) = runs
@@ -236,3 +237,104 @@ def test_the_draft_layout_no_input_norm_its_own_residual_and_earlier_tree_column
     assert "C = " in err(mask=mask[:, :, :2])                                 # fewer columns than rows
     assert "prefix_lens" in err(lens=torch.tensor([20, 0]))                   # 20 + C past the 24 slots
     assert "linears[0]" in err(x=torch.randn(B, T, H))                        # QKV takes 2H
+
+
+# ---- decoder_layers_: the whole stack in one call ------------------------------------------------
+
+def _stack(fmt="q8_0", layouts=("fused", "qkv split", "both split")):
+    """Layers of one shape and different call layouts, as decoder_layers_'s flat lists."""
+    layers = [_layer(fmt=fmt, layout=lay, seed=10 + i) for i, lay in enumerate(layouts)]
+    c = layers[0]
+    return dict(layers=layers, x=c["x"], norms=[n for l in layers for n in l["norms"]],
+                eps=[e for _ in layers for e in (1e-5, 1e-6)], linears=[t for l in layers for t in l["linears"]],
+                widths=[w for l in layers for w in l["widths"]], calls=[len(l["widths"]) for l in layers],
+                cos=c["cos"], sin=c["sin"], lens=c["lens"], mask=c["mask"], scale=c["D"] ** -0.5,
+                kc=torch.stack([l["kc"] for l in layers]), vc=torch.stack([l["vc"] for l in layers]))
+
+
+def _run_stack(s, taps, call=ops.decoder_layers_, **kw):
+    B, T, H = s["x"].shape
+    a = dict(x=s["x"], norms=s["norms"], eps=s["eps"], linears=s["linears"], widths=s["widths"], calls=s["calls"],
+             cos=s["cos"], sin=s["sin"], lens=s["lens"], mask=s["mask"], scale=s["scale"], taps=list(taps),
+             out=torch.empty(B, T, H), feats=torch.empty(B, T, len(taps) * H), kc=s["kc"].clone(),
+             vc=s["vc"].clone())
+    a.update(kw)
+    assert call(*a.values()) is None
+    return a["out"], a["feats"], a["kc"], a["vc"]
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "float32"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_decoder_layers_is_decoder_layer_per_layer_bit_for_bit(fmt, threads):
+    """Three layers (fused, Q/K/V split, both split) in one call: the output, the tapped hidden
+    states (any order, the last output too) and every layer's cache are those of one
+    decoder_layer_ call per layer, bit for bit."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        s = _stack(fmt)
+        taps = [3, 0, 2, 0]
+        out, feats, kc, vc = _run_stack(s, taps)
+        h, states, ks, vs = s["x"], [], [], []
+        for i, c in enumerate(s["layers"]):
+            states.append(h)
+            shared = {k: s[k] for k in ("cos", "sin", "lens", "mask")}
+            nxt, k1, v1 = _run(dict(c, x=h, norms=(s["norms"][2 * i], s["norms"][2 * i + 1]), **shared))
+            h = nxt
+            ks.append(k1), vs.append(v1)
+        states.append(h)
+        assert torch.equal(out, h)
+        assert torch.equal(feats, torch.cat([states[t] for t in taps], -1))
+        assert torch.equal(kc, torch.stack(ks)) and torch.equal(vc, torch.stack(vs))
+        out0, feats0, _, _ = _run_stack(s, [])
+        assert torch.equal(out0, out) and feats0.shape == (*out.shape[:2], 0)
+    finally:
+        torch.set_num_threads(old)
+
+
+def test_the_target_runs_its_stack_as_one_op_with_the_same_bits(monkeypatch):
+    """A streamed float32 target forward takes decoder_layers_ for all its layers, with the
+    logits, features and cache of one decoder_layer_ call per layer."""
+    from models_util import streamed_flag_ab
+
+    runs = streamed_flag_ab(monkeypatch, "STACK_OP", "decoder_layers_", seed=8, force_stream=True)
+    if runs is None:
+        pytest.skip("the tiny model's linears do not all stream fused here")
+    (stacked, cache_s), (per_layer, cache_l) = runs
+    assert all(torch.equal(a, b) for a, b in zip(stacked, per_layer))
+    assert torch.equal(cache_s.k, cache_l.k) and torch.equal(cache_s.v, cache_l.v)
+
+
+@pytest.mark.parametrize("call", ["wrapper", "raw"])
+def test_decoder_layers_bad_input_gets_a_clear_error_and_writes_nothing(call):
+    fn = ops.decoder_layers_ if call == "wrapper" else (lambda *a: raw.decoder_layers_(*a))
+    s = _stack()
+    w, lin = s["widths"], s["linears"]
+
+    def err(taps=(1,), **kw):
+        return _errors(lambda: _run_stack(s, taps, call=fn, **kw))
+
+    assert "at least one layer" in err(calls=[], widths=[], linears=[], norms=[], eps=[])
+    assert "layer_calls[1]" in err(calls=[4, 3, 7])
+    assert "out_features (the sum of layer_calls)" in err(calls=[4, 6, 6])
+    assert "linears tensors" in err(linears=lin[:-2])
+    assert "2 L = 6 norms and eps" in err(norms=s["norms"][:5])
+    assert "norms[3]" in err(norms=s["norms"][:3] + [s["norms"][3][:32]] + s["norms"][4:])
+    assert "eps[2]" in err(eps=[1e-5, 1e-6, float("nan"), 1e-6, 1e-5, 1e-6])
+    assert "[L, B, S, Hkv, D]" in err(kc=s["kc"][0])
+    assert "L = layer_calls.size()" in err(kc=s["kc"][:2], vc=s["vc"][:2])
+    assert "v_cache of k_cache's shape" in err(vc=s["vc"][:, :, :20])
+    assert "taps" in err(taps=[4])
+    assert "x_out" in err(out=torch.empty(2, 3, 32))
+    assert "not x itself" in err(out=s["x"])
+    assert "features [B, T, len(taps) * H]" in err(feats=torch.empty(2, 3, 128))
+    assert "x of dtype" in err(x=s["x"].double())
+    # a layer's own error names the layer, and no layer's cache was written
+    kc, vc = s["kc"].clone(), s["vc"].clone()
+    bad = w[:4] + [w[4] + 1] + w[5:]                     # layer 1's Q width (Q, K, V split)
+    out, feats = torch.zeros(2, 3, 64), torch.zeros(2, 3, 64)
+    msg = err(widths=bad, kc=kc, vc=vc, out=out, feats=feats)
+    assert "decoder_layers_ (layer 1)" in msg and "out_features[0:3]" in msg
+    assert "decoder_layers_ (layer 0)" in err(lens=torch.tensor([30, 0]), kc=kc, vc=vc, out=out, feats=feats)
+    assert torch.equal(kc, s["kc"]) and torch.equal(vc, s["vc"])
+    assert not out.any() and not feats.any()

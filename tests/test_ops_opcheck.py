@@ -82,6 +82,17 @@ def samples(device):
                                    torch.tensor([4, 0]), torch.ones(2, 3, 3, dtype=torch.bool).tril(), 0.35,
                                    torch.empty(2, 3, 32), torch.randn(2, 9, 1, 8, generator=g),
                                    torch.randn(2, 9, 1, 8, generator=g))))
+    # decoder_layers_: two such layers (the second with Q, K, V as separate calls), their caches
+    # stacked, the hidden states entering layer 1 and leaving layer 1 tapped
+    lin = [ops.stream_linear_pack(torch.randn(n, k, generator=g) * 0.1) for n, k in (
+        (32, 32), (32, 16), (64, 32), (32, 32), (16, 32), (8, 32), (8, 32), (32, 16), (64, 32), (32, 32))]
+    out.append(("decoder_layers_", (torch.randn(2, 3, 32, generator=g),
+                                    [torch.rand(32, generator=g) + 0.5 for _ in range(4)], [1e-5, 1e-6, 1e-5, 1e-6],
+                                    [t for w in lin for t in (w, torch.empty(0))], [32, 32, 64, 32, 16, 8, 8, 32, 64, 32],
+                                    [4, 6], torch.randn(2, 3, 8, generator=g), torch.randn(2, 3, 8, generator=g),
+                                    torch.tensor([4, 0]), torch.ones(2, 3, 3, dtype=torch.bool).tril(), 0.35, [1, 2],
+                                    torch.empty(2, 3, 32), torch.empty(2, 3, 64),
+                                    torch.randn(2, 2, 9, 1, 8, generator=g), torch.randn(2, 2, 9, 1, 8, generator=g))))
     return [(name, tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)) for name, args in out]
 
 
@@ -89,7 +100,7 @@ def test_samples_cover_every_op():
     assert {name for name, _ in samples("cpu")} == set(ops.OP_NAMES)
 
 
-@pytest.mark.parametrize("idx", range(21))
+@pytest.mark.parametrize("idx", range(22))
 def test_opcheck(devices, idx):
     if devices != "cpu" and samples("cpu")[idx][0] in ops.CPU_ONLY_OPS:
         pytest.skip("a CPU-only op (no CUDA kernel)")

@@ -38,6 +38,7 @@
 #include <ATen/ops/silu.h>
 #include <torch/library.h>
 
+#include <string>
 #include <vector>
 
 #include "op_checks.h"
@@ -91,6 +92,56 @@ void decoder_layer_cpu(const Tensor& x, const std::optional<Tensor>& norm1, doub
   at::add_out(x_out, x1, run_linear(m, linears, out_features, c.down()));
 }
 
-TORCH_LIBRARY_IMPL(heterospec, CPU, m) { m.impl("decoder_layer_", &decoder_layer_cpu); }
+// decoder_layers_: a target's L layers in one call. Why: a one-token forward of the built-in
+// target spent about a sixth of its time between its 30 decoder_layer_ calls (the Python layer
+// object, the op's argument conversion, a view of each layer's cache), with a core idle meanwhile
+// (bench/RESULTS.md, sixty-first session). The loop below is that Python loop: the same
+// decoder_layer_ per layer, so the same bits.
+//
+// Layout. x [B, T, H]; norms [2 L] (layer i: norm1 = norms[2 i], norm2 = norms[2 i + 1], each [H]),
+// eps [2 L] likewise; layer_calls [L]: layer i's number of linear calls n_i (4 to 7, as
+// decoder_layer_'s out_features); out_features: the n_i widths of layer 0, then of layer 1, ...;
+// linears: the 2 n_i (weight, scales) tensors of layer 0, then of layer 1, ...; cos, sin,
+// prefix_lens, tree_mask, scale: decoder_layer_'s, shared by every layer; taps: layer indices in
+// 0 .. L, any order; k_cache, v_cache [L, B, S, Hkv, D] (layer i's cache: [i]). Written: x_out
+// [B, T, H] contiguous (the last layer's output, before any final norm); features [B, T,
+// len(taps) H]: the hidden states entering layer taps[j] (taps[j] = L: x_out) side by side.
+// Every layer's inputs are checked (decoder_layer_'s checks, named by layer) before any runs, so
+// a refused call writes nothing.
+void decoder_layers_cpu(const Tensor& x, at::TensorList norms, at::ArrayRef<double> eps, at::TensorList linears,
+                        at::IntArrayRef out_features, at::IntArrayRef layer_calls, const Tensor& cos,
+                        const Tensor& sin, const Tensor& prefix_lens, const Tensor& tree_mask, double scale,
+                        at::IntArrayRef taps, Tensor& x_out, Tensor& features, Tensor& k_cache, Tensor& v_cache) {
+  constexpr const char* op = "decoder_layers_";
+  const int64_t L = check_decoder_layers_inputs(Backend::CPU, op, x, norms, eps, linears, out_features, layer_calls,
+                                                taps, x_out, features, k_cache, v_cache);
+  for (int64_t i = 0, off = 0; i < L; off += layer_calls[i], ++i) {
+    const std::string name = std::string(op) + " (layer " + std::to_string(i) + ")";
+    check_decoder_layer_inputs(Backend::CPU, name.c_str(), x, x, linears.slice(2 * off, 2 * layer_calls[i]),
+                               out_features.slice(off, layer_calls[i]), k_cache.select(0, i), x_out, prefix_lens,
+                               tree_mask);
+  }
+  const int64_t H = x.size(2);
+  const auto tap = [&](int64_t layer, const Tensor& h) {
+    for (size_t j = 0; j < taps.size(); ++j)
+      if (taps[j] == layer) features.narrow(2, static_cast<int64_t>(j) * H, H).copy_(h);
+  };
+  Tensor h = x;
+  for (int64_t i = 0, off = 0; i < L; off += layer_calls[i], ++i) {
+    tap(i, h);
+    const int64_t n = layer_calls[i];
+    Tensor out = i + 1 == L ? x_out : at::empty(x.sizes(), x.options());
+    Tensor kc = k_cache.select(0, i), vc = v_cache.select(0, i);
+    decoder_layer_cpu(h, norms[2 * i], eps[2 * i], norms[2 * i + 1], eps[2 * i + 1], linears.slice(2 * off, 2 * n),
+                      out_features.slice(off, n), cos, sin, prefix_lens, tree_mask, scale, out, kc, vc, std::nullopt);
+    h = out;
+  }
+  tap(L, x_out);
+}
+
+TORCH_LIBRARY_IMPL(heterospec, CPU, m) {
+  m.impl("decoder_layer_", &decoder_layer_cpu);
+  m.impl("decoder_layers_", &decoder_layers_cpu);
+}
 
 }  // namespace heterospec

@@ -45,6 +45,13 @@ ROPE_KV_WRITE = True
 # round trip per kernel). Same bits. False runs the layer call by call (A/B benchmarks).
 LAYER_OP = True
 
+# Where every layer runs as that op, the whole stack runs as one (``decoder_layers_``: the same
+# layer op for each layer in turn, looped in C++). A one-token step spent about a sixth of its
+# time between its layers' op calls (the Python layer object, the op's argument conversion, a
+# view of each layer's cache) with a core idle meanwhile. Same bits. False runs one op a layer
+# (A/B benchmarks).
+STACK_OP = True
+
 
 def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
     """EAGLE-3 taps: inputs of layers (2, L//2, L-3), clamped to [0, L] for tiny models."""
@@ -206,6 +213,22 @@ class StreamedLayer(NamedTuple):
         h = norm(x, self.norm2, self.eps2)
         gate, up = (out for call in self.gate_up for out in call(h))
         return x + self.down(torch.nn.functional.silu(gate) * up)[0]
+
+
+class StreamedLayers(list):
+    """A forward's :class:`StreamedLayer` per layer, and ``stack``: ``decoder_layers_``'s flat
+    per-layer arguments ``(norms, eps, linears, out_features, layer_calls)`` where every layer
+    runs as one op, else None."""
+
+    def __init__(self, layers):
+        super().__init__(layers)
+        self.stack = None
+        if layers and all(sl.layer_op is not None for sl in layers):
+            self.stack = ([t for sl in layers for t in (sl.norm1, sl.norm2)],
+                          [float(e) for sl in layers for e in (sl.eps1, sl.eps2)],
+                          [t for sl in layers for t in sl.layer_op[0]],
+                          [int(w) for sl in layers for w in sl.layer_op[1]],
+                          [len(sl.layer_op[1]) for sl in layers])
 
 
 def _pack(t: torch.Tensor, ragged) -> torch.Tensor:
@@ -389,20 +412,18 @@ class TargetModel(nn.Module):
         if taps is not None and any(not 0 <= int(i) <= c.num_layers for i in taps):
             raise ValueError(f"feature taps {list(taps)} out of range for a target of {c.num_layers} layers")
         aux = (c.aux_layers if taps is None else tuple(int(i) for i in taps)) if return_features else ()
-        taps = {}
         streamed = self._stream_plans(x)
-        host_lens = (prefix_lens.tolist() if streamed is not None and B <= 4 and host_reads_allowed(prefix_lens)
-                     else None)
-        for i, layer in enumerate(self.layers):
-            if i in aux:
-                taps[i] = x
-            if streamed is not None:
-                x = streamed[i](x, cos, sin, cache, i, prefix_lens, host_lens, backend, plan, pack)
-            else:
-                x = layer(x, cos, sin, cache, i, prefix_lens, backend, plan, pack)
-        if c.num_layers in aux:
-            taps[c.num_layers] = x
-        features = torch.cat([taps[i] for i in aux], dim=-1) if return_features else None
+        stack = streamed.stack if streamed is not None and pack is None and STACK_OP and LAYER_OP else None
+        if (stack is not None and type(plan) is TreeOpPlan and cache.k.dtype == x.dtype and cos.dtype == x.dtype
+                and cos.shape == (B, T, c.head_dim)):
+            # the raw op: the layer op's checks run in C++ for every layer before any runs
+            out, features = torch.empty_like(x), x.new_empty(B, T, len(aux) * c.hidden_size)
+            torch.ops.heterospec.decoder_layers_.default(x, *stack, cos, sin, plan.prefix_lens, plan.tree_mask,
+                                                         plan.scale, list(aux), out, features, cache.k, cache.v)
+            x = out
+        else:
+            x, features = self._layers(x, cos, sin, cache, prefix_lens, backend, plan, pack, streamed, aux)
+        features = features if return_features else None
         if pack is not None and features is not None:
             features = _unpack(features, pack)
         if logits_index is not None and pack is not None:
@@ -418,6 +439,23 @@ class TargetModel(nn.Module):
             logits = _unpack(logits, pack)
         return logits, features
 
+    def _layers(self, x, cos, sin, cache, prefix_lens, backend, plan, pack, streamed, aux) -> tuple:
+        """The layers one call each (streamed, else the modules): ``(x, features)``, the features
+        the hidden states entering the layers ``aux`` side by side (``aux`` empty: None)."""
+        taps = {}
+        host_lens = (prefix_lens.tolist() if streamed is not None and x.shape[0] <= 4 and host_reads_allowed(prefix_lens)
+                     else None)
+        for i, layer in enumerate(self.layers):
+            if i in aux:
+                taps[i] = x
+            if streamed is not None:
+                x = streamed[i](x, cos, sin, cache, i, prefix_lens, host_lens, backend, plan, pack)
+            else:
+                x = layer(x, cos, sin, cache, i, prefix_lens, backend, plan, pack)
+        if self.config.num_layers in aux:
+            taps[self.config.num_layers] = x
+        return x, (torch.cat([taps[i] for i in aux], dim=-1) if aux else x.new_empty(*x.shape[:-1], 0))
+
     def _stream_plans(self, x: torch.Tensor) -> list | None:
         """Every layer as a :class:`StreamedLayer` for input ``x`` ([B, T, H], or [1, N, H]
         packed), or None (the modules run) unless every linear streams at this row count, the norms and RoPE run as the CPU
@@ -427,9 +465,9 @@ class TargetModel(nn.Module):
             return None
         return self._streamed.get(x.shape[0] * x.shape[1], x.dtype)
 
-    def _build_stream_plans(self, rows: int, dtype: torch.dtype) -> list | None:
+    def _build_stream_plans(self, rows: int, dtype: torch.dtype) -> "StreamedLayers | None":
         layers = [layer.streamed(rows, dtype) for layer in self.layers]
-        return None if None in layers else layers
+        return None if None in layers else StreamedLayers(layers)
 
     def _stream_plan_weights(self) -> list:
         return [w for layer in self.layers for w in layer.weights()]
