@@ -186,6 +186,20 @@ __attribute__((target("avx512f,avx2,fma"))) inline __m512 sum16_avx512(const __m
 // The widest head a SIMD kernel takes; a zero row of it stands in for the missing keys of a block.
 constexpr int64_t kMaxD = 128;
 
+// Keys ahead whose K (phase 1) or V (phase 3) row a SIMD kernel asks the cache for. One KV head's
+// rows are D floats every Hkv * D, slots in tree order, and a decode step finds them evicted by
+// the layer's weights: without the hint a step over a long context waited on memory
+// (bench/RESULTS.md, sixty-first session). A prefetch changes no result.
+constexpr int64_t kPrefetchKeys = 16;
+
+// Asks for the row of visible key idx (if there is one): `bytes` from its start.
+inline void prefetch_row(Rows r, const Visible& vis, int64_t idx, int64_t n, int64_t bytes) {
+  if (idx < n) {
+    const char* row = reinterpret_cast<const char*>(r.at(vis.slot(idx)));
+    for (int64_t c = 0; c < bytes; c += 64) _mm_prefetch(row + c, _MM_HINT_T0);
+  }
+}
+
 // ---- AVX-512 phases (group_rows below takes a GQA group's rows through them) --------------------
 
 // Phase 1 for keys i .. min(i + 16, n) - 1 of one row: one FMA chain over D per key, then the
@@ -198,6 +212,7 @@ __attribute__((target("avx512f,avx2,fma"))) inline void scores_block_avx512(cons
   const int64_t m = std::min<int64_t>(16, n - i);
   const float* kr[16];
   for (int64_t j = 0; j < 16; ++j) kr[j] = j < m ? k.at(vis.slot(i + j)) : kZeroRow;
+  for (int64_t j = 0; j < 16; ++j) prefetch_row(k, vis, i + j + kPrefetchKeys, n, 64 * C);
   __m512 qv[C], acc[16];
 #pragma GCC unroll 4
   for (int c = 0; c < C; ++c) qv[c] = _mm512_loadu_ps(q + 16 * c);
@@ -239,6 +254,7 @@ __attribute__((target("avx512f,avx2,fma"))) inline void values_block_avx512(cons
   const int64_t e = std::min<int64_t>(i + 16, n);
   for (int64_t j = i; j < e; ++j) {
     const float* vr = v.at(vis.slot(j));
+    prefetch_row(v, vis, j + kPrefetchKeys, n, 64 * C);
     const __m512 w = _mm512_set1_ps(p[j]);
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) acc[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(vr + 16 * c), acc[c]);
@@ -267,6 +283,7 @@ __attribute__((target("avx2,fma"))) inline void scores_block_avx2(const float* q
     const int64_t m = std::min<int64_t>(8, e - j);
     const float* kr[8];
     for (int64_t u = 0; u < 8; ++u) kr[u] = u < m ? k.at(vis.slot(j + u)) : kZeroRow;
+    for (int64_t u = 0; u < 8; ++u) prefetch_row(k, vis, j + u + kPrefetchKeys, n, 32 * C);
     __m256 a[8];
 #pragma GCC unroll 8
     for (int u = 0; u < 8; ++u) a[u] = _mm256_setzero_ps();
@@ -311,6 +328,7 @@ __attribute__((target("avx2,fma"))) inline void values_block_avx2(const float* p
   const int64_t e = std::min<int64_t>(i + 16, n);
   for (int64_t j = i; j < e; ++j) {
     const float* vr = v.at(vis.slot(j));
+    prefetch_row(v, vis, j + kPrefetchKeys, n, 32 * C);
     const __m256 w = _mm256_set1_ps(p[j]);
 #pragma GCC unroll 16
     for (int c = 0; c < C; ++c) acc[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 8 * c), acc[c]);
