@@ -93,7 +93,7 @@ void decoder_layer_cpu(const Tensor& x, const std::optional<Tensor>& norm1, doub
 }
 
 // decoder_layers_: a target's L layers in one call. Why: a one-token forward of the built-in
-// target spent about a sixth of its time between its 30 decoder_layer_ calls (the Python layer
+// target spent a good part of its time between its 30 decoder_layer_ calls (the Python layer
 // object, the op's argument conversion, a view of each layer's cache), with a core idle meanwhile
 // (bench/RESULTS.md, sixty-first session). The loop below is that Python loop: the same
 // decoder_layer_ per layer, so the same bits.

@@ -46,10 +46,10 @@ ROPE_KV_WRITE = True
 LAYER_OP = True
 
 # Where every layer runs as that op, the whole stack runs as one (``decoder_layers_``: the same
-# layer op for each layer in turn, looped in C++). A one-token step spent about a sixth of its
-# time between its layers' op calls (the Python layer object, the op's argument conversion, a
-# view of each layer's cache) with a core idle meanwhile. Same bits. False runs one op a layer
-# (A/B benchmarks).
+# layer op for each layer in turn, looped in C++). A one-token step spent a good part of its time
+# between its layers' op calls (the Python layer object, the op's argument conversion, a view of
+# each layer's cache) with a core idle meanwhile (bench/RESULTS.md, sixty-first session). Same
+# bits. False runs one op a layer (A/B benchmarks).
 STACK_OP = True
 
 
@@ -441,7 +441,7 @@ class TargetModel(nn.Module):
 
     def _layers(self, x, cos, sin, cache, prefix_lens, backend, plan, pack, streamed, aux) -> tuple:
         """The layers one call each (streamed, else the modules): ``(x, features)``, the features
-        the hidden states entering the layers ``aux`` side by side (``aux`` empty: None)."""
+        the hidden states entering the layers ``aux`` side by side (``aux`` empty: ``[..., 0]``)."""
         taps = {}
         host_lens = (prefix_lens.tolist() if streamed is not None and x.shape[0] <= 4 and host_reads_allowed(prefix_lens)
                      else None)
