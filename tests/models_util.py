@@ -56,15 +56,14 @@ def path_to(parents, i):
     return path[::-1]  # root first
 
 
-def streamed_flag_ab(monkeypatch, flag: str, op: str, seed: int, off: dict = (), fuse: bool = True,
-                     force_stream: bool = False):
+def streamed_flag_ab(monkeypatch, flag: str, op: str, seed: int, off: dict = (), fuse: bool = True):
     """A tuned tiny float32 target (streamed layers) run twice, ``heterospec.models.target.<flag>``
     on then off (``off``: other flags of that module set for both runs): two forwards each (a
     4-token prefill, then 2 tokens after it). Returns ``((outputs, cache) on, (outputs, cache) off)``,
     outputs the forwards' logits and features; None where the "on" run never called
     ``heterospec::<op>`` (the tiny model's linears did not all stream here). ``fuse=False``: no
-    sibling linears fused (each runs its own call). ``force_stream``: every linear timed fastest
-    on its stream path (a throwaway linear-cost cache), so the layers stream on any machine."""
+    sibling linears fused (each runs its own call). Every linear is timed fastest on its stream
+    path (a throwaway linear-cost cache), so the layers stream on any machine."""
     import tempfile
 
     import heterospec.models.linear as linear_mod
@@ -72,17 +71,16 @@ def streamed_flag_ab(monkeypatch, flag: str, op: str, seed: int, off: dict = (),
     from heterospec import TargetModel
     from heterospec.models.linear import tune_linears
 
-    if force_stream:
-        monkeypatch.setenv("HETEROSPEC_CACHE", tempfile.mkdtemp(prefix="hs-forced-stream-"))
-        monkeypatch.setattr(linear_mod, "_MEMORY", {})
-        real = linear_mod.time_shape
+    monkeypatch.setenv("HETEROSPEC_CACHE", tempfile.mkdtemp(prefix="hs-forced-stream-"))
+    monkeypatch.setattr(linear_mod, "_MEMORY", {})
+    real = linear_mod.time_shape
 
-        def timed(layer, *a, **k):
-            t = real(layer, rows=linear_mod.TUNE_ROWS, budget_s=0.01, copies=1)
-            if "stream_ms" in t:
-                t["stream_ms"] = [1e-6] * len(t["rows"])
-            return t
-        monkeypatch.setattr(linear_mod, "time_shape", timed)
+    def timed(layer, *a, **k):
+        t = real(layer, rows=linear_mod.TUNE_ROWS, budget_s=0.01, copies=1)
+        if "stream_ms" in t:
+            t["stream_ms"] = [1e-6] * len(t["rows"])
+        return t
+    monkeypatch.setattr(linear_mod, "time_shape", timed)
     model = TargetModel.from_hf(tiny_llama(seed=seed, dtype=torch.float32)).eval()
     tune_linears([model], progress=False, fuse=fuse)
     ids = torch.randint(0, model.config.vocab_size, (2, 6))

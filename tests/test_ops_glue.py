@@ -132,8 +132,7 @@ def test_the_target_writes_its_cache_and_rotates_with_one_op_and_the_same_logits
     and cache of the path without it, bit for bit (the layer run call by call, op 13 aside)."""
     from models_util import streamed_flag_ab
 
-    runs = streamed_flag_ab(monkeypatch, "ROPE_KV_WRITE", "rope_kv_write_", seed=7, off={"LAYER_OP": False},
-                            force_stream=True)
+    runs = streamed_flag_ab(monkeypatch, "ROPE_KV_WRITE", "rope_kv_write_", seed=7, off={"LAYER_OP": False})
     if runs is None:
         pytest.skip("the tiny model's linears do not all stream here (no streamed layers)")
     (fused, cache_f), (plain, cache_p) = runs

@@ -117,14 +117,18 @@ def test_decoder_layer_is_the_op_chain_bit_for_bit_and_the_reference(fmt, thread
         torch.set_num_threads(old)
 
 
-@pytest.mark.parametrize("fuse", [True, False])
-def test_the_target_runs_its_layers_as_one_op_with_the_same_bits(monkeypatch, fuse):
-    """A streamed float32 target forward takes decoder_layer_ per layer, with the logits, features
-    and cache of the layer run call by call; also where Q/K/V and gate/up run as separate calls."""
+@pytest.mark.parametrize("flag, op, fuse, off", [
+    ("LAYER_OP", "decoder_layer_", True, {"STACK_OP": False}),     # one op a layer, groups fused
+    ("LAYER_OP", "decoder_layer_", False, {"STACK_OP": False}),    # ... Q/K/V and gate/up separate
+    ("STACK_OP", "decoder_layers_", True, {}),                     # the whole stack as one op
+])
+def test_the_target_runs_its_layers_as_one_op_with_the_same_bits(monkeypatch, flag, op, fuse, off):
+    """A streamed float32 target forward takes decoder_layer_ per layer (also where Q/K/V and
+    gate/up run as separate calls), or decoder_layers_ for all of them, with the logits, features
+    and cache of the path without it: the layers call by call, or one op a layer."""
     from models_util import streamed_flag_ab
 
-    runs = streamed_flag_ab(monkeypatch, "LAYER_OP", "decoder_layer_", seed=8, fuse=fuse, off={"STACK_OP": False},
-                            force_stream=True)
+    runs = streamed_flag_ab(monkeypatch, flag, op, seed=8, fuse=fuse, off=off)
     if runs is None:
         pytest.skip("the tiny model's linears do not all stream fused here")
     (fused, cache_f), (plain, cache_p) = runs
@@ -290,19 +294,6 @@ def test_decoder_layers_is_decoder_layer_per_layer_bit_for_bit(fmt, threads):
         assert torch.equal(out0, out) and feats0.shape == (*out.shape[:2], 0)
     finally:
         torch.set_num_threads(old)
-
-
-def test_the_target_runs_its_stack_as_one_op_with_the_same_bits(monkeypatch):
-    """A streamed float32 target forward takes decoder_layers_ for all its layers, with the
-    logits, features and cache of one decoder_layer_ call per layer."""
-    from models_util import streamed_flag_ab
-
-    runs = streamed_flag_ab(monkeypatch, "STACK_OP", "decoder_layers_", seed=8, force_stream=True)
-    if runs is None:
-        pytest.skip("the tiny model's linears do not all stream fused here")
-    (stacked, cache_s), (per_layer, cache_l) = runs
-    assert all(torch.equal(a, b) for a, b in zip(stacked, per_layer))
-    assert torch.equal(cache_s.k, cache_l.k) and torch.equal(cache_s.v, cache_l.v)
 
 
 @pytest.mark.parametrize("call", ["wrapper", "raw"])

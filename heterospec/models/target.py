@@ -177,9 +177,7 @@ class StreamedLayer(NamedTuple):
         without the modules' per-call dispatch (about a third of a one-token float32 step on a
         2-core CPU, bench/RESULTS.md). ``host_lens``: ``prefix_lens.tolist()`` or None."""
         B, T, _ = x.shape
-        # the fused ops take per-token tables and a cache of x's dtype, and the real rows only
-        fused_ok = (ragged is None and cache.k.dtype == x.dtype and cos.dtype == x.dtype
-                    and cos.shape == (B, T, self.head_dim))
+        fused_ok = _fused_ops_fit(x, cos, cache, ragged, self.head_dim)
         if LAYER_OP and fused_ok and self.layer_op is not None and type(plan) is TreeOpPlan:
             # the raw op: the kernels it calls check their inputs (the wrapper's Python checks,
             # once a layer, would cost what the op saves)
@@ -213,6 +211,14 @@ class StreamedLayer(NamedTuple):
         h = norm(x, self.norm2, self.eps2)
         gate, up = (out for call in self.gate_up for out in call(h))
         return x + self.down(torch.nn.functional.silu(gate) * up)[0]
+
+
+def _fused_ops_fit(x, cos, cache: KVCache, ragged, head_dim: int) -> bool:
+    """Whether the fused layer ops (``rope_kv_write_``, ``decoder_layer_``, ``decoder_layers_``)
+    take this call: per-token tables and a cache of ``x``'s dtype, and the real rows only."""
+    B, T, _ = x.shape
+    return (ragged is None and cache.k.dtype == x.dtype and cos.dtype == x.dtype
+            and cos.shape == (B, T, head_dim))
 
 
 class StreamedLayers(list):
@@ -413,9 +419,8 @@ class TargetModel(nn.Module):
             raise ValueError(f"feature taps {list(taps)} out of range for a target of {c.num_layers} layers")
         aux = (c.aux_layers if taps is None else tuple(int(i) for i in taps)) if return_features else ()
         streamed = self._stream_plans(x)
-        stack = streamed.stack if streamed is not None and pack is None and STACK_OP and LAYER_OP else None
-        if (stack is not None and type(plan) is TreeOpPlan and cache.k.dtype == x.dtype and cos.dtype == x.dtype
-                and cos.shape == (B, T, c.head_dim)):
+        stack = streamed.stack if streamed is not None and STACK_OP and LAYER_OP else None
+        if stack is not None and type(plan) is TreeOpPlan and _fused_ops_fit(x, cos, cache, pack, c.head_dim):
             # the raw op: the layer op's checks run in C++ for every layer before any runs
             out, features = torch.empty_like(x), x.new_empty(B, T, len(aux) * c.hidden_size)
             torch.ops.heterospec.decoder_layers_.default(x, *stack, cos, sin, plan.prefix_lens, plan.tree_mask,
