@@ -766,7 +766,7 @@ class Engine:
                         seconds = self._round_seconds(t_plain, one_offs, riding)
                         tp = time.perf_counter()
                         pol.observe(plan, [], [], seconds, progress=_progress(st, behind, least),
-                                    batch_size=len(active))
+                                    batch_size=len(active), context=context)
                         if gate is not None:
                             gate.observe_plain(seconds, pol.costs.plain_ms(len(active), FittedPolicy.context_bucket(context)),
                                                FittedPolicy.bucket(len(active)))
@@ -788,7 +788,7 @@ class Engine:
                         tp = time.perf_counter()
                         pol.observe(plan, [r.bin for r in recs], [r.accept_len for r in recs], seconds,
                                     extend_tokens=pending, progress=_progress(st, behind, least),
-                                    batch_size=len(active))
+                                    batch_size=len(active), context=context)
                         policy_s += time.perf_counter() - tp
             # For the lookups of later calls: only the calls that look up feed it (~3 ms of Python
             # a request, which no other method is charged).

@@ -684,7 +684,8 @@ def fit_plan(tables: AcceptanceTables, cost, batch_size: int, context: int = 256
             ev = dict(ev, ms=ev["ms"] * time_scale, tokens_per_s=ev["tokens_per_s"] / time_scale)
         if ev is not None and (best_eval is None or ev["tokens_per_s"] > best_eval["tokens_per_s"]):
             best, best_eval = (i, acts), ev
-    scales = {"position_scale": list(position_scale), "time_scale": time_scale, "plain_scale": plain_scale}
+    scales = {"position_scale": list(position_scale), "time_scale": time_scale, "plain_scale": plain_scale,
+              "context": context}
     plain_plan = Plan("fitted", speculate=False, decide_depth=0, entropy_k=tables.top_k, edges=[], depth=[0],
                       budget=[0], binned=False,
                       expected={"plain": plain, "speculative": best_eval, "batch_size": B, **scales})
@@ -892,7 +893,28 @@ class FittedPolicy(Policy):
         spec, B = exp.get("speculative") or {}, exp.get("batch_size")
         if not B or not spec.get("ms") or spec.get("tokens") is None:
             return None
-        return float(spec["tokens"]) / float(B), 1e-3 * float(spec["ms"]), self.GUARD_PRIOR_ROUNDS / float(B)
+        seconds = 1e-3 * float(spec["ms"]) * self._context_norm(int(B), exp.get("context"))
+        return float(spec["tokens"]) / float(B), seconds, self.GUARD_PRIOR_ROUNDS / float(B)
+
+    # The guard compares rounds measured at different context lengths: its plain steps are often
+    # another request's (a speculating bucket probes few), and a plain step at 1,000 tokens of
+    # context costs more than at 100. Unscaled, a batch-1 call after a long-context set (the
+    # benchmark's cnndm) judged its own speculation against plain steps 1.4x its own, and kept
+    # speculating while it lost 20 % (bench/RESULTS.md, sixty-second session). So every time the
+    # guard keeps is scaled to GUARD_CONTEXT by the cost model's plain steps: a round at context c
+    # counts plain_ms(GUARD_CONTEXT) / plain_ms(c) of its seconds.
+    GUARD_CONTEXT = 256
+
+    def _context_norm(self, batch_size: int, context: Optional[int]) -> float:
+        """The factor that scales a round's seconds at ``context`` to ``GUARD_CONTEXT`` (1 where
+        the context or the cost model's answer is unknown)."""
+        if context is None or int(context) == self.GUARD_CONTEXT:
+            return 1.0
+        try:
+            here, ref = self.cost.plain_ms(batch_size, int(context)), self.cost.plain_ms(batch_size, self.GUARD_CONTEXT)
+        except (TypeError, ValueError, ZeroDivisionError):
+            return 1.0
+        return ref / here if here > 0 and ref > 0 and math.isfinite(ref / here) else 1.0
 
     def realized(self, bucket: int) -> Optional[Tuple[float, float]]:
         """``(speculative, plain)`` tokens per request per second measured at this bucket, or
@@ -1444,7 +1466,7 @@ class FittedPolicy(Policy):
     def observe(self, plan: Plan, bins: Sequence[int], accepted: Sequence[int],
                 seconds: Optional[float] = None, drafted: Optional[Sequence[int]] = None,
                 extend_tokens: Optional[float] = None, progress: Optional[float] = None,
-                batch_size: Optional[int] = None) -> None:
+                batch_size: Optional[int] = None, context: Optional[int] = None) -> None:
         """Record a round of ``plan``: for a speculative round each request's bin and accepted
         drafts, and the round's wall time; for a plain step its wall time only. A request counts
         for the positions its bin's action drafted (none when the bin verifies the root only),
@@ -1462,7 +1484,9 @@ class FittedPolicy(Policy):
         correction measures the model's error and not the bucket's width. (15 requests priced
         as 12 read as plain steps 1.3x slower than modelled; buckets not measured inherited that
         correction, for plain steps only, and predicted speculation 30 % ahead of plain steps in
-        a static batch's tail, where it lost: bench/RESULTS.md, fifty-third session.)"""
+        a static batch's tail, where it lost: bench/RESULTS.md, fifty-third session.) ``context``:
+        the requests' mean context length in this round (default: the plan's context): the
+        guard keeps its times scaled to one context (:attr:`GUARD_CONTEXT`)."""
         self._version += 1
         expected = plan.expected or {}
         width = 1.0          # the cost model's plain step at batch_size / at the fitted size
@@ -1478,6 +1502,9 @@ class FittedPolicy(Policy):
         if seconds is not None and seconds > 0:
             self._round_s += seconds
         if seconds is not None and seconds > 0 and "batch_size" in expected and (bins or not plan.speculate):
+            norm = self._context_norm(int(expected["batch_size"]), context if context is not None
+                                      else expected.get("context"))
+            guard_s, guard_catchup_s = seconds * norm, catchup_s * norm
             st = self._realized.setdefault(self.bucket(int(expected["batch_size"])), [0.0] * 7)
             k = 0 if plan.speculate else 3
             if progress is not None:
@@ -1485,11 +1512,11 @@ class FittedPolicy(Policy):
             else:
                 tokens = sum(a + 1.0 for a in accepted) / len(accepted) if plan.speculate else 1.0
             f = self.REALIZED_FORGET
-            st[k], st[k + 1], st[k + 2] = st[k] * f + tokens, st[k + 1] * f + seconds, st[k + 2] * f + 1.0
+            st[k], st[k + 1], st[k + 2] = st[k] * f + tokens, st[k + 1] * f + guard_s, st[k + 2] * f + 1.0
             if plan.speculate:
                 st[6] = st[6] * f + tokens * tokens
                 recent = self._recent_spec.setdefault(self.bucket(int(expected["batch_size"])), [])
-                recent.append((tokens, seconds, catchup_s))
+                recent.append((tokens, guard_s, guard_catchup_s))
                 del recent[:-self.PROBE_BURST]
         if not plan.speculate:
             self._plain_seen += 1       # (the one version move of this observe: see _fresh)

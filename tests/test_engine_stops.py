@@ -182,7 +182,8 @@ def test_static_batch_credits_how_far_a_round_moved_the_slowest_request():
             return plan if self.calls % 3 else Plan("spy", speculate=False, decide_depth=0, entropy_k=4,
                                                      edges=[], depth=[0], budget=[0], binned=False)
 
-        def observe(self, plan, bins, accepted, seconds=None, extend_tokens=None, progress=None, batch_size=None):
+        def observe(self, plan, bins, accepted, seconds=None, extend_tokens=None, progress=None, batch_size=None,
+                    context=None):
             self.progress.append(progress)
 
     engine, draft = _pair("noisy", seed=7)
@@ -229,7 +230,8 @@ def test_a_round_is_planned_untimed_while_finished_rows_ride_along():
             self.timed.append(timed)
             return self.plan(batch_size, context)
 
-        def observe(self, plan, bins, accepted, seconds=None, extend_tokens=None, progress=None, batch_size=None):
+        def observe(self, plan, bins, accepted, seconds=None, extend_tokens=None, progress=None, batch_size=None,
+                    context=None):
             self.seconds.append(seconds)
 
     engine, draft = _pair("noisy", seed=7)
@@ -313,7 +315,8 @@ def test_rounds_with_finished_rows_riding_along_are_not_timed(monkeypatch):
             seen.append([batch_size])
             return self.plan(batch_size, context)
 
-        def observe(self, plan, bins, accepted, seconds=None, extend_tokens=None, progress=None, batch_size=None):
+        def observe(self, plan, bins, accepted, seconds=None, extend_tokens=None, progress=None, batch_size=None,
+                    context=None):
             seen[-1].append(seconds)
 
     engine, draft = _pair("noisy", seed=7)

@@ -1366,6 +1366,47 @@ def test_guard_turns_plain_only_on_a_loss_clear_of_its_rounds_spread():
     assert r[0] < r[1] and again.realized_loses(1)
 
 
+class _ContextCost(LinearCost):
+    """LinearCost whose steps grow with the context: 1x at 256 tokens, 2x at 1,024."""
+
+    @staticmethod
+    def _grow(context):
+        return 1.0 + (max(int(context), 256) - 256) / 768.0
+
+    def verify_ms(self, B, nodes, context=256):
+        return super().verify_ms(B, nodes) * self._grow(context)
+
+    def plain_ms(self, B, context=256):
+        return super().plain_ms(B) * self._grow(context)
+
+
+def test_guard_compares_speculation_and_plain_steps_at_one_context():
+    """Plain steps measured on a long request (context 1,024: 22 ms, the model's price there)
+    and speculative rounds on a short one (context 256: 2 tokens in 27 ms, where a plain step
+    costs 11 ms): per token speculation loses (74 tok/s against 91), though its raw rate beats
+    the long request's plain steps (45 tok/s). The guard scales every time to GUARD_CONTEXT by
+    the cost model's plain steps and holds the bucket plain; unscaled (no context given) it would
+    have let it speculate."""
+    def run(with_context):
+        policy = FittedPolicy(_tables(easy_accept=0.7), _ContextCost(a=10.0, b=1.0, c=0.5, e=0.5),
+                              SpecConfig(top_k=4, depth=1, total_tokens=4))
+        spec = policy.plan(1)
+        assert spec.speculate
+        for _ in range(40):
+            policy.observe(spec.alternative, [], [], seconds=0.022, context=1024 if with_context else None)
+        for _ in range(40):
+            policy.observe(spec, [0], [1], seconds=0.027, context=256 if with_context else None)
+        return policy
+
+    scaled = run(True)
+    spec_rate, plain_rate = scaled.realized(1)
+    assert plain_rate == pytest.approx(1.0 / 0.011, rel=1e-6)      # 22 ms at 1,024 = 11 ms at 256
+    assert spec_rate < plain_rate and scaled.realized_loses(1) and not scaled.plan(1).speculate
+    unscaled = run(False)
+    assert unscaled.realized(1)[1] == pytest.approx(1.0 / 0.022, rel=1e-6)
+    assert not unscaled.realized_loses(1) and unscaled.plan(1).speculate
+
+
 def test_guard_is_not_turned_by_a_few_unlucky_rounds_but_by_a_real_loss():
     """Five speculative rounds that accepted nothing (8 % likely at an acceptance of 0.4) and
     ran 10 % slower than a plain step: the model's prediction (a clear win) outweighs them; the
