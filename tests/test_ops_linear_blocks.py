@@ -138,6 +138,55 @@ def test_every_instruction_set_path_computes_the_same_bits(tmp_path):
             assert torch.equal(results[name][i][0], blocks), (name, i)
 
 
+_SMALL_ROWS_SCRIPT = """
+import sys, torch, heterospec.ops as ops
+sys.path.insert(0, sys.argv[2])
+from reference import quantize_q4_1_ref, quantize_q8_0_ref
+g = torch.Generator().manual_seed(1)
+out = []
+for N, K in ((33, 64), (100, 1536)):
+    for quant in (quantize_q4_1_ref, quantize_q8_0_ref):
+        w = quant(torch.randn(N, K, generator=g) * 0.05)[0]
+        x, b = torch.randn(5, K, generator=g), torch.randn(N, generator=g)
+        _, codes, scales = ops.stream_linear_pack_blocks(w)
+        out.append([ops.stream_linear_blocks(x[:m], codes, scales, b, N) for m in (1, 2, 5)])
+torch.save(out, sys.argv[1])
+"""
+
+
+def _has_avx512():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return " avx512f" in f.read()
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _has_avx512(), reason="the small-row kernel choice exists on AVX-512 CPUs only")
+def test_one_and_two_rows_get_the_same_bits_with_either_small_row_kernels(tmp_path):
+    """On an AVX-512 CPU 1-2 rows run the AVX-512 or the AVX2 one-pass kernels (whichever was
+    measured faster, or HETEROSPEC_SMALL_ROWS_ISA): both give the bits of the rows in a 5-row
+    (AVX-512) call."""
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    got = {}
+    for isa in ("avx512", "avx2", ""):
+        env = {k: v for k, v in os.environ.items() if k not in ("MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA",
+                                                               "HETEROSPEC_CPU_SCALAR", "HETEROSPEC_SMALL_ROWS_ISA")}
+        if isa:
+            env["HETEROSPEC_SMALL_ROWS_ISA"] = isa
+        path = tmp_path / f"{isa or 'measured'}.pt"
+        run = subprocess.run([sys.executable, "-c", _SMALL_ROWS_SCRIPT, str(path), here], env=env,
+                             capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr[-2000:]
+        got[isa] = torch.load(path)
+    for i, (one, two, five) in enumerate(got["avx512"]):
+        assert torch.equal(one, five[:1]) and torch.equal(two, five[:2]), i
+        for isa in ("avx2", ""):
+            assert all(torch.equal(a, b) for a, b in zip(got[isa][i], (one, two, five))), (isa, i)
+
+
 def _errors(fn):
     with pytest.raises(ValueError) as e:
         fn()

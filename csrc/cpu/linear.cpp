@@ -58,9 +58,12 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "cpu/isa.h"
@@ -447,6 +450,51 @@ const BlockKernels& block_kernels_for(Isa isa) {
   return scalar;
 }
 
+// The instruction set the block kernels of a 1- or 2-row call run with. On an AVX-512 CPU that
+// executes a 512-bit instruction as two 256-bit halves (AMD Zen 4) the AVX2 one-pass kernels -
+// four FMA chains per row of half the width - ran a one-token step's linears ~12 % faster and a
+// two-token step's ~10 % (bench/RESULTS.md, sixty-second session); on a CPU with full-width
+// 512-bit units the AVX-512 kernels may win. Both compute the same chains (the same bits), so
+// the choice is measured, once per process and format: the two one-row kernels on one synthetic
+// weight that stays in L2 (a one-row call is bound by its instructions), interleaved, best of
+// kTrials (~10 ms at the first call); AVX2 where it is kMargin faster. Two-row calls follow that
+// verdict: timed alone in L2 the two-row kernels ranked level, while in the model's two-token
+// step AVX2 was the faster. HETEROSPEC_SMALL_ROWS_ISA=avx512 or avx2 fixes the choice (A/B runs,
+// tests).
+template <bool kQ4>
+Isa measured_one_row_isa() {
+  constexpr int64_t K = 576, P = 24;   // 768 outputs (Q4_1: 221 KB of codes, Q8_0: 442 KB)
+  constexpr int kTrials = 15;
+  constexpr double kMargin = 0.97;
+  const int64_t cb = code_bytes<kQ4>(), bs = (K / kGroup) * 2 * kBlock;
+  std::vector<uint8_t> codes(P * K * cb, 0x5A);
+  std::vector<float> scales(P * bs, 0.0f), x(K, 0.0f), y(P * kBlock);
+  const BlocksFn fns[2] = {block_kernels_for<kQ4>(Isa::Avx512).fn[1], block_kernels_for<kQ4>(Isa::Avx2).fn[1]};
+  double best[2] = {1e30, 1e30};
+  for (int t = 0; t < kTrials; ++t)
+    for (int arm = 0; arm < 2; ++arm) {
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int64_t p = 0; p < P; ++p)
+        fns[arm](x.data(), K, codes.data() + p * K * cb, scales.data() + p * bs, K, y.data() + p * kBlock,
+                 P * kBlock, kBlock);
+      best[arm] = std::min(best[arm], std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+  return best[1] < kMargin * best[0] ? Isa::Avx2 : Isa::Avx512;
+}
+
+template <bool kQ4>
+Isa block_isa(int64_t rows) {
+  const Isa isa = active_isa();
+  if (isa != Isa::Avx512 || rows > kOnePassRows) return isa;
+  static const Isa chosen = [] {
+    const char* env = std::getenv("HETEROSPEC_SMALL_ROWS_ISA");
+    const std::string fixed = env == nullptr ? "" : env;
+    if (fixed == "avx2" || fixed == "avx512") return fixed == "avx2" ? Isa::Avx2 : Isa::Avx512;
+    return measured_one_row_isa<kQ4>();
+  }();
+  return chosen;
+}
+
 constexpr int kMaxRows = 12;  // the largest MR_MAX (AVX-512: 12, AVX2: 6, portable: 4; below)
 
 template <typename W>
@@ -518,7 +566,7 @@ void stream_rows(const float* xp, int64_t M, int64_t K, const W* pp, int64_t P, 
 template <bool kQ4>
 void stream_blocks_rows(const float* xp, int64_t M, int64_t K, const uint8_t* codes, const float* scales, int64_t P,
                         int64_t N, float* yp) {
-  const BlockKernels& ks = block_kernels_for<kQ4>(active_isa());
+  const BlockKernels& ks = block_kernels_for<kQ4>(block_isa<kQ4>(M));
   const int64_t block_codes = K * code_bytes<kQ4>(), block_scales = (K / kGroup) * 2 * kBlock;
   // As stream_rows, by weights per task (a code stands for one weight's work).
   const int64_t min_blocks = grain_for(K * kBlock, kGrainWork / 16);

@@ -73,7 +73,7 @@ from torch import nn
 TUNE_ROWS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 64, 128)
 # The reordered path must be this much faster to be used (the stock path is the reference).
 MARGIN = 0.95
-FORMAT = 10     # 10: a target forward runs its layers as one op; 9: AVX2 kernels stream 1-2 rows in one pass over a block; 8: the row grid dense to 16; 7: fused groups timed in their own dtype; 6: bfloat16 streamed too; 5: fused groups timed; 4: stream_linear timed; 3: padded row counts; 2: cache-cold timing; 1: one cached weight
+FORMAT = 11     # 11: on an AVX-512 CPU 1-2 rows may run the AVX2 block kernels (measured); 10: a target forward runs its layers as one op; 9: AVX2 kernels stream 1-2 rows in one pass over a block; 8: the row grid dense to 16; 7: fused groups timed in their own dtype; 6: bfloat16 streamed too; 5: fused groups timed; 4: stream_linear timed; 3: padded row counts; 2: cache-cold timing; 1: one cached weight
 # Float32 weights that hold a block-quantised file's values exactly stream as their codes
 # (module docstring); False streams every float32 weight as float32 (as before codes existed).
 BLOCK_CODES = True
