@@ -360,7 +360,8 @@ def measure(engine, quick: bool = True, batch_sizes: Sequence[int] = (1, 2, 4, 8
             node_grid: Sequence[int] = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16), passes: int = 1) -> CostModel:
     """Measure the cost model of ``engine`` on its device (see the module docstring).
 
-    ``quick``: batch 1, one context, a short token grid, 3 repeats (seconds on the built-in pair).
+    ``quick``: batch 1, the first two contexts (the target's curve; the engine's phases at the
+    first), a short token grid, 5 repeats (seconds on the built-in pair).
     ``passes``: the whole measurement this many times, every entry the fastest of its passes.
     Within a pass each entry is the fastest of ``repeats`` runs taken back to back, so a slow
     minute of a shared machine inflates the entries measured in it, and the curves' shapes with
@@ -445,8 +446,13 @@ def _measure_pass(engine, quick: bool, batch_sizes: Sequence[int], tokens: Optio
     if graphed:
         reps = max(reps, 3)
     if quick:
-        batch_sizes, contexts = (1,), (contexts[0],)
+        # (two contexts for the target's curve: the plain step's and a round's cost at a longer
+        # context, which the guard scales its rounds by; one context made every context cost the
+        # same, and a long-context request's plain steps set a short one's bar)
         tokens = tokens or (1, 2, 4, 8, 16, 32, 64)
+        two = sorted(set(contexts))[:2]
+        batch_sizes = (1,)
+        contexts = tuple(c for c in two if c + max(tokens) + 1 <= engine.max_length) or (two[0],)
         node_grid = (1, 2, 3, 4, 6, 8, 12, 16)
     tokens = sorted(set(tokens or (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)))
     contexts, batch_sizes = sorted(set(contexts)), sorted(set(batch_sizes))

@@ -212,6 +212,21 @@ def test_cost_model_measures_the_engines_phases_in_steady_state(monkeypatch):
         assert cm.plain_ms(B) > 0 and cm.verify_ms(B, 3) > 0 and cm.draft_ms(B, 2, 2.0) > 0
 
 
+def test_a_quick_cost_model_times_the_target_at_two_contexts():
+    """A quick model (batch 1) still measures the target's curve at two contexts, so a plain step
+    and a round are priced by their context (the guard scales its rounds by it); contexts that do
+    not fit the engine's max_length are left out."""
+    from heterospec import Eagle3Draft, TargetModel
+    target = TargetModel.from_hf(tiny_hf_llama(seed=5))
+    engine = Engine(target, Eagle3Draft.for_target(target, seed=5), config=SpecConfig(top_k=3, depth=2, total_tokens=6))
+    cm = costmodel.measure(engine, quick=True, tokens=(1, 2, 4), contexts=(64, 32, 16), repeats=1, progress=False)
+    assert cm.contexts == [16, 32] and len(cm.target) == 2 and cm.batch_sizes == [1]
+    assert cm.plain_ms(1, 32) >= cm.plain_ms(1, 16) > 0
+    too_long = costmodel.measure(engine, quick=True, tokens=(1, 2, 4), contexts=(32, engine.max_length),
+                                 repeats=1, progress=False)
+    assert too_long.contexts == [32]
+
+
 def test_cost_model_interleaves_the_phases_it_times(monkeypatch):
     """Each pass runs every phase once (plain step, draft trees, verification per N): a machine
     whose speed drifts during the measurement shifts them alike instead of skewing their ratios
