@@ -705,6 +705,13 @@ class Engine:
             # The engine's output history, with the engine's gate (a call's own gate has none).
             history = self.lookup_history if gate is not None and gate is self.lookup_gate else None
             keys = [OutputHistory.key(p) for p in ids] if history is not None else None
+            # The first plain step after a speculative or lookup round runs slower than plain
+            # steps after plain steps (its caches and paths were the round's): a cost of the
+            # switch, not of plain decoding, so it is not timed for the policy (which probes
+            # two plain steps). Timed, it put a bfloat16 batch-2 plain step 18 % above the
+            # steady one, and the guard let speculation lose 14 % (bench/RESULTS.md, sixty-second
+            # session).
+            switched = False
             while st.active():
                 # The policy's plan for the requests still running: a tree, or one plain step.
                 active = st.active()
@@ -735,6 +742,7 @@ class Engine:
                                            append_pending=True)
                     self._commit(st, tree, verdict, max_new_tokens, stream, 0.0,
                                  time.perf_counter() - t_round, lookup=True)
+                    switched = True
                     for b in active:
                         if chosen.buckets[b] >= HISTORY_ROW:
                             st.stats[b].records[-1].history = True
@@ -763,7 +771,7 @@ class Engine:
                     self._decode_one(st, params, gen, max_new_tokens, stream, record=method != "autoregressive",
                                      cold=cold)
                     if plan is not None and hasattr(pol, "observe"):     # plain steps are timed too
-                        seconds = self._round_seconds(t_plain, one_offs, riding)
+                        seconds = None if switched else self._round_seconds(t_plain, one_offs, riding)
                         tp = time.perf_counter()
                         pol.observe(plan, [], [], seconds, progress=_progress(st, behind, least),
                                     batch_size=len(active), context=context)
@@ -771,6 +779,7 @@ class Engine:
                             gate.observe_plain(seconds, pol.costs.plain_ms(len(active), FittedPolicy.context_bucket(context)),
                                                FittedPolicy.bucket(len(active)))
                         policy_s += time.perf_counter() - tp
+                    switched = False
                 else:
                     pending = None if catchup is None else catchup()     # tokens the draft catches up on
                     t_draft = time.perf_counter()
@@ -782,6 +791,7 @@ class Engine:
                         verdict = self._verify_half(st, tree, plan, params, gen)
                         timer.mark("verify")
                     self._commit(st, tree, verdict, max_new_tokens, stream, timer)
+                    switched = True
                     if hasattr(pol, "observe"):   # the fitted policy learns this workload and device
                         recs = [st.stats[b].records[-1] for b in active]
                         seconds = self._round_seconds(t_draft, one_offs, riding)

@@ -765,6 +765,7 @@ class FittedPolicy(Policy):
         # last PROBE_BURST speculative rounds: (tokens, seconds, the draft's catch-up seconds taken off them)
         self._recent_spec: Dict[int, List[Tuple[float, float, float]]] = {}
         self._burst: Dict[int, int] = {}              # speculative rounds left in a plain bucket's probe
+        self._probe_second: Dict[int, bool] = {}      # a speculating bucket's plain probe has its second step next
         self._plain_ahead: Dict[int, int] = {}        # plain rounds certain after the last one planned
         # per plain bucket: (plan, context bucket, _stamp(), probe spacing) of its last full plan (round_plan)
         self._stretch: Dict[int, Tuple[Plan, int, Tuple[int, int], Optional[int]]] = {}
@@ -1129,8 +1130,13 @@ class FittedPolicy(Policy):
                 self._stretch[b] = (plan, c, self._stamp(), None)
             return plan
         if plan.speculate:
-            # (the spacing is a multiple of PROBE_EVERY: the guard is consulted only then)
+            # (the spacing is a multiple of PROBE_EVERY: the guard is consulted only then) A
+            # probe is two plain steps: the engine does not time the first after speculation (a
+            # switch), so the second is what a plain step costs here.
+            if self._probe_second.pop(b, False):
+                return plan.alternative
             if (n % self.PROBE_EVERY == 0 and n % self._plain_probe_every(b) == 0) or n in self.EARLY_PLAIN_PROBES:
+                self._probe_second[b] = True
                 return plan.alternative
             return plan if self._repays(plan, tokens_left, catchup) else plan.alternative
         # A plain bucket probes speculation (a burst of PROBE_BURST rounds) every PROBE_EVERY

@@ -1255,7 +1255,8 @@ def test_fitted_policy_learns_plain_step_time_and_probes_the_alternative():
 
 def test_speculating_bucket_that_clearly_wins_probes_plain_steps_less_often():
     """Plain probes of a speculating bucket come PROBE_EVERY rounds apart while speculation's
-    measured lead is small, PROBE_EVERY << CLEAR_WIN_BACKOFF apart once it is CLEAR_WIN or more."""
+    measured lead is small, PROBE_EVERY << CLEAR_WIN_BACKOFF apart once it is CLEAR_WIN or more.
+    A probe is two plain steps (the engine does not time the first, a switch)."""
     tables = _tables(easy_accept=0.7)
     cost = LinearCost(a=10.0, b=1.0, c=0.5, e=0.5)
     for spec_s, every in ((0.017, FittedPolicy.PROBE_EVERY),          # 2 tokens / 17 ms: 1.18x plain
@@ -1266,15 +1267,18 @@ def test_speculating_bucket_that_clearly_wins_probes_plain_steps_less_often():
         for _ in range(6):
             policy.observe(spec, [0], [1], seconds=spec_s)
             policy.observe(spec.alternative, [], [], seconds=0.010)
-        kinds = [policy.round_plan(1).speculate for _ in range(4 * FittedPolicy.PROBE_EVERY)]
-        late = [n + 1 for n, k in enumerate(kinds) if not k and n + 1 > max(FittedPolicy.EARLY_PLAIN_PROBES)]
+        kinds = [policy.round_plan(1).speculate for _ in range(4 * FittedPolicy.PROBE_EVERY + 1)]
+        starts = [n + 1 for n, k in enumerate(kinds) if not k and n > 0 and kinds[n - 1]]
+        assert all(not kinds[n] for n in starts)                        # each probe's second step
+        late = [n for n in starts if n > max(FittedPolicy.EARLY_PLAIN_PROBES)]
         assert late == list(range(every, 4 * FittedPolicy.PROBE_EVERY + 1, every)), (spec_s, late)
 
 
 def test_realized_throughput_guard_falls_back_to_plain_steps():
     """Whatever the model predicts, a bucket whose speculative rounds deliver fewer tokens per
     second than its plain steps decodes plainly (probing speculation), and speculates again once
-    speculation delivers more. A speculating bucket probes plain steps early (rounds 3, 6, ...)."""
+    speculation delivers more. A speculating bucket probes plain steps early (rounds 3, 6, ...),
+    two at a time (rounds 3-4, 6-7, ...: the engine does not time the first, a switch)."""
     tables = _tables(easy_accept=0.7)
     cost = LinearCost(a=10.0, b=1.0, c=0.5, e=0.5)
     policy = FittedPolicy(tables, cost, SpecConfig(top_k=4, depth=1, total_tokens=4))
@@ -1282,7 +1286,8 @@ def test_realized_throughput_guard_falls_back_to_plain_steps():
     assert spec.speculate and spec.alternative is not None and not spec.alternative.speculate
     kinds = [policy.round_plan(1).speculate for _ in range(FittedPolicy.PROBE_EVERY)]
     plain_rounds = [n + 1 for n, k in enumerate(kinds) if not k]
-    assert plain_rounds == sorted(FittedPolicy.EARLY_PLAIN_PROBES + (FittedPolicy.PROBE_EVERY,))
+    probes = FittedPolicy.EARLY_PLAIN_PROBES + (FittedPolicy.PROBE_EVERY,)
+    assert plain_rounds == sorted(r for p in probes for r in (p, p + 1) if r <= FittedPolicy.PROBE_EVERY)
     # Speculative rounds take 40 ms for 2 tokens per request (50 tok/s), plain steps 10 ms (100 tok/s).
     for _ in range(4):
         policy.observe(spec, [0], [1], seconds=0.040)

@@ -325,31 +325,35 @@ def test_replayed_rounds_after_long_plain_stretches_keep_the_window():
 def test_rounds_that_capture_are_not_timed_for_the_policy():
     """A round or plain step that ran a configuration's first eager run or captured its graph
     reaches the policy untimed (seconds=None): on an H200 such rounds took 3x a replayed one and
-    the fitted policy's time correction stopped speculation for the whole run."""
+    the fitted policy's time correction stopped speculation for the whole run. (So does a plain
+    step right after a speculative round, in every engine: a switch.)"""
 
     class Recording(Policy):
         def __init__(self):
-            self.i, self.seconds = 0, []
+            self.i, self.seconds, self.switch, self.kinds = 0, [], [], []
 
         def plan(self, batch_size, context=None):
             self.i += 1
             return MIXED if self.i % 3 else Plan("plain", speculate=False)
 
         def observe(self, plan, bins, accepted, seconds, **kw):
+            self.switch.append(not plan.speculate and bool(self.kinds) and self.kinds[-1])
+            self.kinds.append(plan.speculate)
             self.seconds.append(seconds)
 
     engine, pol = _engine(), Recording()
     engine.bin_graphs = False      # one graph per half: the configurations counted below
     engine.generate_batch(PROMPTS, max_new_tokens=30, method="heterospec", chat=False, policy=pol)
-    untimed = sum(s is None for s in pol.seconds)
+    assert any(pol.switch) and all(s is None for s, w in zip(pol.seconds, pol.switch) if w)
+    untimed = sum(s is None for s, w in zip(pol.seconds, pol.switch) if not w)
     one_offs = engine.round_graphs.one_offs()
     assert one_offs >= 3, dict(engine.round_graphs.counts)   # draft, verify, plain step: first run + capture
     assert 1 <= untimed <= one_offs, (untimed, one_offs)
-    assert len(pol.seconds) - untimed >= 5 and all(s is None or s > 0 for s in pol.seconds)
-    # eager engines time every round
+    assert len(pol.seconds) - untimed - sum(pol.switch) >= 5 and all(s is None or s > 0 for s in pol.seconds)
+    # eager engines time every round but the switches
     eager, pol2 = _engine(graphs=False), Recording()
     eager.generate_batch(PROMPTS, max_new_tokens=30, method="heterospec", chat=False, policy=pol2)
-    assert pol2.seconds and None not in pol2.seconds
+    assert pol2.seconds and all((s is None) == w for s, w in zip(pol2.seconds, pol2.switch))
 
 
 @pytest.mark.parametrize("split", [False, True])
