@@ -775,7 +775,6 @@ class FittedPolicy(Policy):
         # per bucket: fits since its last full fit, and the options that fitted best in it
         self._option_rank: Dict[int, Tuple[int, Optional[List[int]]]] = {}
         self._memo = _MemoCost(cost)                  # the cost model's answers, until a refit
-        self._context_norms: Dict[Tuple[int, int], float] = {}   # _context_norm's answers, until a refit
         self._option_fits: dict = {}                  # fit_plan's option fits, until a refit
         self._fit_s = 0.0                             # seconds spent fitting (the refit budget)
         self._fits = 0                                # fits made (bench/policy_fit_ab.py)
@@ -909,25 +908,13 @@ class FittedPolicy(Policy):
 
     def _context_norm(self, batch_size: int, context: Optional[int]) -> float:
         """The factor that scales a round's seconds at ``context`` to ``GUARD_CONTEXT`` (1 where
-        the context or the cost model's answer is unknown). Kept per batch size and 16 tokens of
-        context (the cost model's answer takes ~20 us of Python; a step moves the context by one)."""
-        if context is None or int(context) == self.GUARD_CONTEXT:
+        the context is unknown). Asked per 16 tokens of context, so the cost model's answers,
+        kept by ``_memo`` until a refit, stay few (a step moves the context by one)."""
+        if context is None:
             return 1.0
-        key = (int(batch_size), int(context) >> 4)
-        norms = self._context_norms
-        hit = norms.get(key)
-        if hit is not None:
-            return hit
-        try:
-            here = self.cost.plain_ms(batch_size, key[1] << 4)
-            ref = self.cost.plain_ms(batch_size, self.GUARD_CONTEXT)
-            norm = ref / here if here > 0 and ref > 0 and math.isfinite(ref / here) else 1.0
-        except (TypeError, ValueError, ZeroDivisionError):
-            norm = 1.0
-        if len(norms) >= 4096:
-            norms.clear()
-        norms[key] = norm
-        return norm
+        here = self._memo.plain_ms(batch_size, (int(context) >> 4) << 4)
+        ref = self._memo.plain_ms(batch_size, self.GUARD_CONTEXT)
+        return ref / here if here > 0 and ref > 0 else 1.0
 
     def realized(self, bucket: int) -> Optional[Tuple[float, float]]:
         """``(speculative, plain)`` tokens per request per second measured at this bucket, or
@@ -1302,7 +1289,6 @@ class FittedPolicy(Policy):
         self._option_rank = {}
         self._memo = _MemoCost(self.cost)
         self._option_fits = {}
-        self._context_norms = {}
 
     def time_scale(self, bucket: int) -> float:
         """Observed / predicted speculative round time at this batch bucket, in steps of 0.05
