@@ -23,6 +23,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from . import ops
+from .models.linear import settled_weights
 
 
 # What a benchmark compares: the engine's methods, plus HeteroSpec with the paper's formulas and
@@ -397,7 +398,7 @@ def verify_latency_curve(engine, sizes: Sequence[int] = (1, 2, 4, 8, 16, 32, 64)
     vocab = target.config.vocab_size
     cache = target.new_cache(1, context + max(sizes) + 1)
     lens = torch.zeros(1, dtype=torch.int64, device=dev)
-    with torch.inference_mode():
+    with torch.inference_mode(), settled_weights():   # as in an engine call
         prompt = torch.randint(0, vocab, (1, context), generator=gen).to(dev)
         target(prompt, torch.arange(context, device=dev)[None], cache, lens, None, None, return_features=False)
         prefix = torch.full((1,), context, dtype=torch.int64, device=dev)
@@ -443,7 +444,7 @@ def verify_latency_curve(engine, sizes: Sequence[int] = (1, 2, 4, 8, 16, 32, 64)
 
 def batch_sweep(engine, prompts: Sequence[str], batch_sizes: Sequence[int] = (1, 2, 4, 8, 16),
                 methods: Sequence[str] = BENCH_METHODS, max_new_tokens: int = 64, out_dir: Optional[str] = "bench/out",
-                progress: bool = True, repeats: int = 1) -> dict:
+                progress: bool = True, repeats: int = 1, prompts_per_size: Optional[int] = None) -> dict:
     """Tokens/s of each method through :meth:`Engine.generate_batch` at each batch size (the first
     ``B`` prompts), methods interleaved per batch size; greedy outputs checked against
     autoregressive. Writes ``batch_sweep.json`` and a plot of tokens/s vs batch size, and a plot
@@ -453,7 +454,13 @@ def batch_sweep(engine, prompts: Sequence[str], batch_sizes: Sequence[int] = (1,
     median tokens/s of its calls and, as ``vs_autoregressive``, the median of its per-repeat
     ratios to the autoregressive call of the same repeat (on a shared machine one call's time
     moves by 10 % or more; the paired median is what the goals can be judged on). ``calls``
-    keeps every call."""
+    keeps every call (with ``prompts_per_size``: every call group's sums).
+
+    ``prompts_per_size``: every batch size decodes the same first ``W`` prompts, in ``W / B``
+    calls of ``B`` (each batch size must divide ``W``), the methods taking turns call by call;
+    a row then sums its calls. By default batch size ``B`` is one call over the first ``B``
+    prompts, so batch 1 rests on one prompt: one prompt's luck (a copied chain, a run of easy
+    text) and one moment's speed of the machine decide that column."""
     from tqdm.auto import tqdm
 
     unknown = [m for m in methods if m not in BENCH_METHODS]
@@ -461,40 +468,58 @@ def batch_sweep(engine, prompts: Sequence[str], batch_sizes: Sequence[int] = (1,
         raise ValueError(f"batch_sweep: unknown methods {unknown}; choose from {', '.join(BENCH_METHODS)}")
     if not batch_sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in batch_sizes):
         raise ValueError(f"batch_sweep: batch sizes must be integers >= 1, got {list(batch_sizes)}")
-    if len(prompts) < max(batch_sizes):
-        raise ValueError(f"batch_sweep: {len(prompts)} prompts for a batch of {max(batch_sizes)}")
+    if prompts_per_size is not None:
+        if isinstance(prompts_per_size, bool) or not isinstance(prompts_per_size, int) or prompts_per_size < 1:
+            raise ValueError(f"batch_sweep: prompts_per_size must be an integer >= 1, got {prompts_per_size!r}")
+        uneven = [b for b in batch_sizes if prompts_per_size % b]
+        if uneven:
+            raise ValueError(f"batch_sweep: prompts_per_size={prompts_per_size} is not a multiple of batch "
+                             f"size(s) {uneven}: every batch size decodes the same prompts in full calls")
+    need = prompts_per_size or max(batch_sizes)
+    if len(prompts) < need:
+        raise ValueError(f"batch_sweep: {len(prompts)} prompts for "
+                         + (f"prompts_per_size={need}" if prompts_per_size else f"a batch of {need}"))
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"batch_sweep: repeats must be an integer >= 1, got {repeats!r}")
     methods = [m for m in BENCH_METHODS if m in methods]
     warm = prompts[:1]
     for m in methods:
         engine.generate_batch(warm, max_new_tokens=8, **bench_call(m))
+    def groups(B: int) -> List[List[int]]:
+        return ([list(range(start, start + B)) for start in range(0, prompts_per_size, B)]
+                if prompts_per_size else [list(range(B))])
+
     calls, divergences = [], []
-    bar = tqdm(total=repeats * len(batch_sizes) * len(methods), desc="batch sweep", disable=not progress,
-               unit="run")
+    bar = tqdm(total=repeats * sum(len(groups(B)) for B in batch_sizes) * len(methods), desc="batch sweep",
+               disable=not progress, unit="call")
     for rep in range(repeats):
         for i, B in enumerate(batch_sizes):
-            order = methods[(i + rep) % len(methods):] + methods[:(i + rep) % len(methods)]
-            outs = {}
-            for m in order:
-                t0 = time.perf_counter()
-                res = engine.generate_batch(list(prompts[:B]), max_new_tokens=max_new_tokens, **bench_call(m))
-                wall = time.perf_counter() - t0
-                toks = sum(len(r.token_ids) for r in res)
-                recs = [r for x in res for r in x.stats.records]
+            sums = {m: {"tokens": 0, "wall_s": 0.0, "recs": []} for m in methods}
+            for g, idx in enumerate(groups(B)):
+                turn = (i + rep + g) % len(methods)
+                outs = {}
+                for m in methods[turn:] + methods[:turn]:
+                    t0 = time.perf_counter()
+                    res = engine.generate_batch([prompts[j] for j in idx], max_new_tokens=max_new_tokens,
+                                                **bench_call(m))
+                    sums[m]["wall_s"] += time.perf_counter() - t0
+                    sums[m]["tokens"] += sum(len(r.token_ids) for r in res)
+                    sums[m]["recs"] += [r for x in res for r in x.stats.records]
+                    outs[m] = [r.token_ids for r in res]
+                    bar.update(1)
+                ref = outs.get("autoregressive")
+                for m, out in (outs.items() if ref is not None else ()):
+                    for j, o, a in zip(idx, out, ref):
+                        if o != a:   # (after the timed calls) where it parted, and how close the target's choice was
+                            divergences.append({"repeat": rep, "batch_size": B, "prompt": j, "method": m,
+                                                **first_divergence(engine, engine._encode(prompts[j], True), a, o)})
+            for m in methods:
+                toks, wall, recs = sums[m]["tokens"], sums[m]["wall_s"], sums[m]["recs"]
                 calls.append({"repeat": rep, "batch_size": B, "method": m, "tokens": toks, "wall_s": wall,
-                              "tokens_per_s": toks / wall,
+                              "tokens_per_s": toks / wall, "calls": len(groups(B)),
                               "tau": sum(r.accept_len + 1 for r in recs) / len(recs) if recs else 1.0,
                               "plain_rounds": sum(r.plain for r in recs), "lookup_rounds": sum(r.lookup for r in recs),
                               "rounds": len(recs)})
-                outs[m] = [r.token_ids for r in res]
-                bar.update(1)
-            ref = outs.get("autoregressive")
-            for m, out in (outs.items() if ref is not None else ()):
-                for j, (o, a) in enumerate(zip(out, ref)):
-                    if o != a:       # (after the timed calls) where it parted, and how close the target's choice was
-                        divergences.append({"repeat": rep, "batch_size": B, "prompt": j, "method": m,
-                                            **first_divergence(engine, engine._encode(prompts[j], True), a, o)})
     bar.close()
     ar_of = {(c["repeat"], c["batch_size"]): c for c in calls if c["method"] == "autoregressive"}
     rows = []
@@ -517,7 +542,7 @@ def batch_sweep(engine, prompts: Sequence[str], batch_sizes: Sequence[int] = (1,
         pol = engine._policy("heterospec", engine.config, "fitted")
         plans = {B: pol.plan(B).to_dict() for B in batch_sizes}
     result = {"machine": machine_description(engine.device), "dtype": str(engine.target.lm_head.weight.dtype),
-              "max_new_tokens": max_new_tokens, "repeats": repeats, "rows": rows, "calls": calls,
+              "max_new_tokens": max_new_tokens, "repeats": repeats, "prompts_per_size": prompts_per_size, "rows": rows, "calls": calls,
               "greedy_mismatches": len(divergences), "greedy_divergences": divergences, "plans": plans}
     lines = ["| batch | " + " | ".join(methods) + " |", "|---" * (len(methods) + 1) + "|"]
     for B in batch_sizes:
@@ -535,7 +560,9 @@ def batch_sweep(engine, prompts: Sequence[str], batch_sizes: Sequence[int] = (1,
         with open(os.path.join(out_dir, "batch_sweep.json"), "w") as f:
             json.dump(result, f, indent=1)
         with open(os.path.join(out_dir, "batch_sweep.md"), "w") as f:
-            f.write(f"Machine: {result['machine']}; {result['dtype']}; max_new_tokens={max_new_tokens}\n\n")
+            f.write(f"Machine: {result['machine']}; {result['dtype']}; max_new_tokens={max_new_tokens}; "
+                    + (f"every batch size: the same {prompts_per_size} prompts" if prompts_per_size
+                       else "batch size B: the first B prompts") + f"; {repeats} repeat(s)\n\n")
             f.write(table + "\n")
         fig, ax = plt.subplots(figsize=(6, 4))
         for m in methods:

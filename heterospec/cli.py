@@ -328,11 +328,12 @@ def cmd_costs(args) -> int:
 def cmd_batch_sweep(args) -> int:
     from .bench import batch_sweep, load_prompt_sets
 
-    sets = load_prompt_sets(args.sets, max(args.batch_sizes), args.seed)
+    sets = load_prompt_sets(args.sets, max(args.batch_sizes + [args.prompts_per_size or 0]), args.seed)
     prompts = [p.text for ps in sets.values() for p in ps]
     engine = _engine(args)
     batch_sweep(engine, prompts, batch_sizes=args.batch_sizes, methods=args.methods,
-                max_new_tokens=args.max_new_tokens, out_dir=args.out, repeats=args.repeats)
+                max_new_tokens=args.max_new_tokens, out_dir=args.out, repeats=args.repeats,
+                prompts_per_size=args.prompts_per_size)
     return 0
 
 
@@ -475,6 +476,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=_seed, default=0)
     s.add_argument("--repeats", type=_positive_int, default=1,
                    help="run the sweep this many times, interleaved; report medians (paired ratios)")
+    s.add_argument("--prompts-per-size", type=_positive_int, default=None, metavar="W",
+                   help="every batch size decodes the same W prompts, in W/B calls of B (B must divide W), "
+                        "the methods taking turns call by call (default: batch size B decodes the first B prompts)")
     s.add_argument("--out", default="bench/out", help="directory for the JSON, table and plots")
     _add_model_args(s)
     s.set_defaults(func=cmd_batch_sweep)

@@ -51,6 +51,8 @@ from typing import Callable, List, Optional, Sequence
 
 import torch
 
+from .models.linear import settled_weights
+
 COSTS_DIR = "costs"
 FORMAT = 1
 ISA_ENV = ("MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "HETEROSPEC_CPU_SCALAR")
@@ -478,7 +480,7 @@ def _measure_pass(engine, quick: bool, batch_sizes: Sequence[int], tokens: Optio
         jobs.append(fn)
         return len(jobs) - 1
 
-    with torch.inference_mode():
+    with torch.inference_mode(), settled_weights():   # as in an engine call
         # 1. Target forward over T tokens after `context` cached tokens (one request: what
         #    matters for the linear layers is the token count, padded or ragged).
         target_rows = []
@@ -828,7 +830,7 @@ def draft_round_ms(engine, drafts: Sequence, reps: int = 9, context: int = 128, 
     prompt = [torch.randint(0, engine.target.config.vocab_size, (context,), generator=gen).tolist()]
     now, jobs = _timer(dev), []
     try:
-        with torch.inference_mode():
+        with torch.inference_mode(), settled_weights():   # as in an engine call
             for draft in drafts:
                 engine.draft = draft
                 st = engine._prefill(prompt, "eagle3", SamplingParams(), None, context + 8 * (cfg.depth + 2) * cfg.top_k,

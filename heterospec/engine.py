@@ -36,6 +36,7 @@ from .config import SamplingParams, SpecConfig, _as_int, default_config
 from .entropy import EntropyBins
 from .graphs import RoundGraphs
 from .lookup import HISTORY_ROW, ContextIndex, LookupGate, LookupRound, OutputHistory
+from .models.linear import settled_weights, weights_may_change
 from .policy import POLICIES, AcceptanceTables, Eagle3Policy, FittedPolicy, PaperPolicy, Plan, Policy
 from .sampling import greedy_tokens, make_generator, processed_probs, sample
 from .timing import StageTimer
@@ -694,7 +695,9 @@ class Engine:
         gen = make_generator(params.seed, self.device)
 
         policy_s = 0.0
-        with torch.inference_mode():
+        # settled_weights: the models' weights are checked at the call's first forward and after
+        # every stream callback (user code), not at every forward (models.linear.settled_weights)
+        with torch.inference_mode(), settled_weights():
             t0 = time.perf_counter()
             # A call that starts plain defers the draft's prompt pass to its first drafted round
             # (none, if it stays plain; fewer rows, if requests finished by then).
@@ -1739,6 +1742,7 @@ class Engine:
             st.all_finished[st.rows[b]] = st.finished[b]
             if stream is not None and chunk:
                 stream(st.rows[b], chunk)
+                weights_may_change()
 
 
 def _lookup_state_path(pol) -> Optional[str]:

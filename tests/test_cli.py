@@ -575,6 +575,55 @@ def test_batch_sweep_repeats_report_paired_medians(monkeypatch):
                           progress=False, repeats=0)
 
 
+def test_batch_sweep_runs_the_same_prompts_at_every_batch_size(monkeypatch):
+    """With prompts_per_size W every batch size B decodes the first W prompts in W/B calls of B,
+    the methods taking turns call by call; a row's tokens/s is its calls' tokens over their
+    summed time, and a size that does not divide W, or too few prompts, is refused by name."""
+    import types
+
+    import heterospec.bench as bench
+
+    clock, seen = [0.0], []
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+
+    def generate_batch(prompts, max_new_tokens, method, policy=None):
+        if max_new_tokens == 8:             # the warm-up calls
+            return []
+        seen.append((method, tuple(prompts)))
+        # eagle3 takes 0.5 s per call whatever its size, autoregressive 0.25 s per prompt
+        clock[0] += 0.5 if method == "eagle3" else 0.25 * len(prompts)
+        rec = types.SimpleNamespace(accept_len=0, plain=True, lookup=False)
+        return [types.SimpleNamespace(token_ids=[1] * 10, stats=types.SimpleNamespace(records=[rec]))
+                for _ in prompts]
+
+    eng = types.SimpleNamespace(generate_batch=generate_batch, device=torch.device("cpu"),
+                                target=types.SimpleNamespace(lm_head=types.SimpleNamespace(
+                                    weight=torch.zeros(1))))
+    prompts = ["a", "b", "c", "d", "e"]
+    out = bench.batch_sweep(eng, prompts, batch_sizes=[1, 2, 4], methods=["autoregressive", "eagle3"],
+                            max_new_tokens=10, out_dir=None, progress=False, prompts_per_size=4)
+    assert out["prompts_per_size"] == 4
+    assert [p for m, p in seen if m == "eagle3"] == [("a",), ("b",), ("c",), ("d",), ("a", "b"), ("c", "d"),
+                                                    ("a", "b", "c", "d")]
+    first = [m for m, p in seen][:4]       # call by call, the methods take turns going first
+    assert set(first[:2]) == {"autoregressive", "eagle3"} and first[2:] == first[1::-1]
+    rows = {(r["method"], r["batch_size"]): r for r in out["rows"]}
+    for B, calls in ((1, 4), (2, 2), (4, 1)):
+        assert rows[("eagle3", B)]["tokens"] == 40 and rows[("autoregressive", B)]["tokens"] == 40
+        assert rows[("eagle3", B)]["tokens_per_s"] == pytest.approx(40 / (0.5 * calls))
+        assert rows[("autoregressive", B)]["tokens_per_s"] == pytest.approx(40 / 1.0)
+        assert rows[("eagle3", B)]["vs_autoregressive"] == pytest.approx(2.0 / calls)
+    with pytest.raises(ValueError, match=r"prompts_per_size=6 is not a multiple of batch size\(s\) \[4\]"):
+        bench.batch_sweep(eng, prompts * 2, batch_sizes=[1, 2, 4], methods=["autoregressive"], out_dir=None,
+                          progress=False, prompts_per_size=6)
+    with pytest.raises(ValueError, match="5 prompts for prompts_per_size=8"):
+        bench.batch_sweep(eng, prompts, batch_sizes=[1, 2], methods=["autoregressive"], out_dir=None,
+                          progress=False, prompts_per_size=8)
+    with pytest.raises(ValueError, match="prompts_per_size must be an integer >= 1"):
+        bench.batch_sweep(eng, prompts, batch_sizes=[1], methods=["autoregressive"], out_dir=None,
+                          progress=False, prompts_per_size=0)
+
+
 def test_batch_sweep_says_where_greedy_outputs_part_and_whether_at_a_tie(monkeypatch, capsys):
     """A sweep whose second request parts from autoregressive under one method: counted once per
     differing output, located (prompt, batch size, method) and classified as the bench does."""

@@ -160,3 +160,77 @@ def test_the_cost_model_fingerprint_names_how_the_layers_run(streamed_engine):
         TM.STREAMED_LAYERS = old
     assert on["layers"] == "streamed" and off["layers"] == "modules"
     assert any(d.startswith("layers:") for d in fingerprint_differences(off, on))
+
+
+def test_an_engine_call_checks_its_weights_once_and_after_each_stream_callback(streamed_engine, monkeypatch):
+    """Inside an engine call (``settled_weights``) the kept calls' weights are checked at the first
+    forward and again only after user code ran (a stream callback: ``weights_may_change``), not at
+    every forward; outside a call, and in another thread, every forward checks. A weight that a
+    stream callback writes in place is what the next forward uses."""
+    import threading
+
+    from heterospec import engine as engine_mod
+    tgt = streamed_engine.target
+    checks = []
+    unchanged = L._unchanged
+    monkeypatch.setattr(L, "_unchanged", lambda watch: checks.append(threading.get_ident()) or unchanged(watch))
+    x = torch.zeros(1, 1, 64)
+    with torch.inference_mode():
+        assert tgt._stream_plans(x) is not None          # built (nothing to check yet)
+        checks.clear()
+        tgt._stream_plans(x)
+        tgt._stream_plans(x)
+        assert len(checks) == 2                          # outside a call: every forward
+        checks.clear()
+        with L.settled_weights():
+            for _ in range(3):
+                assert tgt._stream_plans(x) is not None
+            assert len(checks) == 1
+            def elsewhere():
+                with torch.inference_mode():             # (autograd's mode is per thread too)
+                    tgt._stream_plans(x)
+                    tgt._stream_plans(x)
+
+            other = threading.Thread(target=elsewhere)
+            other.start()
+            other.join()
+            assert len(checks) == 3 and checks[1] == checks[2] != checks[0]   # the other thread: each time
+            L.weights_may_change()
+            tgt._stream_plans(x)
+            tgt._stream_plans(x)
+            assert len(checks) == 4
+            with torch.no_grad():
+                tgt.layers[1].mlp.down_proj.weight.mul_(-3.0)
+            L.weights_may_change()
+            assert tgt._stream_plans(x) is None          # seen: the modules run
+        L.tune_linears([tgt])
+    # A stream callback that writes a weight in place: the tokens after it are the new weights',
+    # as the modules (which check their weights on every call) compute them.
+    w = tgt.layers[1].mlp.down_proj.weight
+    orig = w.detach().clone()
+
+    def run(streamed: bool, notice=True):
+        with torch.no_grad():
+            w.copy_(orig)
+        L.tune_linears([tgt])
+        seen = []
+
+        def stream(toks):
+            seen.append(toks)
+            if len(seen) == 3:       # (the one-row calls were built and checked in this call by then)
+                with torch.no_grad():
+                    w.mul_(-3.0)
+
+        old, old_notice = TM.STREAMED_LAYERS, engine_mod.weights_may_change
+        TM.STREAMED_LAYERS = streamed
+        if not notice:
+            engine_mod.weights_may_change = lambda: None
+        try:
+            return streamed_engine.generate([1, 5, 9, 14], max_new_tokens=12, method="autoregressive",
+                                            stream=stream).token_ids
+        finally:
+            TM.STREAMED_LAYERS, engine_mod.weights_may_change = old, old_notice
+
+    want = run(streamed=False)
+    assert run(streamed=True) == want
+    assert run(streamed=True, notice=False) != want      # (without the notice the stale codes run)

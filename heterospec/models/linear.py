@@ -52,6 +52,7 @@ input is not on the CPU or not in the weight's dtype.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
 import glob
 import hashlib
@@ -59,6 +60,7 @@ import json
 import math
 import operator
 import os
+import threading
 import time
 from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -89,6 +91,39 @@ _PATHS = [0]
 
 def paths_generation() -> int:
     return _PATHS[0]
+
+
+# Settled weights (StreamPlans.get). Checking that no weight a plan reads was replaced or written
+# in place touches every weight of the model (~270 tensors, ~540 dict entries for the built-in
+# target), cold in the cache after the layers streamed their weights: 3-4 % of a one-token step
+# (bench/RESULTS.md, sixty-third session). Inside an engine call only the engine's own code runs
+# between two forwards, and it changes weights only through path decisions (paths_generation,
+# checked every time); so there the check runs once per epoch: the first forward of a call, and
+# the first after any user code ran (a stream callback ends the epoch: weights_may_change).
+# Per thread: another thread's forwards, outside any engine call, check every time.
+_SETTLED = threading.local()
+_EPOCHS = iter(range(1, 1 << 62))
+
+
+@contextlib.contextmanager
+def settled_weights():
+    """The body of an engine call: the stream plans check their weights once, not per forward,
+    until :func:`weights_may_change` or the end of the block. Code that changes a model's weights
+    while the block runs (other than through :func:`tune_linears`) must call
+    :func:`weights_may_change` after it."""
+    prev = getattr(_SETTLED, "epoch", None)
+    _SETTLED.epoch = next(_EPOCHS)
+    try:
+        yield
+    finally:
+        _SETTLED.epoch = prev
+
+
+def weights_may_change() -> None:
+    """Code that may have changed weights ran (e.g. a stream callback): inside
+    :func:`settled_weights`, the next forward checks them again. A no-op outside."""
+    if getattr(_SETTLED, "epoch", None) is not None:
+        _SETTLED.epoch = next(_EPOCHS)
 
 
 def _row_bucket(m: int) -> int:
@@ -239,8 +274,13 @@ class StreamPlans:
     def get(self, rows: int, dtype: torch.dtype):
         key = (row_bucket(rows), dtype)
         kept = self._kept.get(key)
-        if kept is not None and kept[0] == paths_generation() and _unchanged(kept[2]):
-            return kept[1]
+        epoch = getattr(_SETTLED, "epoch", None)
+        if kept is not None and kept[0] == paths_generation():
+            if epoch is not None and kept[3] == epoch:     # checked in this epoch (settled_weights)
+                return kept[1]
+            if _unchanged(kept[2]):
+                kept[3] = epoch
+                return kept[1]
         plans = self._build(rows, dtype)
         owners, names, held = [], [], []
         for d, n in self._weights():
@@ -248,7 +288,8 @@ class StreamPlans:
             names.append(n)
             held.append(d.get(n))
         tensors = [t for t in held if isinstance(t, torch.Tensor)]
-        self._kept[key] = (paths_generation(), plans, (owners, names, held, tensors, _tensor_states(tensors)))
+        # [paths generation, plans, watch, the settled_weights epoch it was last checked in]
+        self._kept[key] = [paths_generation(), plans, (owners, names, held, tensors, _tensor_states(tensors)), epoch]
         return plans
 
 
