@@ -713,8 +713,11 @@ class Engine:
             # switch, not of plain decoding, so it is not timed for the policy (which probes
             # two plain steps). Timed, it put a bfloat16 batch-2 plain step 18 % above the
             # steady one, and the guard let speculation lose 14 % (bench/RESULTS.md, sixty-second
-            # session).
-            switched = False
+            # session). So is the first step after the prefill (its caches were the prefill's; it
+            # ran 5-80 % over the call's steady steps at batch 1 on the Zen 4 box): a speculating
+            # bucket times few plain steps, and one such step per call would weigh in its guard's
+            # plain rate as much as its probes (bench/RESULTS.md, sixty-third session).
+            switched = True
             while st.active():
                 # The policy's plan for the requests still running: a tree, or one plain step.
                 active = st.active()

@@ -326,7 +326,7 @@ def test_rounds_that_capture_are_not_timed_for_the_policy():
     """A round or plain step that ran a configuration's first eager run or captured its graph
     reaches the policy untimed (seconds=None): on an H200 such rounds took 3x a replayed one and
     the fitted policy's time correction stopped speculation for the whole run. (So does a plain
-    step right after a speculative round, in every engine: a switch.)"""
+    step right after a speculative round or right after the prefill, in every engine: a switch.)"""
 
     class Recording(Policy):
         def __init__(self):
@@ -337,7 +337,7 @@ def test_rounds_that_capture_are_not_timed_for_the_policy():
             return MIXED if self.i % 3 else Plan("plain", speculate=False)
 
         def observe(self, plan, bins, accepted, seconds, **kw):
-            self.switch.append(not plan.speculate and bool(self.kinds) and self.kinds[-1])
+            self.switch.append(not plan.speculate and (not self.kinds or self.kinds[-1]))
             self.kinds.append(plan.speculate)
             self.seconds.append(seconds)
 
@@ -350,10 +350,16 @@ def test_rounds_that_capture_are_not_timed_for_the_policy():
     assert one_offs >= 3, dict(engine.round_graphs.counts)   # draft, verify, plain step: first run + capture
     assert 1 <= untimed <= one_offs, (untimed, one_offs)
     assert len(pol.seconds) - untimed - sum(pol.switch) >= 5 and all(s is None or s > 0 for s in pol.seconds)
-    # eager engines time every round but the switches
-    eager, pol2 = _engine(graphs=False), Recording()
-    eager.generate_batch(PROMPTS, max_new_tokens=30, method="heterospec", chat=False, policy=pol2)
-    assert pol2.seconds and all((s is None) == w for s, w in zip(pol2.seconds, pol2.switch))
+    # eager engines time every round but the switches, also where a call starts with plain steps
+    starts = []
+    for first in (0, 1, 2):               # (the plan calls before the first round move pol.i too)
+        eager, pol2 = _engine(graphs=False), Recording()
+        pol2.i = first
+        eager.generate_batch(PROMPTS, max_new_tokens=30, method="heterospec", chat=False, policy=pol2)
+        assert pol2.seconds and all((s is None) == w for s, w in zip(pol2.seconds, pol2.switch))
+        assert sum(s is not None for s in pol2.seconds) >= 5
+        starts.append(pol2.kinds[0])
+    assert set(starts) == {True, False}    # calls that start speculating and calls that start plain
 
 
 @pytest.mark.parametrize("split", [False, True])
