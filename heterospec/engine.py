@@ -714,7 +714,7 @@ class Engine:
             # two plain steps). Timed, it put a bfloat16 batch-2 plain step 18 % above the
             # steady one, and the guard let speculation lose 14 % (bench/RESULTS.md, sixty-second
             # session). So is the first step after the prefill (its caches were the prefill's; it
-            # ran 5-80 % over the call's steady steps at batch 1 on the Zen 4 box): a speculating
+            # ran 0.5-5 ms over the call's later plain steps at batch 1 on the Zen 4 box): a speculating
             # bucket times few plain steps, and one such step per call would weigh in its guard's
             # plain rate as much as its probes (bench/RESULTS.md, sixty-third session).
             switched = True
