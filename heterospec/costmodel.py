@@ -54,7 +54,7 @@ import torch
 from .models.linear import settled_weights
 
 COSTS_DIR = "costs"
-FORMAT = 2     # 2: each timed run right after an untimed run of the same phase; 1: after whatever came before
+FORMAT = 1
 ISA_ENV = ("MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "HETEROSPEC_CPU_SCALAR")
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "fma")
 
@@ -365,11 +365,10 @@ def measure(engine, quick: bool = True, batch_sizes: Sequence[int] = (1, 2, 4, 8
     ``quick``: batch 1, the first two contexts (the target's curve; the engine's phases at the
     first), a short token grid, 5 repeats (seconds on the built-in pair).
     ``passes``: the whole measurement this many times, every entry the fastest of its passes.
-    Within a pass each entry is the fastest of ``repeats`` timed runs, the phases interleaved
-    and each timed run right after an untimed run of the same phase, so a slow minute of a
-    shared machine inflates the entries measured in it, and the curves' shapes with them (seen:
-    a one-token step timed well above a two-token verify); a second pass minutes later takes
-    most of that out.
+    Within a pass each entry is the fastest of ``repeats`` runs taken back to back, so a slow
+    minute of a shared machine inflates the entries measured in it, and the curves' shapes with
+    them (seen: a one-token step timed well above a two-token verify); a second pass minutes
+    later takes most of that out.
     """
     if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
         raise ValueError(f"cost model: passes must be an integer >= 1, got {passes!r}")
@@ -576,16 +575,9 @@ def _measure_pass(engine, quick: bool, batch_sizes: Sequence[int], tokens: Optio
         plain, draft, verify = zip(*(phases(B) for B in batch_sizes))
 
         # 3. Run them, group by group: a warm-up pass (graphs captured), then the timed passes,
-        #    each starting at another phase. Each timed run comes right after an untimed run of
-        #    the same phase: a forward right after a different one (a 64-token forward before a
-        #    one-token step) ran ~0.55 ms slower on the Zen 4 box, and in the list's order the
-        #    one-token points always came after large phases while the two-token ones came after
-        #    the one-token ones, so a two-token forward was priced +10-13 % over one token where
-        #    steady steps measure +17-19 % (bench/RESULTS.md, sixty-third session). Back to back,
-        #    a phase costs what a run of it costs in steady decoding; the online time corrections
-        #    take the rest (a verify after the draft's forwards, a plain step after a round).
+        #    each starting at another phase.
         best = [math.inf] * len(jobs)
-        bar = tqdm(total=len(jobs) * (2 * reps + 1), desc=desc, disable=not progress, unit="run")
+        bar = tqdm(total=len(jobs) * (reps + 1), desc=desc, disable=not progress, unit="run")
         for lo, hi in zip(groups, groups[1:] + [len(jobs)]):
             group = list(range(lo, hi))
             for i in group:
@@ -594,11 +586,10 @@ def _measure_pass(engine, quick: bool, batch_sizes: Sequence[int], tokens: Optio
             for r in range(reps):
                 start = r * len(group) // reps
                 for i in group[start:] + group[:start]:
-                    jobs[i]()
                     t0 = now()
                     jobs[i]()
                     best[i] = min(best[i], 1e3 * (now() - t0))
-                    bar.update(2)
+                    bar.update()
         bar.close()
         target_rows = [[best[i] for i in row] for row in target_rows]
         plain = [best[i] for i in plain]

@@ -228,12 +228,9 @@ def test_a_quick_cost_model_times_the_target_at_two_contexts():
 
 
 def test_cost_model_interleaves_the_phases_it_times(monkeypatch):
-    """Each pass runs every phase (plain step, draft trees, verification per N) once, as two runs
-    back to back of which the second is timed: a machine whose speed drifts during the
-    measurement shifts the phases alike instead of skewing their ratios (measured one after
-    another, a slow spell priced a plain step above a 1-node verify), and a timed run never
-    follows another phase (right after a large forward a one-token step ran ~9 % slower, which
-    priced two tokens too close to one)."""
+    """Each pass runs every phase once (plain step, draft trees, verification per N): a machine
+    whose speed drifts during the measurement shifts them alike instead of skewing their ratios
+    (measured one after another, a slow spell priced a plain step above a 1-node verify)."""
     from heterospec import Eagle3Draft, TargetModel
     target = TargetModel.from_hf(tiny_hf_llama(seed=5))
     engine = Engine(target, Eagle3Draft.for_target(target, seed=5), config=SpecConfig(top_k=3, depth=2, total_tokens=6))
@@ -243,11 +240,9 @@ def test_cost_model_interleaves_the_phases_it_times(monkeypatch):
         monkeypatch.setattr(engine, name, lambda *a, _r=real, _n=name, **k: (order.append(_n), _r(*a, **k))[1])
     costmodel.measure(engine, quick=True, repeats=3, progress=False)
     plain = [i for i, n in enumerate(order) if n == "_decode_one"]
-    assert len(plain) == 1 + 2 * 3                           # a warm-up, then 3 passes of a pair
-    pairs = list(zip(plain[1::2], plain[2::2]))
-    assert all(b == a + 1 for a, b in pairs), order          # the timed run right after its twin
-    assert all(c - b > 1 for (_, b), (c, _) in zip(pairs, pairs[1:])), order   # other phases between passes
-    assert order.count("_verify") == (1 + 2 * 3) * 8         # 8 node counts of the quick grid
+    assert len(plain) == 4                                   # a warm-up and 3 timed runs
+    assert all(b - a > 1 for a, b in zip(plain, plain[1:])), order   # never two in a row
+    assert order.count("_verify") == 4 * 8                   # 8 node counts of the quick grid
 
 
 def test_cost_model_times_replayed_halves_when_the_engine_uses_graphs(monkeypatch):
