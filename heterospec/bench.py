@@ -485,6 +485,7 @@ def batch_sweep(engine, prompts: Sequence[str], batch_sizes: Sequence[int] = (1,
     warm = prompts[:1]
     for m in methods:
         engine.generate_batch(warm, max_new_tokens=8, **bench_call(m))
+
     def groups(B: int) -> List[List[int]]:
         return ([list(range(start, start + B)) for start in range(0, prompts_per_size, B)]
                 if prompts_per_size else [list(range(B))])
@@ -542,7 +543,8 @@ def batch_sweep(engine, prompts: Sequence[str], batch_sizes: Sequence[int] = (1,
         pol = engine._policy("heterospec", engine.config, "fitted")
         plans = {B: pol.plan(B).to_dict() for B in batch_sizes}
     result = {"machine": machine_description(engine.device), "dtype": str(engine.target.lm_head.weight.dtype),
-              "max_new_tokens": max_new_tokens, "repeats": repeats, "prompts_per_size": prompts_per_size, "rows": rows, "calls": calls,
+              "max_new_tokens": max_new_tokens, "repeats": repeats, "prompts_per_size": prompts_per_size,
+              "rows": rows, "calls": calls,
               "greedy_mismatches": len(divergences), "greedy_divergences": divergences, "plans": plans}
     lines = ["| batch | " + " | ".join(methods) + " |", "|---" * (len(methods) + 1) + "|"]
     for B in batch_sizes:

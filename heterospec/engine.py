@@ -713,10 +713,11 @@ class Engine:
             # switch, not of plain decoding, so it is not timed for the policy (which probes
             # two plain steps). Timed, it put a bfloat16 batch-2 plain step 18 % above the
             # steady one, and the guard let speculation lose 14 % (bench/RESULTS.md, sixty-second
-            # session). So is the first step after the prefill (its caches were the prefill's; it
-            # ran 0.5-5 ms over the call's later plain steps at batch 1 on the Zen 4 box): a speculating
-            # bucket times few plain steps, and one such step per call would weigh in its guard's
-            # plain rate as much as its probes (bench/RESULTS.md, sixty-third session).
+            # session). So is the first step after the prefill (its caches were the prefill's;
+            # 0.5-5 ms over the call's later plain steps at batch 1 on the Zen 4 box): a
+            # speculating bucket times few plain steps, and one such step per call would weigh
+            # in its guard's plain rate as much as its probes (bench/RESULTS.md, sixty-third
+            # session).
             switched = True
             while st.active():
                 # The policy's plan for the requests still running: a tree, or one plain step.
@@ -1730,6 +1731,7 @@ class Engine:
     def _emit(self, st: _Batch, new: List[List[int]], max_new_tokens: int, stream) -> None:
         """Append new tokens; stop at the first EOS or at max_new_tokens, never past either."""
         eos = set(self.target.config.eos_token_ids or [])
+        called = False
         for b in st.active():
             out = st.outputs[b]
             room = max_new_tokens - len(out)
@@ -1745,7 +1747,9 @@ class Engine:
             st.all_finished[st.rows[b]] = st.finished[b]
             if stream is not None and chunk:
                 stream(st.rows[b], chunk)
-                weights_may_change()
+                called = True
+        if called:
+            weights_may_change()     # user code ran: the next forward checks the weights again
 
 
 def _lookup_state_path(pol) -> Optional[str]:

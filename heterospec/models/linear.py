@@ -56,6 +56,7 @@ import contextlib
 import functools
 import glob
 import hashlib
+import itertools
 import json
 import math
 import operator
@@ -102,7 +103,7 @@ def paths_generation() -> int:
 # the first after any user code ran (a stream callback ends the epoch: weights_may_change).
 # Per thread: another thread's forwards, outside any engine call, check every time.
 _SETTLED = threading.local()
-_EPOCHS = iter(range(1, 1 << 62))
+_EPOCHS = itertools.count(1)
 
 
 @contextlib.contextmanager
