@@ -54,7 +54,7 @@ import torch
 from .models.linear import settled_weights
 
 COSTS_DIR = "costs"
-FORMAT = 1
+FORMAT = 2          # 2: the draft rows' fourth number, the long extend slope (EXTEND_LONG)
 ISA_ENV = ("MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "HETEROSPEC_CPU_SCALAR")
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "fma")
 
@@ -157,7 +157,8 @@ class CostModel:
     target: List[List[float]]                  # [context][T] ms
     batch_sizes: List[int]                     # B grid of the per-batch curves
     plain: List[float]                         # [B] ms (at contexts[0])
-    draft: List[List[float]]                   # [B] (ms at d=0 n=1, ms per forward, ms per extend token)
+    draft: List[List[float]]                   # [B] (ms at d=0 n=1, ms per forward, ms per extend token up to
+                                               # EXTEND_PROBE, and beyond it: EXTEND_LONG's slope)
     nodes: List[int]                           # N grid of the verify curve (root included)
     verify: List[List[float]]                  # [B][N] ms of _verify + _commit (at contexts[0])
     tree_top_k: int = 1                        # rows per request of a draft tree forward
@@ -229,7 +230,13 @@ class CostModel:
         a = self._per_batch([d[0] for d in self.draft], B, self.tree_top_k)
         b = self._per_batch([d[1] for d in self.draft], B, self.tree_top_k)
         c = self._per_batch([d[2] for d in self.draft], B, 1)
-        return (a + b * forwards + c * max(extend_tokens - 1.0, 0.0)) * self.in_use_factor("round", B)
+        extra = max(extend_tokens - 1.0, 0.0)
+        short = min(extra, EXTEND_PROBE - 1.0)
+        # Past EXTEND_PROBE tokens a token costs the long slope: a draft's linears turn from
+        # reading their weights to computing, as the target's do (a row without it: the short one)
+        c_long = self._per_batch([d[3] if len(d) > 3 else d[2] for d in self.draft], B, EXTEND_LONG) \
+            if extra > short else 0.0
+        return (a + b * forwards + c * short + c_long * (extra - short)) * self.in_use_factor("round", B)
 
     def verify_ms(self, B: int, nodes: float, context: int = 256) -> float:
         """The rest of a round of B requests verifying ``nodes`` nodes each (root included)."""
@@ -426,6 +433,12 @@ def _measure_once(engine, quick: bool, batch_sizes: Sequence[int], tokens: Optio
 #: do, the slope read as nothing and the policy charged its catch-ups to its rounds' time
 #: correction (bench/RESULTS.md, "A streamed draft with 8-bit weights").
 EXTEND_PROBE = 16
+#: The extend length that prices each token past EXTEND_PROBE: a call that started plain runs
+#: the draft's pass over its prompts in its first drafted round, hundreds of rows, where each
+#: costs ~4x the short slope on a CPU (compute, not weight reads); priced at the short slope, a
+#: batch-4 prompt pass read as 4 ms where it took 37 (bench/RESULTS.md, sixty-fourth session).
+#: Measured at the model's first context or this, whichever is shorter.
+EXTEND_LONG = 128
 
 
 def _measure_pass(engine, quick: bool, batch_sizes: Sequence[int], tokens: Optional[Sequence[int]],
@@ -506,11 +519,12 @@ def _measure_pass(engine, quick: bool, batch_sizes: Sequence[int], tokens: Optio
         ctx = contexts[0]
         cfg = engine.config
         D = max(cfg.depth, 1)
+        long_probe = min(EXTEND_LONG, ctx)
         grid = [n for n in node_grid if n - 1 <= k + 2 * k * k]
         params = SamplingParams()
 
         def phases(B: int):
-            """Register batch size B's phases -> (plain, (draft d0, dD, n4), [verify per N])."""
+            """Register batch size B's phases -> (plain, (draft d0, dD, n16, n128), [verify per N])."""
             if B != batch_sizes[0]:
                 groups.append(len(jobs))     # the first batch size shares its group with part 1
             prompts = [torch.randint(0, vocab, (ctx,), generator=gen).tolist() for _ in range(B)]
@@ -553,7 +567,8 @@ def _measure_pass(engine, quick: bool, batch_sizes: Sequence[int], tokens: Optio
                     return engine._draft_tree(st, cfg.replace(depth=depth), plan)
                 return run
 
-            out = (timed(plain_step), (timed(draft_at(0, 1)), timed(draft_at(D, 1)), timed(draft_at(0, EXTEND_PROBE))))
+            out = (timed(plain_step), (timed(draft_at(0, 1)), timed(draft_at(D, 1)), timed(draft_at(0, EXTEND_PROBE)),
+                                       timed(draft_at(0, long_probe))))
             tree = draft_at(2, 1)()
             s1 = saved()
 
@@ -593,8 +608,10 @@ def _measure_pass(engine, quick: bool, batch_sizes: Sequence[int], tokens: Optio
         bar.close()
         target_rows = [[best[i] for i in row] for row in target_rows]
         plain = [best[i] for i in plain]
-        draft = [[best[a], max(best[b] - best[a], 0.0) / D, max(best[c] - best[a], 0.0) / (EXTEND_PROBE - 1)]
-                 for a, b, c in draft]
+        draft = [[best[a], max(best[b] - best[a], 0.0) / D, max(best[c] - best[a], 0.0) / (EXTEND_PROBE - 1),
+                  max(best[e] - best[c], 0.0) / (long_probe - EXTEND_PROBE) if long_probe > EXTEND_PROBE else
+                  max(best[c] - best[a], 0.0) / (EXTEND_PROBE - 1)]
+                 for a, b, c, e in draft]
         verify = [[best[i] for i in row] for row in verify]
     return CostModel(fingerprint=fingerprint(engine), tokens=list(tokens), contexts=list(contexts),
                      target=target_rows, batch_sizes=list(batch_sizes), plain=plain, draft=draft,

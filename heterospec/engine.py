@@ -39,7 +39,7 @@ from .lookup import HISTORY_ROW, ContextIndex, LookupGate, LookupRound, OutputHi
 from .models.linear import settled_weights, weights_may_change
 from .policy import POLICIES, AcceptanceTables, Eagle3Policy, FittedPolicy, PaperPolicy, Plan, Policy
 from .sampling import greedy_tokens, make_generator, processed_probs, sample
-from .timing import StageTimer
+from .timing import StageTimer, timestamp
 
 METHODS = ("heterospec", "eagle3", "autoregressive")
 # Engine(linear=...): "tuned" (CPU: the faster GEMM path per shape and row count, measured),
@@ -133,6 +133,9 @@ class _Batch:
     # The draft's prompt pass, deferred from prefill to the first round that drafts (a call that
     # starts plain): ([B, n] tokens, [B, n, 3H] features, [B] entries), slots 0 .. entries - 1.
     deferred: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
+    # Seconds the last round spent on that deferred pass (measured; 0.0 for a round without it):
+    # a one-off of the call, which the policy takes off the round's time.
+    prompt_pass_s: float = 0.0
     # What a cold plain step left (Engine._cold_step): while these very tensors are still the
     # batch's (ext_tokens, draft_hole, draft_lens, ext_num), the next cold step only moves the
     # hole's end.
@@ -789,6 +792,9 @@ class Engine:
                     switched = False
                 else:
                     pending = None if catchup is None else catchup()     # tokens the draft catches up on
+                    # (of which the deferred prompt pass, if this round runs it: timed, not priced)
+                    deferred = 0.0 if st.deferred is None or pending is None else \
+                        float(st.deferred[2][active].float().mean())
                     t_draft = time.perf_counter()
                     # Draft / verify split: CUDA events, read after the round's one host read.
                     timer = StageTimer(self.device)
@@ -802,9 +808,11 @@ class Engine:
                     if hasattr(pol, "observe"):   # the fitted policy learns this workload and device
                         recs = [st.stats[b].records[-1] for b in active]
                         seconds = self._round_seconds(t_draft, one_offs, riding)
+                        prompt_s, st.prompt_pass_s = st.prompt_pass_s, 0.0
                         tp = time.perf_counter()
                         pol.observe(plan, [r.bin for r in recs], [r.accept_len for r in recs], seconds,
-                                    extend_tokens=pending, progress=_progress(st, behind, least),
+                                    extend_tokens=None if pending is None else pending - deferred,
+                                    one_off_s=prompt_s, progress=_progress(st, behind, least),
                                     batch_size=len(active), context=context)
                         policy_s += time.perf_counter() - tp
             # For the lookups of later calls: only the calls that look up feed it (~3 ms of Python
@@ -1466,7 +1474,9 @@ class Engine:
         # 1. Extend the draft over the tokens committed last round; its last output is the root's.
         if st.deferred is not None:       # the prompt first (slots 0 .., before any hole)
             tokens, feats, num = st.deferred
+            t0 = timestamp(dev)
             draft.extend(tokens, feats, st.draft_cache, torch.zeros_like(num), num)
+            st.prompt_pass_s = timestamp(dev) - t0
             st.deferred = None
         n = st.ext_tokens.shape[1] if self.static_rounds else int(st.ext_num.max())
         hidden = draft.extend(st.ext_tokens[:, :n], st.ext_feats[:, :n], st.draft_cache, st.draft_lens,

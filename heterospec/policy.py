@@ -837,15 +837,18 @@ class FittedPolicy(Policy):
         """The plan the model fits (with the online corrections), before the guard. A bucket
         keeps its last plan while the fit budget (``FIT_SHARE``, ``REFIT_GAP``) says wait."""
         b = self.bucket(batch_size)
+        last = self._last_fit.get(b)
+        if last is not None:
+            # The budget first: the corrections that make the key move after every observed
+            # round (a plain step moves plain_scale), and reading them costs more than the
+            # rest of a plain step's policy work, which asks for the plan every step.
+            since = self._observed_rounds.get(b, 0) - last[0]
+            if since < 1 or (since < self.REFIT_GAP and self._fit_s > self.FIT_SHARE * self._round_s):
+                return last[1]
         c = self.context if context is None else self.context_bucket(context)
         s, t, q, f = self.position_scale(), self.time_scale(b), self.plain_scale(b), self.bin_frequencies()
         g = self.bin_scale()
         key = (b, c, s, t, q, tuple(sorted(f.items())), tuple(sorted(g.items())))
-        last = self._last_fit.get(b)
-        if key not in self._plans and last is not None:
-            since = self._observed_rounds.get(b, 0) - last[0]
-            if since < 1 or (since < self.REFIT_GAP and self._fit_s > self.FIT_SHARE * self._round_s):
-                return last[1]
         if key not in self._plans:
             t0 = time.perf_counter()
             since_full, best = self._option_rank.get(b, (self.FULL_EVERY, None))
@@ -1471,7 +1474,7 @@ class FittedPolicy(Policy):
     def observe(self, plan: Plan, bins: Sequence[int], accepted: Sequence[int],
                 seconds: Optional[float] = None, drafted: Optional[Sequence[int]] = None,
                 extend_tokens: Optional[float] = None, progress: Optional[float] = None,
-                batch_size: Optional[int] = None, context: Optional[int] = None) -> None:
+                batch_size: Optional[int] = None, context: Optional[int] = None, one_off_s: float = 0.0) -> None:
         """Record a round of ``plan``: for a speculative round each request's bin and accepted
         drafts, and the round's wall time; for a plain step its wall time only. A request counts
         for the positions its bin's action drafted (none when the bin verifies the root only),
@@ -1480,7 +1483,12 @@ class FittedPolicy(Policy):
         speculative round. After plain steps (or for a request's first round: its prompt) that is
         more than a round of steady speculation extends over; the cost model's price of the
         excess is taken off ``seconds``, so the time corrections and the guard judge steady
-        speculation rather than the one-off catch-up. ``progress``: the tokens per request the
+        speculation rather than the one-off catch-up. ``one_off_s``: measured seconds of the round
+        spent on the call rather than on the round (the draft's prompt pass, deferred from the
+        prefill of a call that started plain), taken off ``seconds`` in full and counted as
+        catch-up; the model's extend price, right for the catch-ups of a few dozen tokens,
+        priced a batch-4 prompt pass at 4 ms where it took 37, and the rest taught the time
+        correction that rounds cost 2.65x the model (bench/RESULTS.md, sixty-fourth session). ``progress``: the tokens per request the
         guard credits the round with (default: the mean over the requests, what a continuous
         batch gains); a static batch ends with its slowest request, and its caller passes how
         far the round moved the slowest one. ``batch_size``: the requests the round ran for, where
@@ -1498,9 +1506,13 @@ class FittedPolicy(Policy):
         if batch_size is not None and "batch_size" in expected and int(batch_size) != int(expected["batch_size"]):
             width = self._memo.plain_ms(int(batch_size)) / self._memo.plain_ms(int(expected["batch_size"]))
         catchup_s = 0.0
+        if seconds is not None and one_off_s > 0.0:
+            # (a round that was all one-off work times nothing)
+            seconds, catchup_s = (seconds - one_off_s, one_off_s) if seconds > one_off_s else (None, 0.0)
         if seconds is not None and extend_tokens is not None and plan.speculate and expected.get("speculative"):
-            catchup_s = min(0.5 * seconds, 1e-3 * self._catchup_ms(plan, extend_tokens))
-            seconds -= catchup_s
+            priced = min(0.5 * seconds, 1e-3 * self._catchup_ms(plan, extend_tokens))
+            seconds -= priced
+            catchup_s += priced
         if "batch_size" in expected:
             ob = self.bucket(int(expected["batch_size"]))
             self._observed_rounds[ob] = self._observed_rounds.get(ob, 0) + 1

@@ -183,7 +183,7 @@ def test_static_batch_credits_how_far_a_round_moved_the_slowest_request():
                                                      edges=[], depth=[0], budget=[0], binned=False)
 
         def observe(self, plan, bins, accepted, seconds=None, extend_tokens=None, progress=None, batch_size=None,
-                    context=None):
+                    context=None, one_off_s=0.0):
             self.progress.append(progress)
 
     engine, draft = _pair("noisy", seed=7)
@@ -231,7 +231,7 @@ def test_a_round_is_planned_untimed_while_finished_rows_ride_along():
             return self.plan(batch_size, context)
 
         def observe(self, plan, bins, accepted, seconds=None, extend_tokens=None, progress=None, batch_size=None,
-                    context=None):
+                    context=None, one_off_s=0.0):
             self.seconds.append(seconds)
 
     engine, draft = _pair("noisy", seed=7)
@@ -316,7 +316,7 @@ def test_rounds_with_finished_rows_riding_along_are_not_timed(monkeypatch):
             return self.plan(batch_size, context)
 
         def observe(self, plan, bins, accepted, seconds=None, extend_tokens=None, progress=None, batch_size=None,
-                    context=None):
+                    context=None, one_off_s=0.0):
             seen[-1].append(seconds)
 
     engine, draft = _pair("noisy", seed=7)

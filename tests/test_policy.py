@@ -206,6 +206,7 @@ def test_cost_model_measures_the_engines_phases_in_steady_state(monkeypatch):
     assert pending and all(p == [1] * len(p) for p in pending), pending
     assert cm.batch_sizes == [1, 3] and cm.nodes == [1, 2, 4] and cm.fingerprint == costmodel.fingerprint(engine)
     values = [x for row in cm.target + cm.draft + cm.verify for x in row] + cm.plain
+    assert all(len(row) == 4 for row in cm.draft)          # (the long extend slope, from 32 tokens here)
     assert all(math.isfinite(x) and x >= 0 for x in values)
     assert all(cm.target[c][i] <= cm.target[c][i + 1] for c in range(2) for i in range(2))   # spikes lowered
     for B in (1, 2, 3):
@@ -331,6 +332,16 @@ def test_cost_model_curves_interpolate():
                                 draft=[[2.0, 1.0, 0.5]], nodes=[1, 8], verify=[[11.0, 18.0]], tree_top_k=4)
     assert noisy.target_ms(1, 256) == pytest.approx(10.0) and noisy.target_ms(8, 64) == pytest.approx(17.0)
     assert noisy.plain_ms(1, 256) == pytest.approx(10.0) and noisy.verify_ms(1, 8, 256) == pytest.approx(18.0)
+    # Past EXTEND_PROBE tokens an extend token costs the row's long slope (a row of three numbers,
+    # from files before it: the short slope throughout).
+    P = costmodel.EXTEND_PROBE
+    two = costmodel.CostModel(fingerprint={}, tokens=[1, 8], contexts=[128], target=[[10.0, 17.0]], batch_sizes=[1, 4],
+                              plain=[10.0, 13.0], draft=[[2.0, 1.0, 0.5, 2.0], [3.0, 2.0, 1.0, 4.0]],
+                              nodes=[1, 8], verify=[[11.0, 18.0], [14.0, 30.0]], tree_top_k=4)
+    assert two.draft_ms(1, 0, extend_tokens=P) == pytest.approx(2.0 + 0.5 * (P - 1))
+    assert two.draft_ms(1, 0, extend_tokens=P + 10) == pytest.approx(2.0 + 0.5 * (P - 1) + 2.0 * 10)
+    assert two.draft_ms(4, 1, extend_tokens=P + 10) == pytest.approx(3.0 + 2.0 + 1.0 * (P - 1) + 4.0 * 10)
+    assert cm.draft_ms(1, 0, extend_tokens=P + 10) == pytest.approx(2.0 + 0.5 * (P + 9))
 
 
 def test_cost_model_lowers_verify_spikes_in_every_file():
@@ -791,6 +802,38 @@ def test_engine_tells_the_policy_the_rounds_left_and_the_draft_s_catch_up():
     assert all(a > b for a, b in zip(lefts, lefts[1:]))      # the slowest request moves every round
     after = seen[6][2]                            # the round after the first drafted one (round 6)
     assert 1 <= after <= spec.max_depth + 2       # its accepted path, no prompt any more
+
+
+def test_the_round_that_runs_the_deferred_prompt_pass_tells_the_policy_its_measured_seconds():
+    """A call that starts plain runs the draft's prompt pass in its first drafted round: the
+    engine times that pass and hands it to ``observe`` as the round's one-off seconds, with the
+    catch-up tokens less the prompt's (they are not priced again); the rounds after it have
+    none. The output is the target's."""
+    engine, draft, prompts, spec, plain = _starts_plain()
+    seen = []
+
+    class Spy(_ScriptedCold):
+        def round_plan(self, batch_size, context=None, tokens_left=None, catchup=None, timed=True):
+            self.catchup = catchup()
+            return super().round_plan(batch_size, context)
+
+        def observe(self, plan, bins, accepted, seconds=None, extend_tokens=None, one_off_s=0.0, **kw):
+            if plan.speculate:
+                seen.append((self.n, self.catchup, extend_tokens, one_off_s, seconds))
+
+    draft.set_prompts(prompts)
+    ar = engine.generate_batch(prompts, max_new_tokens=40, method="autoregressive", chat=False)
+    draft.set_prompts(prompts)
+    hs = engine.generate_batch(prompts, max_new_tokens=40, method="heterospec",
+                               policy=Spy(plain, lambda n: spec if n % 6 == 0 else plain, 6), chat=False)
+    assert [r.token_ids for r in hs] == [r.token_ids for r in ar]
+    assert len(seen) >= 2 and seen[0][0] == 6
+    n, catchup, extend, one_off, seconds = seen[0]
+    assert 0.0 < one_off < seconds
+    running = [len(p) - 1 for p, r in zip(prompts, hs) if len(r.token_ids) > n]   # (rows still there)
+    assert extend == pytest.approx(catchup - sum(running) / len(running))
+    assert 1 <= extend <= engine.draft_window + 1          # the pending entries of the warm steps
+    assert all(o == 0.0 and e == c for _, c, e, o, _ in seen[1:])
 
 
 def test_a_round_switches_to_speculation_only_where_the_rounds_left_repay_the_draft_s_catch_up():
@@ -1626,6 +1669,24 @@ def test_draft_catch_up_after_plain_steps_is_not_held_against_speculation():
     policy.observe(spec, [0], [1], seconds=0.030, extend_tokens=steady + 200)  # never below half
     assert policy._realized[1][1] == pytest.approx((0.030 * policy.REALIZED_FORGET + 0.020) *
                                                   policy.REALIZED_FORGET + 0.015)
+
+
+def test_a_round_s_measured_one_off_work_is_taken_off_its_time_in_full_and_counted_as_catch_up():
+    """``one_off_s`` (the draft's deferred prompt pass, measured by the engine) comes off the
+    round's seconds in full, beyond the half a priced catch-up may take, before the modelled
+    catch-up of the rest; the guard's record of the round keeps both as catch-up (what a probe
+    costs), and a round that was all one-off work is not timed."""
+    tables = _tables(easy_accept=0.7)
+    policy = FittedPolicy(tables, ExtendCost(a=10.0, b=1.0, c=0.5, e=0.5), SpecConfig(top_k=4, depth=1, total_tokens=4))
+    spec = policy.plan(1)
+    steady = spec.expected["speculative"]["tokens"]
+    policy.observe(spec, [0], [1], seconds=0.080, extend_tokens=steady + 20, one_off_s=0.050)
+    assert policy._realized[1][1] == pytest.approx(0.080 - 0.050 - 0.010)          # the pass, then 10 ms priced
+    assert policy._recent_spec[1][-1][1:] == pytest.approx((0.020, 0.060))
+    obs, _, n = policy._time[1]
+    assert (obs, n) == (pytest.approx(20.0), 1.0)
+    policy.observe(spec, [0], [1], seconds=0.030, extend_tokens=steady, one_off_s=0.040)   # all one-off
+    assert policy._time[1][2] == 1.0 and len(policy._recent_spec[1]) == 1      # (untouched)
 
 
 @pytest.mark.parametrize("draft_ms,spacing", [(4.0, "every"), (10.0, "priced"), (20.0, "cap")])
