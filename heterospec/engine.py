@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections.abc
 import contextlib
 import functools
+import gc
 import hashlib
 import json
 import os
@@ -514,12 +515,22 @@ class Engine:
         CPU that emulates bf16 is timed with its draft in that dtype and in float32, and with tuned
         linears every float32 candidate also as "q8_0" (:func:`draft_dtype_candidates`); the draft
         runs in the fastest, a choice cached per machine (``engine.draft_dtype_report`` says
-        what was measured)."""
+        what was measured).
+
+        ``freeze_gc`` (default True): collect once and move every Python object alive then out of
+        the cyclic collector's reach (:func:`gc.freeze`, as serving engines do after start-up).
+        The models, tokenizer and tables are ~370K objects that live as long as the engine; a
+        full collection scans them all (~150 ms on a 2-core CPU), and the first one fell inside
+        a round of the first call, which the policy then timed (bench/RESULTS.md, sixty-fourth
+        session). Later collections scan only newer objects."""
         from .models.draft import Eagle3Draft
         from .models.linear import block_codes_available
         from .models.target import TargetModel
 
         dtype, draft_dtype = _float_dtype("dtype", dtype), _float_dtype("draft_dtype", draft_dtype, ("q8_0",))
+        freeze_gc = kwargs.pop("freeze_gc", True)
+        if not isinstance(freeze_gc, bool):
+            raise ValueError(f"freeze_gc must be True or False, got {freeze_gc!r}")
         if target is None:
             from .defaults import default_draft_dir, default_target_dir
             target = default_target_dir()
@@ -541,6 +552,9 @@ class Engine:
         if drf is not None and len(dtypes) > 1:
             from .costmodel import choose_draft_dtype
             engine.draft_dtype_report = choose_draft_dtype(engine, dtypes)
+        if freeze_gc:
+            gc.collect()
+            gc.freeze()
         return engine
 
     @staticmethod

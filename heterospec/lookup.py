@@ -34,6 +34,8 @@ import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from .timing import unstalled
+
 # Longest n-gram matched, and the longest chain a lookup round verifies.
 LOOKUP_NMAX = 8
 LOOKUP_KMAX = 8
@@ -522,4 +524,6 @@ class LookupGate:
     def _add_time(self, kind: str, batch_bucket: int, measured_ms: float, predicted_ms: float) -> None:
         m, p = self._time[kind].get(batch_bucket, (0.0, 0.0))
         f = self.TIME_FORGET
+        # a stall counts as STALL_FACTOR times the prediction (times the scale measured so far)
+        measured_ms = unstalled(measured_ms, predicted_ms * max(1.0, m / p if p > 0 and m > 0 else 1.0))
         self._time[kind][batch_bucket] = [m * f + measured_ms, p * f + predicted_ms]

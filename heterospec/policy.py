@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 from .config import SpecConfig
+from .timing import unstalled
 from .entropy import EntropyBins
 
 POLICIES = ("fitted", "paper")
@@ -1513,6 +1514,9 @@ class FittedPolicy(Policy):
             priced = min(0.5 * seconds, 1e-3 * self._catchup_ms(plan, extend_tokens))
             seconds -= priced
             catchup_s += priced
+        expect_ms = (expected.get("speculative" if plan.speculate else "plain") or {}).get("ms")
+        if seconds is not None and expect_ms:       # (with the time correction in use)
+            seconds = unstalled(seconds, 1e-3 * float(expect_ms) * width)
         if "batch_size" in expected:
             ob = self.bucket(int(expected["batch_size"]))
             self._observed_rounds[ob] = self._observed_rounds.get(ob, 0) + 1
@@ -1542,7 +1546,7 @@ class FittedPolicy(Policy):
                 bucket = self.bucket(int(expected["batch_size"]))
                 obs, pred, n = self._plain.get(bucket, (0.0, 0.0, 0.0))
                 base = predicted_ms / float(expected.get("plain_scale", 1.0)) * width
-                self._plain[bucket] = [obs * self.FORGET + 1e3 * seconds, pred * self.FORGET + base,
+                self._plain[bucket] = [obs * self.FORGET + unstalled(1e3 * seconds, base), pred * self.FORGET + base,
                                        n * self.FORGET + 1.0]
             return
         self._evidence += 1             # acceptance evidence may change below (bin_scale, bin_frequencies)
@@ -1554,7 +1558,7 @@ class FittedPolicy(Policy):
             obs, pred, n = self._time.get(bucket, (0.0, 0.0, 0.0))
             # The prediction already carries the time scale it was fitted with: undo it.
             base = predicted_ms / float((plan.expected or {}).get("time_scale", 1.0)) * width
-            self._time[bucket] = [obs * self.FORGET + 1e3 * seconds, pred * self.FORGET + base,
+            self._time[bucket] = [obs * self.FORGET + unstalled(1e3 * seconds, base), pred * self.FORGET + base,
                                   n * self.FORGET + 1.0]
         if plan.survival is None:
             return

@@ -21,7 +21,20 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-__all__ = ["synchronize", "timestamp", "StageTimer"]
+__all__ = ["synchronize", "timestamp", "StageTimer", "STALL_FACTOR", "unstalled"]
+
+#: A round or step timed at more than this times what was expected of it counts as this many
+#: times: a stall (a garbage collection, another process, a one-off of the process) is not the
+#: device's speed. The time corrections that learn from these timings are capped at this factor
+#: anyway, but they average over hundreds of rounds, and one uncapped stall - a 190 ms round of a
+#: process's first call, priced at 11 - taught a fresh policy that rounds cost 2.7x the model,
+#: and batch 1 stopped speculating for good (bench/RESULTS.md, sixty-fourth session).
+STALL_FACTOR = 3.0
+
+
+def unstalled(measured: float, expected: float) -> float:
+    """``measured``, at most :data:`STALL_FACTOR` times ``expected`` (where that is positive)."""
+    return min(measured, STALL_FACTOR * expected) if expected > 0 else measured
 
 
 def _cuda_device(device) -> Optional[torch.device]:

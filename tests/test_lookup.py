@@ -119,6 +119,23 @@ def test_gate_picks_the_known_optimum_and_declines_when_plain_is_faster(slope):
     assert gate.choose([([], 0), ([], 0)], verify_ms, 0.0) is None
 
 
+def test_gate_counts_a_stall_as_stall_factor_times_its_prediction():
+    """A plain step or lookup round timed far above its prediction counts as STALL_FACTOR times
+    it (times the scale measured so far): one 50x step among steps as predicted leaves the
+    gate's time scale near 1."""
+    from heterospec.timing import STALL_FACTOR
+    gate = LookupGate(kmax=6)
+    for x in (1.0, 1.0, 50.0, 1.0):
+        gate.observe_plain(1e-3 * 10.0 * x, 10.0)
+    f = gate.TIME_FORGET
+    want = (f ** 3 + f ** 2 + f * STALL_FACTOR + 1.0) / (f ** 3 + f ** 2 + f + 1.0)
+    assert gate.time_scale(1, "plain") == pytest.approx(want) and want < 1.6
+    slow = LookupGate(kmax=6)            # a device measured 2x slower keeps rounds up to 6x
+    for x in (2.0, 2.0, 5.0):
+        slow.observe_plain(1e-3 * 10.0 * x, 10.0)
+    assert slow.time_scale(1, "plain") == pytest.approx((2 * f * f + 2 * f + 5) / (f * f + f + 1))
+
+
 def _slowest_progress(gate, proposals, ks, lead, room, simulate=0):
     """E[how far a round moves the slowest running request], each request verifying the first
     ``ks[b]`` tokens of its chain (independent acceptances at the gate's per-position

@@ -1761,6 +1761,33 @@ def test_time_corrections_compare_a_round_with_its_own_batch_size_not_its_bucket
         assert policy.plain_scale(12) == pytest.approx(want) and policy.time_scale(12) == pytest.approx(want)
 
 
+def test_a_stall_counts_as_stall_factor_times_its_prediction():
+    """One round or plain step timed far above its prediction (a stall, a process's one-off)
+    counts as STALL_FACTOR times the prediction in the time corrections and in the guard: among
+    eight as predicted, a 20x round leaves a correction near 1, not at the cap (the corrections
+    forget a round over hundreds)."""
+    from heterospec.timing import STALL_FACTOR
+    tables = _tables(easy_accept=0.7)
+    cost = LinearCost(a=10.0, b=1.0, c=0.5, e=0.5)
+    policy = FittedPolicy(tables, cost, SpecConfig(top_k=4, depth=1, total_tokens=4))
+    plain = policy.plan(1)
+    plain = plain if not plain.speculate else plain.alternative
+    spec = plain.alternative
+    p_ms, s_ms = plain.expected["plain"]["ms"], spec.expected["speculative"]["ms"]
+    for r in range(9):
+        x = 20.0 if r == 4 else 1.0
+        policy.observe(plain, [], [], seconds=1e-3 * p_ms * x)
+        policy.observe(spec, [0], [_as_predicted(spec, 0, r, 9)], seconds=1e-3 * s_ms * x)
+    f = policy.FORGET
+    want = sum(f ** (8 - r) * (STALL_FACTOR if r == 4 else 1.0) for r in range(9)) / sum(f ** k for k in range(9))
+    assert policy._plain[1][0] / policy._plain[1][1] == pytest.approx(want)
+    assert policy._time[1][0] / policy._time[1][1] == pytest.approx(want)
+    assert want < 1.25 and policy.plain_scale(1) <= 1.25 and policy.time_scale(1) <= 1.25
+    g = policy.REALIZED_FORGET
+    spec_s = sum(g ** (8 - r) * 1e-3 * s_ms * (STALL_FACTOR if r == 4 else 1.0) for r in range(9))
+    assert policy._realized[1][1] == pytest.approx(spec_s)
+
+
 def test_without_timed_speculative_rounds_a_bucket_s_rounds_take_its_plain_correction():
     """Until speculative rounds were timed anywhere, a bucket's round-time correction is its
     plain-step correction (measured, or inherited from the nearest measured bucket): plain steps
