@@ -20,7 +20,7 @@ for n in ("observe_plain", "save", "due"):
 for n in ("_lookup_choice", "_decode_one", "_prefill", "_plain_step", "_cold_step", "_compaction_pays", "_emit"):
     wrap(E.Engine, n)
 E.fit_plan = P.fit_plan
-eng = Engine.from_pretrained()
+eng = Engine.from_pretrained(dtype=sys.argv[3] if len(sys.argv) > 3 else None)
 sets = load_prompt_sets(["mtbench"], 16, 0)
 prompts = [p.text for ps in sets.values() for p in ps]
 B = int(sys.argv[1])
