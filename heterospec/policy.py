@@ -43,8 +43,8 @@ import numpy as np
 import torch
 
 from .config import SpecConfig
-from .timing import unstalled
 from .entropy import EntropyBins
+from .timing import unstalled
 
 POLICIES = ("fitted", "paper")
 TABLES_FILENAME = "acceptance_tables.json"
@@ -840,9 +840,8 @@ class FittedPolicy(Policy):
         b = self.bucket(batch_size)
         last = self._last_fit.get(b)
         if last is not None:
-            # The budget first: the corrections that make the key move after every observed
-            # round (a plain step moves plain_scale), and reading them costs more than the
-            # rest of a plain step's policy work, which asks for the plan every step.
+            # The budget first: it says wait for most of the steps that ask, and the corrections
+            # the key reads (moved by every observed round) are the costlier part.
             since = self._observed_rounds.get(b, 0) - last[0]
             if since < 1 or (since < self.REFIT_GAP and self._fit_s > self.FIT_SHARE * self._round_s):
                 return last[1]
@@ -1487,12 +1486,14 @@ class FittedPolicy(Policy):
         speculation rather than the one-off catch-up. ``one_off_s``: measured seconds of the round
         spent on the call rather than on the round (the draft's prompt pass, deferred from the
         prefill of a call that started plain), taken off ``seconds`` in full and counted as
-        catch-up; the model's extend price, right for the catch-ups of a few dozen tokens,
-        priced a batch-4 prompt pass at 4 ms where it took 37, and the rest taught the time
-        correction that rounds cost 2.65x the model (bench/RESULTS.md, sixty-fourth session). ``progress``: the tokens per request the
-        guard credits the round with (default: the mean over the requests, what a continuous
-        batch gains); a static batch ends with its slowest request, and its caller passes how
-        far the round moved the slowest one. ``batch_size``: the requests the round ran for, where
+        catch-up; priced instead, a batch-4 prompt pass read as 4 ms where it took 37, and the
+        rest taught the time correction that rounds cost 2.65x the model (bench/RESULTS.md,
+        sixty-fourth session). A round or step timed above ``STALL_FACTOR`` times what is
+        expected of it counts as that much (:func:`~heterospec.timing.unstalled`), here and in
+        the sums of the corrections. ``progress``: the tokens per request the guard credits the
+        round with (default: the mean over the requests, what a continuous batch gains); a static
+        batch ends with its slowest request, and its caller passes how far the round moved the
+        slowest one. ``batch_size``: the requests the round ran for, where
         the plan was fitted at its batch bucket's smallest size: the predictions the time
         corrections compare with are scaled to it by the cost model's plain steps, so that a
         correction measures the model's error and not the bucket's width. (15 requests priced
