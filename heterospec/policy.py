@@ -838,17 +838,15 @@ class FittedPolicy(Policy):
         """The plan the model fits (with the online corrections), before the guard. A bucket
         keeps its last plan while the fit budget (``FIT_SHARE``, ``REFIT_GAP``) says wait."""
         b = self.bucket(batch_size)
-        last = self._last_fit.get(b)
-        if last is not None:
-            # The budget first: it says wait for most of the steps that ask, and the corrections
-            # the key reads (moved by every observed round) are the costlier part.
-            since = self._observed_rounds.get(b, 0) - last[0]
-            if since < 1 or (since < self.REFIT_GAP and self._fit_s > self.FIT_SHARE * self._round_s):
-                return last[1]
         c = self.context if context is None else self.context_bucket(context)
         s, t, q, f = self.position_scale(), self.time_scale(b), self.plain_scale(b), self.bin_frequencies()
         g = self.bin_scale()
         key = (b, c, s, t, q, tuple(sorted(f.items())), tuple(sorted(g.items())))
+        last = self._last_fit.get(b)
+        if key not in self._plans and last is not None:
+            since = self._observed_rounds.get(b, 0) - last[0]
+            if since < 1 or (since < self.REFIT_GAP and self._fit_s > self.FIT_SHARE * self._round_s):
+                return last[1]
         if key not in self._plans:
             t0 = time.perf_counter()
             since_full, best = self._option_rank.get(b, (self.FULL_EVERY, None))
