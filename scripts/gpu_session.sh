@@ -252,6 +252,9 @@ stage_e2e() {
   }
   "$PY" bench/gpu_latency.py --pair default --split-only --json "$STATE/split_default.json" \
     --md "$STATE/split_default.md" || echo "per-step split of the default pair failed (e2e figures stand)"
+  # where the host's time goes per method (the policy's share of a round), into gpu_logs.tar.gz
+  "$PY" bench/host_profile.py --device cuda --dtype bfloat16 --out "$STATE/host_profile.md" ||
+    echo "host profile failed (e2e figures stand)"
 }
 # Issue 11 (only with GPU_DRAFT_DATA=1): new draft data on the GPU. The target writes user
 # requests (train-draft selfchat, GPU_SELFCHAT_N samples, at most GPU_SELFCHAT_S seconds; each

@@ -325,3 +325,30 @@ def test_flashinfer_graph_mode_replay_after_replanning():
         pytest.xfail(f"FlashInfer plan() from pinned host tensors synchronises: {exc}")
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.parametrize("friendly", [False, True])
+def test_attention_never_runs_cudnn(friendly):
+    """Our attention leaves cuDNN out on CUDA (models/layers.attention_backends): cuDNN builds a
+    plan for every new shape, tens of ms each, and eager calls change shape with every prompt
+    length. Checked on the kernels a profile names, over several query / key lengths."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from heterospec.models.layers import sdpa, sdpa_kernel_friendly
+
+    attend = sdpa_kernel_friendly if friendly else sdpa
+    kernels = []
+    for tq, tk in ((1, 37), (5, 64), (53, 53), (78, 130)):
+        q = torch.randn(1, tq, 8, 64, device="cuda", dtype=_BF)
+        k, v = (torch.randn(1, tk, 8, 64, device="cuda", dtype=_BF) for _ in range(2))
+        mask = torch.ones(tq, tk, dtype=torch.bool, device="cuda").tril(tk - tq)[None]
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            out = attend(q, k, v, mask, 0.125)
+            torch.cuda.synchronize()
+        ref = torch.softmax((q.float().transpose(1, 2) @ k.float().transpose(1, 2).transpose(-1, -2)) * 0.125
+                            + torch.zeros(mask.shape, device="cuda").masked_fill(~mask, float("-inf"))[:, None],
+                            dim=-1) @ v.float().transpose(1, 2)
+        _close(out, ref.transpose(1, 2), _BF, f"attention {tq}x{tk}")
+        kernels += [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert kernels, "the profiler saw no CUDA kernel"
+    assert not [n for n in kernels if "cudnn" in n.lower()], sorted({n for n in kernels if "cudnn" in n.lower()})

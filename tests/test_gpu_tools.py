@@ -235,3 +235,19 @@ def test_gpu_session_reassembles_split_payload(tmp_path):
     assert (state / "payload/fi/flashinfer_python-0-py3-none-any.whl").stat().st_size == 70_000
     assert (state / "payload/e2e/model.gguf").read_bytes() == (tmp_path / "src2/model.gguf").read_bytes()
     assert "e2e unpacked" in (state / "payload/status").read_text()
+
+
+def test_host_profile_reports_each_method():
+    """bench/host_profile.py (run after the GPU e2e stage): one report section per method, with
+    the functions the host spent its time in."""
+    import heterospec
+    from heterospec import SpecConfig
+    from tests.engine_util import tiny_hf_llama
+
+    hp = _load("bench/host_profile.py", "host_profile_smoke")
+    target = heterospec.TargetModel.from_hf(tiny_hf_llama(seed=3))
+    engine = heterospec.Engine(target, heterospec.Eagle3Draft.for_target(target, seed=3),
+                               config=SpecConfig(top_k=3, depth=2, total_tokens=6))
+    text = hp.profile_method(engine, "eagle3", [[5, 9, 17, 33]], 6, 5)
+    assert text.startswith("## eagle3: 1 calls, 6 tokens")
+    assert "### by tottime" in text and "### by cumulative" in text and "generate" in text

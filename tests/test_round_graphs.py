@@ -806,3 +806,21 @@ def test_e2e_reports_the_graph_events_of_its_timed_runs(tmp_path):
     assert totals and totals["eagle3"].get("replayed", 0) > 0 and totals["autoregressive"].get("replayed", 0) > 0
     assert all("graphs" in r for r in res["runs"])
     assert "CUDA graphs in the timed runs" in (tmp_path / "e2e.md").read_text()
+
+
+def test_e2e_warm_up_reaches_the_longest_timed_prompt():
+    """With CUDA graphs a call that outgrows the kept KV caches reallocates them and captures its
+    graphs again: run_e2e adds a warm-up request (our own text) at least as long as the longest
+    timed prompt, so the timed calls replay."""
+    from heterospec.bench import WARMUP_PROMPTS, _warmup_as_long_as
+
+    class Words:
+        def _encode(self, text, chat):
+            assert chat
+            return text.split()
+
+    timed = ["a short one", "word " * 300]
+    text = _warmup_as_long_as(Words(), timed)
+    assert len(text.split()) >= 300
+    assert text.startswith(WARMUP_PROMPTS[0]) and "word" not in text.split()   # ours, none of the timed text
+    assert len(_warmup_as_long_as(Words(), ["a short one"]).split()) == len(" ".join(WARMUP_PROMPTS).split())

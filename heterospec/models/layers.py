@@ -8,9 +8,12 @@ project and rotate.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
 # On the CPU a layer's glue - each RMSNorm, and the rotation of Q and K - runs as one op each
@@ -247,9 +250,27 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, 
         q, k, v = q.float(), k.float(), v.float()
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     gqa = q.shape[1] != k.shape[1]
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask[:, None], scale=scale,
-                                       enable_gqa=gqa)
+    with attention_backends(q):
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask[:, None], scale=scale,
+                                           enable_gqa=gqa)
     return o.transpose(1, 2).to(dtype)
+
+
+# scaled_dot_product_attention's backends other than cuDNN's. PyTorch prefers cuDNN attention on
+# Hopper, and cuDNN builds an execution plan for every new shape it meets (tens of ms each on an
+# H100): a prompt of a new length paid it in the draft's prompt pass (bench/RESULTS.md, sixty-fifth
+# session). The others choose a kernel per call at no cost.
+_SHAPE_FREE_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def attention_backends(q: torch.Tensor):
+    """The backends an attention on ``q``'s device may use: on CUDA every backend but cuDNN, for
+    eager calls (shapes change from call to call: prompt lengths, pending extends) and captured
+    ones alike, so that a configuration's eager first round and its graph replays run the same
+    kernel; elsewhere PyTorch's own choice."""
+    if q.is_cuda:
+        return sdpa_kernel(_SHAPE_FREE_BACKENDS)
+    return contextlib.nullcontext()
 
 
 def expand_kv_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -280,8 +301,9 @@ def sdpa_kernel_friendly(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask
     Hq = q.shape[2]
     k, v = expand_kv_heads(k, Hq), expand_kv_heads(v, Hq)
     m = additive_mask(mask, q.dtype) if mask.dtype == torch.bool else mask
-    o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                       attn_mask=m[:, None], scale=scale)
+    with attention_backends(q):
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                           attn_mask=m[:, None], scale=scale)
     return o.transpose(1, 2)
 
 
