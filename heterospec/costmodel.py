@@ -169,6 +169,25 @@ class CostModel:
     # a plain step ("plain"); every price below carries its factor. Empty: the curves alone.
     in_use: dict = field(default_factory=dict)
 
+    # Prices are pure functions of the fields, asked many times a round with the same arguments
+    # (the lookup gate prices every prefix of a copied chain, the policy the draft's catch-up):
+    # each is memoized, and setting any field clears the memo (no field is changed in place).
+    MEMO_MAX = 4096
+
+    def __setattr__(self, name, value) -> None:
+        object.__setattr__(self, name, value)
+        if name != "_memo":
+            object.__setattr__(self, "_memo", {})
+
+    def _memoized(self, key: tuple, compute: Callable[[], float]) -> float:
+        memo = self._memo
+        hit = memo.get(key)
+        if hit is None:
+            if len(memo) >= self.MEMO_MAX:
+                memo.clear()
+            hit = memo[key] = compute()
+        return hit
+
     def __post_init__(self) -> None:
         # More tokens or more verified nodes never cost less: a spike (a descheduled run, another
         # process's minute) is lowered to the next size's, in every row, also in files measured
@@ -194,6 +213,9 @@ class CostModel:
 
     # -- predictions ------------------------------------------------------------------------------
     def target_ms(self, tokens: float, context: int = 256) -> float:
+        return self._memoized(("target_ms", tokens, context), lambda: self._target_ms(tokens, context))
+
+    def _target_ms(self, tokens: float, context: int = 256) -> float:
         per_ctx = [_interp(self.tokens, row, tokens) for row in self.target]
         # A longer context never costs less: a noisy lower value measured at a longer context
         # would extrapolate towards zero (every ratio to this curve with it).
@@ -223,10 +245,16 @@ class CostModel:
         return float(factors[i - 1] + (factors[i] - factors[i - 1]) * (x - x0) / (x1 - x0))
 
     def plain_ms(self, B: int, context: int = 256) -> float:
+        return self._memoized(("plain_ms", B, context), lambda: self._plain_ms(B, context))
+
+    def _plain_ms(self, B: int, context: int = 256) -> float:
         base = self._per_batch(self.plain, B, 1)
         return base * self.target_ms(B, context) / self.target_ms(B, self.contexts[0]) * self.in_use_factor("plain", B)
 
     def draft_ms(self, B: int, forwards: float, extend_tokens: float = 1.0) -> float:
+        return self._memoized(("draft_ms", B, forwards, extend_tokens), lambda: self._draft_ms(B, forwards, extend_tokens))
+
+    def _draft_ms(self, B: int, forwards: float, extend_tokens: float = 1.0) -> float:
         a = self._per_batch([d[0] for d in self.draft], B, self.tree_top_k)
         b = self._per_batch([d[1] for d in self.draft], B, self.tree_top_k)
         c = self._per_batch([d[2] for d in self.draft], B, 1)
@@ -240,6 +268,9 @@ class CostModel:
 
     def verify_ms(self, B: int, nodes: float, context: int = 256) -> float:
         """The rest of a round of B requests verifying ``nodes`` nodes each (root included)."""
+        return self._memoized(("verify_ms", B, nodes, context), lambda: self._verify_ms(B, nodes, context))
+
+    def _verify_ms(self, B: int, nodes: float, context: int = 256) -> float:
         per_b = [_interp(self.nodes, row, nodes) for row in self.verify]
         base = self._per_batch(per_b, B, max(int(round(nodes)), 1))
         c0 = self.contexts[0]
@@ -248,6 +279,7 @@ class CostModel:
     # -- files ------------------------------------------------------------------------------------
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
+        d.pop("_memo", None)
         d["format"] = FORMAT
         return d
 

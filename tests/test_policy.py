@@ -311,6 +311,33 @@ def test_cost_model_passes_keep_each_entrys_fastest(monkeypatch):
             costmodel.measure(object(), passes=bad)
 
 
+def test_cost_model_prices_are_memoized_and_a_new_field_clears_them(tmp_path):
+    """Prices are asked many times a round with the same arguments; each is computed once, and
+    setting any field (a new in-use factor, new curves) prices from the new values."""
+    cm = costmodel.CostModel(fingerprint={}, tokens=[1, 8], contexts=[128], target=[[10.0, 17.0]],
+                             batch_sizes=[1, 4], plain=[10.0, 13.0], draft=[[2.0, 1.0, 0.5], [3.0, 2.0, 1.0]],
+                             nodes=[1, 8], verify=[[11.0, 18.0], [14.0, 30.0]], tree_top_k=4)
+    calls = []
+    compute = cm._verify_ms
+    cm.__dict__["_verify_ms"] = lambda *a: calls.append(a) or compute(*a)   # (no setattr: keeps the memo)
+    first = cm.verify_ms(1, 4.5, 128)
+    assert cm.verify_ms(1, 4.5, 128) == first and len(calls) == 1
+    assert cm.verify_ms(2, 4.5, 128) != first and len(calls) == 2
+    plain = cm.plain_ms(4, 128)
+    cm.in_use = {"batch_sizes": [1, 4], "round": [2.0, 2.0], "plain": [1.5, 1.5]}
+    assert cm.verify_ms(1, 4.5, 128) == pytest.approx(2.0 * first) and len(calls) == 3
+    assert cm.plain_ms(4, 128) == pytest.approx(1.5 * plain)
+    del cm.__dict__["_verify_ms"]
+    assert "_memo" not in cm.to_dict()
+    cm.save(str(tmp_path / "cm.json"))
+    again = costmodel.CostModel.load(str(tmp_path / "cm.json"))
+    assert again.verify_ms(1, 4.5, 128) == cm.verify_ms(1, 4.5, 128)
+    cm.MEMO_MAX = 4                     # a full memo starts again rather than growing
+    for n in range(10):
+        cm.draft_ms(1, n)
+    assert len(cm._memo) <= 4
+
+
 def test_cost_model_curves_interpolate():
     cm = costmodel.CostModel(fingerprint={}, tokens=[1, 8, 16], contexts=[128, 512],
                              target=[[10.0, 17.0, 25.0], [12.0, 21.0, 33.0]], batch_sizes=[1, 4],
@@ -2393,3 +2420,36 @@ def test_shipped_draft_is_calibrated_for_the_cpu_and_the_gpu_tree(top_k, depth, 
     bins = EntropyBins.find(str(DRAFT_ASSET_DIR), cfg, quiet=True)
     tree = bins.provenance["tree"]
     assert (tree["depth"], tree["entropy_k"]) == (depth, cfg.resolved_entropy_k)
+
+
+def test_bin_factors_recompute_only_the_options_observed_and_equal_a_full_recomputation():
+    """bin_scale / bin_frequencies recompute only the binning options observed since they last
+    ran (all of them when the position scale moved or a state was loaded); the result always
+    equals recomputing every option."""
+    import random
+
+    tables, cost = _tables_of_options(), LinearCost(a=10.0, b=0.3, c=0.2, e=0.2)
+    policy = FittedPolicy(tables, cost, SpecConfig(top_k=4, depth=1, total_tokens=4))
+    plans = []
+    for i in range(len(tables.options)):
+        plan = fit_plan(tables, cost, 1, options=[i])
+        plan = plan if plan.speculate else plan.alternative
+        assert plan.expected["option"] == i
+        plans.append(plan)
+    rng = random.Random(5)
+    recomputed = 0
+    for r in range(400):
+        plan = plans[rng.randrange(2) if r < 200 else rng.randrange(len(plans))]   # later: every option
+        b = rng.randrange(plan.num_bins)
+        policy.observe(plan, [b], [rng.randrange(len(plan.survival[b]) + 1)])
+        incremental = policy._scale_dirty is not None and policy.position_scale() == policy._scale_pos
+        scale, freq = policy.bin_scale(), policy.bin_frequencies()
+        policy._derived.clear()
+        policy._freq_dirty = policy._scale_dirty = None
+        assert policy.bin_scale() == scale and policy.bin_frequencies() == freq, r
+        recomputed += incremental
+    assert recomputed > 100          # most rounds took the incremental path
+    assert len(policy.bin_scale()) == len(tables.options)
+    again = FittedPolicy(tables, cost, SpecConfig(top_k=4, depth=1, total_tokens=4))
+    again.load_state(json.loads(json.dumps(policy.state())))
+    assert again.bin_scale() == policy.bin_scale() and again.bin_frequencies() == policy.bin_frequencies()
