@@ -139,6 +139,9 @@ def summarize(runs: List[dict]) -> Dict[str, Dict[str, dict]]:
             "policy_ms_per_call": 1e3 * sum(r.get("policy_s", 0.0) for r in rs) / calls if calls else float("nan"),
             "other_ms_per_call": 1e3 * sum(r["total_s"] - r["prefill_s"] - r["draft_s"] - r["verify_s"]
                                            - r.get("policy_s", 0.0) for r in rs) / calls if calls else float("nan"),
+            # the prompt's pass (the target's, and the draft's where it runs there): a cost per
+            # new prompt shape shows here (cuDNN plans on a GPU, bench/RESULTS.md, sixty-fifth session)
+            "prefill_ms_per_prompt": 1e3 * sum(r["prefill_s"] for r in rs) / len(rs),
             "acceptance_rates": _acceptance_rates(recs, max((x["depth"] for x in recs), default=0)),
             # target calls that verified a context-lookup chain (heterospec.lookup)
             "lookup_share": sum(bool(x.get("lookup")) for x in recs) / calls if calls else 0.0,
@@ -160,8 +163,9 @@ def _ratio(x: float, digits: int) -> str:
 
 def markdown_table(summary: Dict[str, Dict[str, dict]], methods: Sequence[str]) -> str:
     head = ("| set | method | tok/s | speedup vs AR | vs eagle3 | tau | target calls | verified/call "
-            "| draft ms/round | verify ms/call | policy ms/call | other ms/call | lookup calls (from history) |")
-    lines = [head, "|" + "---|" * 13]
+            "| draft ms/round | verify ms/call | policy ms/call | other ms/call | prefill ms/prompt "
+            "| lookup calls (from history) |")
+    lines = [head, "|" + "---|" * 14]
     means = defaultdict(lambda: defaultdict(list))
     for name, ms in summary.items():
         for method in methods:
@@ -172,6 +176,7 @@ def markdown_table(summary: Dict[str, Dict[str, dict]], methods: Sequence[str]) 
                          f"| {m['tau']:.2f} | {m['target_calls']} | {m['verified_per_call']:.1f} "
                          f"| {m['draft_ms_per_round']:.1f} | {m['verify_ms_per_call']:.1f} "
                          f"| {m.get('policy_ms_per_call', float('nan')):.2f} | {m.get('other_ms_per_call', float('nan')):.2f} "
+                         f"| {m.get('prefill_ms_per_prompt', float('nan')):.1f} "
                          f"| {100 * m.get('lookup_share', 0.0):.0f} % ({100 * m.get('history_share', 0.0):.0f} %) |")
             for key in ("speedup", "vs_eagle3", "tau", "verified_per_call"):
                 means[method][key].append(m[key])
@@ -179,7 +184,7 @@ def markdown_table(summary: Dict[str, Dict[str, dict]], methods: Sequence[str]) 
         if method in means:
             mm = {k: statistics.fmean(v) for k, v in means[method].items()}
             lines.append(f"| **mean** | {method} | | {_ratio(mm['speedup'], 2)} | {_ratio(mm['vs_eagle3'], 3)} | {mm['tau']:.2f} "
-                         f"| | {mm['verified_per_call']:.1f} | | | | | |")
+                         f"| | {mm['verified_per_call']:.1f} | | | | | | |")
     return "\n".join(lines)
 
 
