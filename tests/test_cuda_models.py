@@ -329,7 +329,7 @@ def test_flashinfer_graph_mode_replay_after_replanning():
 
 @pytest.mark.parametrize("friendly", [False, True])
 def test_attention_never_runs_cudnn(friendly):
-    """Our attention leaves cuDNN out on CUDA (models/layers.attention_backends): cuDNN builds a
+    """Our eager attention leaves cuDNN out on CUDA (models/layers.attention_backends): cuDNN builds a
     plan for every new shape, tens of ms each, and eager calls change shape with every prompt
     length. Checked on the kernels a profile names, over several query / key lengths."""
     from torch.profiler import ProfilerActivity, profile

@@ -264,11 +264,13 @@ _SHAPE_FREE_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTI
 
 
 def attention_backends(q: torch.Tensor):
-    """The backends an attention on ``q``'s device may use: on CUDA every backend but cuDNN, for
-    eager calls (shapes change from call to call: prompt lengths, pending extends) and captured
-    ones alike, so that a configuration's eager first round and its graph replays run the same
-    kernel; elsewhere PyTorch's own choice."""
-    if q.is_cuda:
+    """The backends an attention on ``q``'s device may use: on CUDA outside a graph capture,
+    every backend but cuDNN (an eager call's shapes change from call to call: prompt lengths,
+    pending extends, a configuration's first round); under capture, PyTorch's own choice (one
+    shape, planned once per graph, and cuDNN is the fused kernel that takes a mask with grouped
+    KV heads: without it the target's masked GQA attention falls back to the math kernel in
+    every replay); elsewhere, PyTorch's own choice."""
+    if q.is_cuda and not torch.cuda.is_current_stream_capturing():
         return sdpa_kernel(_SHAPE_FREE_BACKENDS)
     return contextlib.nullcontext()
 
