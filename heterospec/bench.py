@@ -52,6 +52,13 @@ def _warmup_as_long_as(engine, texts: Sequence[str]) -> str:
     return text
 
 
+def _fit_seconds(engine) -> float:
+    """Seconds the engine's fitted policies have spent fitting plans so far (a share of each
+    call's policy time: on a GPU's short rounds the refit budget, ``FittedPolicy.FIT_SHARE``,
+    may be what the policy costs)."""
+    return sum(getattr(p, "_fit_s", 0.0) for p in getattr(engine, "_fitted", {}).values())
+
+
 def bench_call(label: str) -> dict:
     """The generate() arguments a benchmark label stands for: ``"heterospec-paper"`` ->
     method heterospec, policy paper; ``"heterospec-nolookup"`` -> the fitted policy without
@@ -137,6 +144,8 @@ def summarize(runs: List[dict]) -> Dict[str, Dict[str, dict]]:
             # host time per target call: the policy's, and what is left of the wall time after
             # prefill, draft, verify and policy (commit, token handling, graph input copies)
             "policy_ms_per_call": 1e3 * sum(r.get("policy_s", 0.0) for r in rs) / calls if calls else float("nan"),
+            # ... of which refitting plans (the fitted policy's refit budget)
+            "fit_ms_per_call": 1e3 * sum(r.get("fit_s", 0.0) for r in rs) / calls if calls else float("nan"),
             "other_ms_per_call": 1e3 * sum(r["total_s"] - r["prefill_s"] - r["draft_s"] - r["verify_s"]
                                            - r.get("policy_s", 0.0) for r in rs) / calls if calls else float("nan"),
             # the prompt's pass (the target's, and the draft's where it runs there): a cost per
@@ -163,7 +172,7 @@ def _ratio(x: float, digits: int) -> str:
 
 def markdown_table(summary: Dict[str, Dict[str, dict]], methods: Sequence[str]) -> str:
     head = ("| set | method | tok/s | speedup vs AR | vs eagle3 | tau | target calls | verified/call "
-            "| draft ms/round | verify ms/call | policy ms/call | other ms/call | prefill ms/prompt "
+            "| draft ms/round | verify ms/call | policy ms/call (fits) | other ms/call | prefill ms/prompt "
             "| lookup calls (from history) |")
     lines = [head, "|" + "---|" * 14]
     means = defaultdict(lambda: defaultdict(list))
@@ -175,7 +184,8 @@ def markdown_table(summary: Dict[str, Dict[str, dict]], methods: Sequence[str]) 
             lines.append(f"| {name} | {method} | {m['tokens_per_s']:.2f} | {_ratio(m['speedup'], 2)} | {_ratio(m['vs_eagle3'], 3)} "
                          f"| {m['tau']:.2f} | {m['target_calls']} | {m['verified_per_call']:.1f} "
                          f"| {m['draft_ms_per_round']:.1f} | {m['verify_ms_per_call']:.1f} "
-                         f"| {m.get('policy_ms_per_call', float('nan')):.2f} | {m.get('other_ms_per_call', float('nan')):.2f} "
+                         f"| {m.get('policy_ms_per_call', float('nan')):.2f} ({m.get('fit_ms_per_call', 0.0):.2f}) "
+                         f"| {m.get('other_ms_per_call', float('nan')):.2f} "
                          f"| {m.get('prefill_ms_per_prompt', float('nan')):.1f} "
                          f"| {100 * m.get('lookup_share', 0.0):.0f} % ({100 * m.get('history_share', 0.0):.0f} %) |")
             for key in ("speedup", "vs_eagle3", "tau", "verified_per_call"):
@@ -303,6 +313,7 @@ def run_e2e(engine, sets: Sequence[str], n: int = 8, max_new_tokens: int = 128, 
             for m in order:
                 graphs = getattr(engine, "round_graphs", None)
                 before = collections.Counter(graphs.counts) if graphs is not None else None
+                fit_before = _fit_seconds(engine)
                 t0 = time.perf_counter()
                 try:
                     res = engine.generate(prompt.text, max_new_tokens=max_new_tokens, **bench_call(m))
@@ -311,7 +322,8 @@ def run_e2e(engine, sets: Sequence[str], n: int = 8, max_new_tokens: int = 128, 
                                        f"{len(runs)} runs: {exc}") from exc
                 wall = time.perf_counter() - t0
                 d = res.stats.to_dict()
-                d.update(set=name, prompt_id=prompt.id, wall_s=wall, finish=res.finish_reason, method=m)
+                d.update(set=name, prompt_id=prompt.id, wall_s=wall, finish=res.finish_reason, method=m,
+                         fit_s=_fit_seconds(engine) - fit_before)
                 if before is not None:   # CUDA graphs this run captured / replayed (captures are one-off costs)
                     d["graphs"] = dict(graphs.counts - before)
                 runs.append(d)

@@ -222,8 +222,24 @@ def test_host_time_outside_the_rounds_is_reported():
         assert (s.policy_s > 0) == (method != "autoregressive"), (method, s.policy_s)
         runs.append(dict(s.to_dict(), set="s"))
     table = markdown_table(summarize(runs), ["eagle3", "heterospec", "autoregressive"])
-    assert "| policy ms/call | other ms/call | prefill ms/prompt | lookup calls (from history) |" in table
+    assert "| policy ms/call (fits) | other ms/call | prefill ms/prompt | lookup calls (from history) |" in table
     assert "nan" not in table and all(line.count("|") == table.splitlines()[0].count("|") for line in table.splitlines())
+
+
+def test_e2e_reports_the_policys_fit_time():
+    """run_e2e records each run's seconds of plan fitting (``fit_s``, part of ``policy_s``); the
+    summary reports them per target call beside the policy's time."""
+    import types
+
+    from heterospec.bench import _fit_seconds, markdown_table, summarize
+
+    engine = types.SimpleNamespace(_fitted={"a": types.SimpleNamespace(_fit_s=0.25), "b": types.SimpleNamespace(_fit_s=0.5)})
+    assert _fit_seconds(engine) == 0.75 and _fit_seconds(types.SimpleNamespace()) == 0.0
+    run = dict(set="s", method="heterospec", new_tokens=10, total_s=1.0, prefill_s=0.1, rounds=4, target_calls=4,
+               verified_tokens=12, records=[], draft_s=0.2, verify_s=0.4, policy_s=0.02, fit_s=0.008)
+    m = summarize([run])["s"]["heterospec"]
+    assert m["fit_ms_per_call"] == pytest.approx(2.0) and m["policy_ms_per_call"] == pytest.approx(5.0)
+    assert "| 5.00 (2.00) |" in markdown_table(summarize([run]), ["heterospec"])
 
 
 def test_greedy_mismatches_are_classified():
