@@ -514,9 +514,15 @@ def batch_sweep(engine, prompts: Sequence[str], batch_sizes: Sequence[int] = (1,
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"batch_sweep: repeats must be an integer >= 1, got {repeats!r}")
     methods = [m for m in BENCH_METHODS if m in methods]
-    warm = prompts[:1]
+    # Warm-up: every method once (its code paths), then once at the largest batch size and the
+    # timed length. The first call of a process at a batch size larger than any before pays a
+    # one-off (its caches' memory, first touched), 0.2-0.5 s at batch 16 on the 2-core box,
+    # charged to whichever method ran first there: batch 16 read 0.915x in one repeat and 1.008x
+    # in the other (bench/RESULTS.md, sixty-fifth session).
     for m in methods:
-        engine.generate_batch(warm, max_new_tokens=8, **bench_call(m))
+        engine.generate_batch(prompts[:1], max_new_tokens=8, **bench_call(m))
+    for m in methods:
+        engine.generate_batch(prompts[:max(batch_sizes)], max_new_tokens=max_new_tokens, **bench_call(m))
 
     def groups(B: int) -> List[List[int]]:
         return ([list(range(start, start + B)) for start in range(0, prompts_per_size, B)]

@@ -565,8 +565,11 @@ def test_batch_sweep_repeats_report_paired_medians(monkeypatch):
             ("autoregressive", 2): 1.0, ("eagle3", 2): 1.25}
     seen = []
 
+    warm = []
+
     def generate_batch(prompts, max_new_tokens, method, policy=None):
-        if max_new_tokens == 8:             # the warm-up calls
+        if max_new_tokens == 8 or sum(w is not None for w in warm) < 2:   # warm-ups: short, then each method at full length
+            warm.append((method, max_new_tokens, len(prompts)) if max_new_tokens != 8 else None)
             return []
         rep = sum(1 for m in seen if m == method)
         seen.append(method)
@@ -581,6 +584,8 @@ def test_batch_sweep_repeats_report_paired_medians(monkeypatch):
     out = bench.batch_sweep(eng, ["a", "b"], batch_sizes=[2], methods=["autoregressive", "eagle3"],
                             max_new_tokens=10, out_dir=None, progress=False, repeats=3)
     assert len(out["calls"]) == 6 and out["repeats"] == 3
+    # warmed up at the largest batch size and the timed length, every method once
+    assert sorted(w for w in warm if w is not None) == [("autoregressive", 10, 2), ("eagle3", 10, 2)]
     row = {r["method"]: r for r in out["rows"]}
     # eagle3 per repeat: 1.25x, 1.5x, 0.8x the autoregressive call -> median 1.25x
     assert row["eagle3"]["vs_autoregressive"] == pytest.approx(1.25)
@@ -603,8 +608,11 @@ def test_batch_sweep_runs_the_same_prompts_at_every_batch_size(monkeypatch):
     clock, seen = [0.0], []
     monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
 
+    warm = []
+
     def generate_batch(prompts, max_new_tokens, method, policy=None):
-        if max_new_tokens == 8:             # the warm-up calls
+        if max_new_tokens == 8 or sum(w is not None for w in warm) < 2:   # warm-ups: short, then each method at full length
+            warm.append(len(prompts) if max_new_tokens != 8 else None)
             return []
         seen.append((method, tuple(prompts)))
         # eagle3 takes 0.5 s per call whatever its size, autoregressive 0.25 s per prompt
@@ -620,6 +628,7 @@ def test_batch_sweep_runs_the_same_prompts_at_every_batch_size(monkeypatch):
     out = bench.batch_sweep(eng, prompts, batch_sizes=[1, 2, 4], methods=["autoregressive", "eagle3"],
                             max_new_tokens=10, out_dir=None, progress=False, prompts_per_size=4)
     assert out["prompts_per_size"] == 4
+    assert [w for w in warm if w is not None] == [4, 4]     # each method warmed up at the largest batch size
     assert [p for m, p in seen if m == "eagle3"] == [("a",), ("b",), ("c",), ("d",), ("a", "b"), ("c", "d"),
                                                     ("a", "b", "c", "d")]
     first = [m for m, p in seen][:4]       # call by call, the methods take turns going first
