@@ -19,6 +19,8 @@ import time
 
 import torch
 
+from heterospec.bench import BENCH_METHODS
+
 
 def profile_method(engine, method: str, prompts, max_new_tokens: int, top: int) -> str:
     from heterospec.bench import bench_call
@@ -46,7 +48,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default=None, help="bfloat16 / float16 / float32 (default: the engine's)")
-    p.add_argument("--methods", nargs="+", default=["heterospec", "eagle3", "autoregressive"])
+    p.add_argument("--methods", nargs="+", default=["heterospec", "eagle3", "autoregressive"],
+                   choices=BENCH_METHODS)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--top", type=int, default=30, help="functions listed per table")
     p.add_argument("--out", help="write the Markdown report here (else stdout)")
@@ -62,7 +65,9 @@ def main(argv=None) -> int:
     for m in args.methods:   # warm-up: captures, caches, the policy's first fits
         for w in prompts:
             engine.generate(w, max_new_tokens=args.max_new_tokens, **bench_call(m))
-    report = [f"# Host profile, {machine_description(engine.device)}; torch {torch.__version__}; "
+    # (on a CPU the machine's description names torch already)
+    version = f"; torch {torch.__version__}" if engine.device.type == "cuda" else ""
+    report = [f"# Host profile, {machine_description(engine.device)}{version}; "
               f"{engine.device} {next(engine.target.parameters()).dtype}\n\n"]
     report += [profile_method(engine, m, prompts, args.max_new_tokens, args.top) for m in args.methods]
     text = "".join(report)
