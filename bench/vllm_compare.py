@@ -231,13 +231,16 @@ def main() -> int:
     p.add_argument("--history-ab", action="store_true",
                    help="with --interleave: also run this checkout's plugin without the output history "
                         "(lookup chains from each request's own context only)")
+    p.add_argument("--corpus-ab", action="store_true",
+                   help="with --interleave: also run this checkout's plugin without the lookup corpus "
+                        "(heterospec/datastore.py)")
     p.add_argument("--baseline", nargs="+", default=[], metavar="DIR",
                    help="with --interleave: also run the HeteroSpec plugin of each heterospec checkout DIR")
     args = p.parse_args()
     if (args.baseline or args.path_stop_ab or args.never_drafts or args.lean_steps_ab or args.lookup_ab
-            or args.history_ab or args.repeats != 1) and not args.interleave:
-        p.error("--baseline, --path-stop-ab, --never-drafts, --lean-steps-ab, --lookup-ab, --history-ab and "
-                "--repeats need --interleave")
+            or args.history_ab or args.corpus_ab or args.repeats != 1) and not args.interleave:
+        p.error("--baseline, --path-stop-ab, --never-drafts, --lean-steps-ab, --lookup-ab, --history-ab, "
+                "--corpus-ab and --repeats need --interleave")
     if args.continuous and any(1 < b < max(args.batch) for b in args.batch):
         p.error("--continuous runs the largest batch size continuously; other batch sizes must be 1")
     if args.temperature < 0:
@@ -272,6 +275,9 @@ def main() -> int:
     if args.history_ab:
         runs.append((f"vllm heterospec (K<={args.heterospec_k}), history off", "heterospec", args.heterospec_k,
                      env_here, {"history": False}))
+    if args.corpus_ab:
+        runs.append((f"vllm heterospec (K<={args.heterospec_k}), corpus off", "heterospec", args.heterospec_k,
+                     env_here, {"corpus": False}))
     if args.never_drafts:
         runs.append((f"vllm heterospec (K<={args.heterospec_k}), never drafts", "heterospec", args.heterospec_k,
                      env_here, {"costs": _never_drafting_costs(args.out), "learn": False}))

@@ -77,4 +77,8 @@ TORCH_LIBRARY(heterospec, m) {
   // and its own tree, the mask implicit (CPU kernel only).
   m.def("tree_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor prefix_lens, Tensor tree_mask, "
         "float scale) -> Tensor");
+  // Datastore lookup (host op, CPU kernel only): the longest match of a context's last tokens in a
+  // token corpus through its suffix order, and the continuation most of its occurrences agree on.
+  m.def("corpus_lookup(Tensor corpus, Tensor suffix_order, Tensor context, int k, int min_match, int max_match, "
+        "int sample, float agree) -> (Tensor chain, Tensor match)");
 }

@@ -55,6 +55,9 @@ void decoder_layers_cpu(const Tensor& x, at::TensorList norms, at::ArrayRef<doub
                         at::IntArrayRef out_features, at::IntArrayRef layer_calls, const Tensor& cos,
                         const Tensor& sin, const Tensor& prefix_lens, const Tensor& tree_mask, double scale,
                         at::IntArrayRef taps, Tensor& x_out, Tensor& features, Tensor& k_cache, Tensor& v_cache);
+std::tuple<Tensor, Tensor> corpus_lookup_cpu(const Tensor& corpus, const Tensor& suffix_order, const Tensor& context,
+                                             int64_t k, int64_t min_match, int64_t max_match, int64_t sample,
+                                             double agree);
 
 // ---- CUDA (compiled only when torch has CUDA) ----
 std::tuple<Tensor, Tensor, Tensor> topk_entropy_cuda(const Tensor& logits, int64_t k,

@@ -22,6 +22,7 @@ from . import ops  # noqa: E402
 from .ops import (  # noqa: E402
     build_tree,
     compact_kv_,
+    corpus_lookup,
     decoder_layer_,
     decoder_layers_,
     dense_tree_attention_mask,
@@ -46,6 +47,7 @@ from .entropy import EntropyBins  # noqa: E402
 from .models import Eagle3Draft, KVCache, TargetModel  # noqa: E402
 from .engine import Engine, GenerationResult, GenerationStats, RoundRecord  # noqa: E402
 from .lookup import OutputHistory  # noqa: E402
+from .datastore import CorpusIndex  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -55,6 +57,7 @@ __all__ = [
     "GenerationStats",
     "RoundRecord",
     "OutputHistory",
+    "CorpusIndex",
     "SpecConfig",
     "SamplingParams",
     "EntropyBins",

@@ -28,7 +28,8 @@ from .models.linear import settled_weights
 
 # What a benchmark compares: the engine's methods, plus HeteroSpec with the paper's formulas and
 # HeteroSpec fitted without context lookup (heterospec.lookup).
-BENCH_METHODS = ("heterospec", "heterospec-nolookup", "heterospec-paper", "eagle3", "autoregressive")
+BENCH_METHODS = ("heterospec", "heterospec-nolookup", "heterospec-nocorpus", "heterospec-paper", "eagle3",
+                 "autoregressive")
 # Graph engines' warm-up requests (run_e2e): our own text, one of each kind the sets hold (chat,
 # code, math, summary), so the timed calls replay graphs instead of capturing them.
 WARMUP_PROMPTS = (
@@ -62,11 +63,14 @@ def _fit_seconds(engine) -> float:
 def bench_call(label: str) -> dict:
     """The generate() arguments a benchmark label stands for: ``"heterospec-paper"`` ->
     method heterospec, policy paper; ``"heterospec-nolookup"`` -> the fitted policy without
-    context lookup; other labels run the engine's default."""
+    context lookup; ``"heterospec-nocorpus"`` -> lookups without the lookup corpus (heterospec.datastore);
+    other labels run the engine's default."""
     if label == "heterospec-paper":
         return {"method": "heterospec", "policy": "paper"}
     if label == "heterospec-nolookup":
         return {"method": "heterospec", "policy": "fitted", "lookup": False}
+    if label == "heterospec-nocorpus":
+        return {"method": "heterospec", "policy": "fitted", "lookup": True, "corpus": False}
     if label == "heterospec":
         return {"method": "heterospec", "policy": "fitted", "lookup": True}
     return {"method": label}

@@ -458,7 +458,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--methods", nargs="+", default=["autoregressive", "eagle3", "heterospec"],
                    choices=list(BENCH_METHODS),
                    help="heterospec = the fitted policy, heterospec-nolookup = the fitted policy without "
-                        "context lookup, heterospec-paper = the paper's formulas")
+                        "context lookup, heterospec-nocorpus = without the lookup corpus, heterospec-paper = "
+                        "the paper's formulas")
     b.add_argument("--n", type=_positive_int, default=8, help="prompts per set")
     b.add_argument("--max-new-tokens", type=_positive_int, default=128)
     b.add_argument("--seed", type=_seed, default=0)

@@ -36,7 +36,8 @@ from ._checks import sync_free
 from .config import SamplingParams, SpecConfig, _as_int, default_config
 from .entropy import EntropyBins
 from .graphs import RoundGraphs
-from .lookup import HISTORY_ROW, ContextIndex, LookupGate, LookupRound, OutputHistory
+from .datastore import CORPUS_FILE, CorpusIndex, corpus_for
+from .lookup import CORPUS_BELOW, CORPUS_ROW, HISTORY_ROW, ContextIndex, LookupGate, LookupRound, OutputHistory
 from .models.linear import settled_weights, weights_may_change
 from .policy import POLICIES, AcceptanceTables, Eagle3Policy, FittedPolicy, PaperPolicy, Plan, Policy
 from .sampling import greedy_tokens, make_generator, processed_probs, sample
@@ -70,6 +71,7 @@ class RoundRecord:
     plain: bool = False      # a plain target step chosen by the policy (no draft, one token)
     lookup: bool = False     # a context-lookup chain (heterospec.lookup), not a drafted tree
     history: bool = False    # ... copied from an earlier request (OutputHistory), not its own context
+    corpus: bool = False     # ... retrieved from the lookup corpus (heterospec.datastore)
 
 
 @dataclass
@@ -475,6 +477,11 @@ class Engine:
         # after them. Off by default: on the five benchmark sets it was level with own-context
         # lookup (a gain on near-duplicate requests, none shown elsewhere; bench/RESULTS.md).
         self.lookup_history: Optional[OutputHistory] = None
+        # ... and from the lookup corpus shipped next to the draft (heterospec.datastore: the
+        # target's own greedy answers to the draft's training prompts, REST-style retrieval),
+        # for every call that looks up; `engine.lookup_corpus = None` turns it off.
+        vocab = getattr(getattr(target, "config", None), "vocab_size", None)
+        self.lookup_corpus: Optional[CorpusIndex] = corpus_for(draft_dir, vocab) if lookup else None
         self._lookup_state_read: Optional[str] = None     # the gate's saved state taken up (path)
         self._call_gate: Optional[LookupGate] = None       # generate(lookup=True) on such an engine
         # batch size -> SplitTreeAttention (graph_attention "split", or a factory set by tests)
@@ -638,7 +645,7 @@ class Engine:
                  temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: Optional[int] = None,
                  chat: bool = True, stream: Optional[Callable[[List[int]], None]] = None,
                  config: Optional[SpecConfig] = None, policy: Optional[str] = None,
-                 lookup: Optional[bool] = None) -> GenerationResult:
+                 lookup: Optional[bool] = None, corpus: Optional[bool] = None) -> GenerationResult:
         """Generate for one prompt (a string, a list of token ids or a 1-D tensor).
 
         ``top_k`` / ``top_p`` / ``temperature`` process the *target's* distribution (sampling);
@@ -647,19 +654,21 @@ class Engine:
         :class:`heterospec.policy.Policy` (default: the engine's). ``lookup`` (HeteroSpec with
         the fitted policy): whether rounds may verify chains copied from the context
         (:mod:`heterospec.lookup`); None: the engine's setting (``Engine(lookup=...)``).
+        ``corpus``: whether those chains may also come from the lookup corpus
+        (:mod:`heterospec.datastore`, ``engine.lookup_corpus``); None: where the engine has one.
         """
         cb = (lambda b, toks: stream(toks)) if stream is not None else None
         if not isinstance(prompt, (str, list, tuple, torch.Tensor)):
             raise ValueError(f"{_PROMPT_KINDS}; got {type(prompt).__name__}")
         return self.generate_batch([prompt], max_new_tokens, method, temperature, top_p, top_k, seed,
-                                   chat, cb, config, policy, lookup)[0]
+                                   chat, cb, config, policy, lookup, corpus)[0]
 
     def generate_batch(self, prompts: Sequence[PromptLike], max_new_tokens: int = 256,
                        method: str = "heterospec", temperature: float = 0.0, top_p: float = 1.0,
                        top_k: int = 0, seed: Optional[int] = None, chat: bool = True,
                        stream: Optional[Callable[[int, List[int]], None]] = None,
                        config: Optional[SpecConfig] = None, policy: Optional[str] = None,
-                       lookup: Optional[bool] = None) -> List[GenerationResult]:
+                       lookup: Optional[bool] = None, corpus: Optional[bool] = None) -> List[GenerationResult]:
         """Generate for several prompts at once; every request gets its own tree each round."""
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
@@ -676,6 +685,11 @@ class Engine:
             raise ValueError(f"config must be a heterospec.SpecConfig, got {type(config).__name__}")
         if lookup is not None and not isinstance(lookup, bool):
             raise ValueError(f"lookup must be True, False or None, got {lookup!r}")
+        if corpus is not None and not isinstance(corpus, bool):
+            raise ValueError(f"corpus must be True, False or None, got {corpus!r}")
+        if corpus and self.lookup_corpus is None:
+            raise ValueError("corpus=True: this engine has no lookup corpus (engine.lookup_corpus is None; "
+                             f"the draft directory has no {CORPUS_FILE}, or the engine was built with lookup=False)")
         if policy is not None and not isinstance(policy, Policy) and policy not in POLICIES:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)} or a heterospec Policy, got {policy!r}")
         params = SamplingParams(temperature, top_p, top_k, seed)
@@ -724,6 +738,7 @@ class Engine:
             index = [ContextIndex(p) for p in ids] if gate is not None else None
             # The engine's output history, with the engine's gate (a call's own gate has none).
             history = self.lookup_history if gate is not None and gate is self.lookup_gate else None
+            retrieve = self.lookup_corpus if gate is not None and corpus is not False else None
             keys = [OutputHistory.key(p) for p in ids] if history is not None else None
             # The first plain step after a speculative or lookup round runs slower than plain
             # steps after plain steps (its caches and paths were the round's): a cost of the
@@ -755,7 +770,7 @@ class Engine:
                 plan, chosen, one_offs = None, None, self._graph_one_offs()
                 if gate is not None:        # context lookup first: a copied chain, if it pays
                     tp = time.perf_counter()
-                    chosen = self._lookup_choice(st, index, ids, history, keys, pol, gate, context,
+                    chosen = self._lookup_choice(st, index, ids, history, keys, retrieve, pol, gate, context,
                                                  max_new_tokens)
                     policy_s += time.perf_counter() - tp
                 if chosen is not None:
@@ -768,7 +783,9 @@ class Engine:
                                  time.perf_counter() - t_round, lookup=True)
                     switched = True
                     for b in active:
-                        if chosen.buckets[b] >= HISTORY_ROW:
+                        if chosen.buckets[b] >= CORPUS_ROW:
+                            st.stats[b].records[-1].corpus = True
+                        elif chosen.buckets[b] >= HISTORY_ROW:
                             st.stats[b].records[-1].history = True
                     tp = time.perf_counter()
                     gate.observe(chosen, [st.stats[b].records[-1].accept_len if b in active else 0
@@ -1259,7 +1276,8 @@ class Engine:
 
     # -- context lookup (heterospec.lookup) --------------------------------------------------------
     def _lookup_choice(self, st: _Batch, index: List[ContextIndex], ids: List[List[int]],
-                       history: Optional[OutputHistory], keys: Optional[List[int]], pol: FittedPolicy,
+                       history: Optional[OutputHistory], keys: Optional[List[int]],
+                       corpus: Optional[CorpusIndex], pol: FittedPolicy,
                        gate: LookupGate, context: int, max_new_tokens: int) -> Optional[LookupRound]:
         """The gate's lookup round for the running requests, or None (the policy's plan runs):
         asked every round, or every 2nd / 4th where its choices at this batch size keep
@@ -1268,12 +1286,13 @@ class Engine:
         bucket = FittedPolicy.bucket(len(active))
         if not gate.due(bucket):
             return None
-        chosen = self._lookup_proposals(st, index, ids, history, keys, pol, gate, context, max_new_tokens)
+        chosen = self._lookup_proposals(st, index, ids, history, keys, corpus, pol, gate, context, max_new_tokens)
         gate.answered(bucket, chosen is not None)
         return chosen
 
     def _lookup_proposals(self, st: _Batch, index: List[ContextIndex], ids: List[List[int]],
-                          history: Optional[OutputHistory], keys: Optional[List[int]], pol: FittedPolicy,
+                          history: Optional[OutputHistory], keys: Optional[List[int]],
+                          corpus: Optional[CorpusIndex], pol: FittedPolicy,
                           gate: LookupGate, context: int, max_new_tokens: int) -> Optional[LookupRound]:
         """The requests' proposals and the gate's choice. A static batch ends with its slowest
         request, so the gate weighs how far a round moves the slowest one (``lead``,
@@ -1292,8 +1311,12 @@ class Engine:
             idx = index[row]
             idx.extend(out[len(idx) - len(ids[row]):])
             proposals[b] = idx.propose(gate.kmax)
-            if history is not None:
-                proposals[b] = gate.better(proposals[b], history.propose(idx.tokens, gate.kmax, prompt_key=keys[row]))
+            if history is not None or corpus is not None:
+                proposals[b] = gate.better(
+                    proposals[b],
+                    history.propose(idx.tokens, gate.kmax, prompt_key=keys[row]) if history is not None else ([], 0),
+                    corpus.propose(idx.tokens, gate.kmax)
+                    if corpus is not None and proposals[b][1] < CORPUS_BELOW else None)
             if gate.holds_batch(proposals[b], lead[b], room[b]):
                 return None     # (the others' proposals could not change that)
         if not any(p[0] for p in proposals):
@@ -1318,15 +1341,14 @@ class Engine:
         """Each request's copied chain as a tree: candidate j's parent is j - 1, scores fall along
         the chain (so the verified set is its first ``budget`` tokens); no entropy, no bin."""
         B, dev = st.size, self.device
-        C = max(max(len(c) for c in chosen.chains), 1)
-        tokens = torch.zeros(B, C, dtype=torch.int64)
-        budget = torch.zeros(B, dtype=torch.int64)
-        for b, chain in enumerate(chosen.chains):
-            tokens[b, :len(chain)] = torch.tensor(chain, dtype=torch.int64)
-            budget[b] = len(chain)
-        pos = torch.arange(C)
-        scores = torch.where(pos[None, :] < budget[:, None], -(pos[None, :] + 1.0), float("-inf"))
-        parents = (pos - 1).expand(B, C).contiguous()
+        lens = [len(c) for c in chosen.chains]
+        C = max(max(lens), 1)
+        # built as lists, one tensor each (a lookup round's Python is most of its host time)
+        tokens = torch.tensor([list(c) + [0] * (C - n) for c, n in zip(chosen.chains, lens)], dtype=torch.int64)
+        budget = torch.tensor(lens, dtype=torch.int64)
+        ninf = float("-inf")
+        scores = torch.tensor([[-(j + 1.0) if j < n else ninf for j in range(C)] for n in lens])
+        parents = torch.arange(-1, C - 1).expand(B, C).contiguous()
         zeros = torch.zeros(B, dtype=torch.int64, device=dev)
         return _Tree(scores=scores.to(dev), parents=parents.to(dev), tokens=tokens.to(dev),
                      local=torch.zeros(B, C, device=dev), budget=budget.to(dev), depth=budget.to(dev),

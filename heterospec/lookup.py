@@ -43,9 +43,16 @@ LOOKUP_KMAX = 8
 MATCH_BUCKETS = (1, 2, 3, 4, 8)
 
 
-# The gate's rows: a context match of bucket i is row i, a history match row HISTORY_ROW + i.
+# The gate's rows: a context match of bucket i is row i, a history match row HISTORY_ROW + i, a
+# chain from the lookup corpus (heterospec.datastore) of grade g row CORPUS_ROW + g - 1.
+SOURCES = ("context", "history", "corpus")
 HISTORY_ROW = len(MATCH_BUCKETS)
-SOURCES = ("context", "history")
+CORPUS_SOURCE = 2
+# A request whose own context matches this many tokens or more does not ask the corpus: on the
+# five benchmark sets' greedy answers the corpus's chain beat such a copy in 4-5 % of those steps
+# (15 % after a one-token match, 36 % without a match), and a query is ~60 us of a 6 ms step.
+CORPUS_BELOW = 3
+CORPUS_ROW = CORPUS_SOURCE * len(MATCH_BUCKETS)
 
 
 def match_bucket(n: int) -> int:
@@ -95,9 +102,14 @@ class ContextIndex:
 
 
 def proposal_row(proposal) -> int:
-    """The gate's row of a proposal ``(chain, n)`` (the request's own context) or ``(chain, n,
-    from_history)``; ``n`` >= 1."""
-    return match_bucket(proposal[1]) + (HISTORY_ROW if len(proposal) > 2 and proposal[2] else 0)
+    """The gate's row of a proposal ``(chain, n)`` (the request's own context, ``n`` >= 1 the
+    match length) or ``(chain, n, source)`` (an index into :data:`SOURCES`; ``True`` is the
+    history). A corpus proposal's ``n`` is its grade, 1-5 (:meth:`heterospec.datastore.CorpusIndex.propose`:
+    how far its first token is to be trusted, which says more there than the match length)."""
+    source = int(proposal[2]) if len(proposal) > 2 else 0
+    if source == CORPUS_SOURCE:
+        return CORPUS_ROW + min(max(int(proposal[1]), 1), len(MATCH_BUCKETS)) - 1
+    return match_bucket(proposal[1]) + len(MATCH_BUCKETS) * source
 
 
 class OutputHistory:
@@ -321,16 +333,21 @@ class LookupGate:
         return 1.0
 
     # -- decision ----------------------------------------------------------------------------
-    def better(self, own: Tuple[List[int], int], history: Tuple[List[int], int]) -> tuple:
-        """Of a request's two proposals, the one whose chain the gate expects to deliver more
-        accepted tokens (its own context's on a tie); the history's comes back as
-        ``(chain, n, True)``."""
-        if not history[0]:
-            return own
-        copied = (history[0], history[1], True)
-        if own[0] and self._chain_worth(own) >= self._chain_worth(copied):
-            return own
-        return copied
+    def better(self, own: Tuple[List[int], int], history: Tuple[List[int], int] = ([], 0),
+               corpus: Optional[Tuple[List[int], int]] = None) -> tuple:
+        """Of a request's proposals (its own context's, the history's and the lookup corpus's),
+        the one whose chain the gate expects to deliver the most accepted tokens (in that order
+        on a tie); the history's comes back as ``(chain, n, True)``, the corpus's as ``(chain,
+        n, 2)``."""
+        best, worth = own, self._chain_worth(own) if own[0] else -1.0
+        for source, prop in ((True, history), (CORPUS_SOURCE, corpus)):
+            if prop is None or not prop[0]:
+                continue
+            copied = (prop[0], prop[1], source)
+            w = self._chain_worth(copied)
+            if w > worth:
+                best, worth = copied, w
+        return best
 
     def _chain_worth(self, proposal) -> float:
         """Expected accepted tokens of a proposal's chain (up to ``kmax`` of it)."""
@@ -483,19 +500,23 @@ class LookupGate:
 
     def load_state(self, state: dict) -> bool:
         """Take up a saved :meth:`state` (what an earlier process learned on this device); a state
-        of another shape is ignored (one from before the history's rows takes the prior there).
+        of another shape is ignored (one from before a source existed takes the prior on its rows).
         Returns whether it was taken."""
         try:
             tried = [[float(x) for x in row] for row in state["tried"]]
             hit = [[float(x) for x in row] for row in state["hit"]]
-            if "sources" not in state and len(tried) == len(hit) == len(MATCH_BUCKETS):
-                tried += [[0.0] * self.kmax for _ in range(len(MATCH_BUCKETS))]
-                hit += [[0.0] * self.kmax for _ in range(len(MATCH_BUCKETS))]
+            # a state from before a source existed takes the prior on that source's rows
+            saved = list(state.get("sources", SOURCES[:len(tried) // len(MATCH_BUCKETS)]))
+            same_rows = len(tried) == len(hit) == len(MATCH_BUCKETS) * len(saved)
+            if same_rows and saved == list(SOURCES[:len(saved)]):
+                missing = len(MATCH_BUCKETS) * (len(SOURCES) - len(saved))
+                tried += [[0.0] * self.kmax for _ in range(missing)]
+                hit += [[0.0] * self.kmax for _ in range(missing)]
             rows = len(MATCH_BUCKETS) * len(SOURCES)
             time_ = {k: {int(b): [float(x) for x in v] for b, v in state["time"][k].items()}
                      for k in ("lookup", "plain")}
             ok = (int(state["kmax"]) == self.kmax and list(state["buckets"]) == list(MATCH_BUCKETS)
-                  and list(state.get("sources", SOURCES)) == list(SOURCES)
+                  and same_rows and list(SOURCES[:len(saved)]) == saved
                   and all(len(r) == self.kmax for r in tried + hit) and len(tried) == len(hit) == rows
                   and all(len(v) == 2 and min(v) >= 0 for per in time_.values() for v in per.values())
                   and all(0 <= h <= t + 1e-9 for rt, rh in zip(tried, hit) for t, h in zip(rt, rh)))

@@ -45,13 +45,14 @@ OP_NAMES = (
     "tree_attention",
     "decoder_layer_",
     "decoder_layers_",
+    "corpus_lookup",
 )
 
 #: Ops with CPU kernels only (no CUDA kernel: on a GPU the stock linear is already flat, a
 #: replayed CUDA graph already runs the layer glue without per-op dispatch, and FlashInfer
-#: attends to a tree with its custom mask).
+#: attends to a tree with its custom mask; corpus_lookup is a host op whatever the device).
 CPU_ONLY_OPS = ("stream_linear_pack", "stream_linear", "stream_linear_blocks", "rms_norm", "rope", "rope_kv_write_",
-                "tree_attention", "decoder_layer_", "decoder_layers_")
+                "tree_attention", "decoder_layer_", "decoder_layers_", "corpus_lookup")
 
 #: Sync-free error flags of the CUDA ops and the host-side checks that raise the CPU ops' errors.
 ERROR_HELPERS = (
@@ -61,7 +62,7 @@ ERROR_HELPERS = (
     "raise_verify_sampling_errors",
 )
 
-__all__ = [*OP_NAMES, *ERROR_HELPERS, "OP_NAMES", "ERROR_HELPERS", "CPU_ONLY_OPS", "MAX_TOPK",
+__all__ = [*OP_NAMES, *ERROR_HELPERS, "OP_NAMES", "ERROR_HELPERS", "CPU_ONLY_OPS", "MAX_TOPK", "CORPUS_SEP",
            "STREAM_BLOCK", "STREAM_DTYPES", "STREAM_WEIGHT_DTYPES", "STREAM_GROUP", "BLOCK_FORMATS",
            "stream_linear_pack_blocks"]
 
@@ -1323,6 +1324,82 @@ def _(x, norms, eps, linears, out_features, layer_calls, cos, sin, prefix_lens, 
       features, k_cache, v_cache):
     torch._check(x.dim() == 3 and x_out.dim() == 3, lambda: "decoder_layers_: x and x_out must be [B, T, H]")
     return None
+
+
+# ---------------------------------------------------------------------------------------------
+# 15. corpus_lookup (CPU, a host op): datastore lookup
+# ---------------------------------------------------------------------------------------------
+#: The document separator of a corpus (token ids are below it).
+CORPUS_SEP = 65535
+
+
+def corpus_lookup(corpus: Tensor, suffix_order: Tensor, context: Tensor, k: int, min_match: int, max_match: int,
+                  sample: int, agree: float) -> Tuple[Tensor, Tensor]:
+    """The longest match of ``context``'s last tokens in a token corpus, and the continuation most
+    of its occurrences agree on (the lookup corpus of :mod:`heterospec.datastore`; a host op).
+
+    The corpus read backwards is ``rev`` (``rev[j] = corpus[N - 1 - j]``; ``65535`` before the
+    corpus start). The longest ``n <= max_match`` for which ``context[-n:]`` occurs is found by
+    narrowing one range of ``suffix_order`` a token at a time. Of its ``count`` occurrences,
+    ``rows = min(count, sample)`` are read, occurrence ``lo + i * (count - 1) // (rows - 1)`` of
+    the range; position by position the chain takes the most common next token of the rows that
+    agreed so far (the smallest token on a tie), while at least ``agree`` of them hold it and it
+    is not the separator.
+
+    Parameters
+    ----------
+    corpus : Tensor
+        ``[N]`` int32 on the CPU, contiguous: token ids below ``65535``, documents separated by
+        ``65535`` (:data:`CORPUS_SEP`).
+    suffix_order : Tensor
+        ``[N]`` int32 on the CPU, contiguous: the positions ``j`` of ``rev`` sorted by their first
+        ``max_match`` tokens (lexicographic; an entry outside ``[0, N)`` raises where it is read,
+        an unsorted order gives matches that are not the longest).
+    context : Tensor
+        ``[L]`` int64 on the CPU: a request's tokens so far; a token outside ``[0, 65535)`` ends
+        the match.
+    k : int
+        ``>= 0``: the longest chain returned.
+    min_match : int
+        ``1 <= min_match <= max_match``: a shorter match returns no chain.
+    max_match : int
+        ``>= 1``: the longest match looked for.
+    sample : int
+        ``>= 1``: the most occurrences read.
+    agree : float
+        ``0 <= agree <= 1``.
+
+    Returns
+    -------
+    chain : Tensor
+        ``[k]`` int64: the chain, ``-1`` after its end.
+    match : Tensor
+        ``[4]`` int64: the match length ``n`` (0: none), its occurrences ``count``, the ``rows``
+        read (0 when no chain was sought) and how many of them agree on ``chain[0]``.
+    """
+    op = "corpus_lookup"
+    for name, t in (("corpus", corpus), ("suffix_order", suffix_order)):
+        check_tensor(op, name, t, dtype=torch.int32, ndim=1, layout="[N]")
+        _cpu_only(op, name, t, "the same op on CPU tensors (the corpus is host data)")
+        if not t.is_contiguous():
+            raise ValueError(f"{op}: expected {name} to be contiguous")
+    check_size(op, "suffix_order", suffix_order, 0, corpus.shape[0], "N = corpus.size(0)")
+    check_tensor(op, "context", context, dtype=_i64, ndim=1, layout="[L]")
+    _cpu_only(op, "context", context, "the same op on CPU tensors (the corpus is host data)")
+    k = check_int(op, "k", k, minimum=0)
+    max_match = check_int(op, "max_match", max_match, minimum=1)
+    min_match = check_int(op, "min_match", min_match, minimum=1)
+    if min_match > max_match:
+        raise ValueError(f"{op}: expected 1 <= min_match <= max_match = {max_match}, got {min_match}")
+    sample = check_int(op, "sample", sample, minimum=1)
+    if isinstance(agree, bool) or not isinstance(agree, (int, float)) or not 0.0 <= float(agree) <= 1.0:
+        raise ValueError(f"{op}: expected 0 <= agree <= 1, got {agree!r}")
+    return _ops.corpus_lookup.default(corpus, suffix_order, context, k, min_match, max_match, sample, float(agree))
+
+
+@_fake("corpus_lookup")
+def _(corpus, suffix_order, context, k, min_match, max_match, sample, agree):
+    return context.new_empty((k,)), context.new_empty((4,))
 
 
 # ---------------------------------------------------------------------------------------------

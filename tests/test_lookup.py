@@ -12,7 +12,7 @@ import torch
 
 from heterospec import Engine, SpecConfig
 from heterospec.config import SamplingParams
-from heterospec.lookup import (HISTORY_ROW, MATCH_BUCKETS, ContextIndex, LookupGate, LookupRound, OutputHistory,
+from heterospec.lookup import (CORPUS_SOURCE, HISTORY_ROW, MATCH_BUCKETS, ContextIndex, LookupGate, LookupRound, OutputHistory,
                                match_bucket, proposal_row)
 from heterospec.policy import FittedPolicy, Plan
 from tests.engine_util import OracleDraft, tiny_hf_llama
@@ -396,25 +396,47 @@ class _nothing:
 class HistoryFirstGate(ForcedGate):
     """A forced gate that takes the history's chain whenever there is one."""
 
-    def better(self, own, history):
+    def better(self, own, history=([], 0), corpus=None):
         return (history[0], history[1], True) if history[0] else own
 
 
-@pytest.mark.parametrize("source", ["context", "history"])
+class CorpusFirstGate(ForcedGate):
+    """A forced gate that takes the lookup corpus's chain whenever there is one."""
+
+    def better(self, own, history=([], 0), corpus=None):
+        return (corpus[0], corpus[1], CORPUS_SOURCE) if corpus is not None and corpus[0] else own
+
+
+def random_corpus(vocab, docs=40, length=60, seed=0):
+    """A CorpusIndex of random documents over ``vocab`` tokens (every short n-gram occurs)."""
+    from heterospec.datastore import SEP, CorpusIndex
+
+    rng = random.Random(seed)
+    toks = []
+    for _ in range(docs):
+        toks += [rng.randrange(vocab) for _ in range(length)] + [SEP]
+    return CorpusIndex(toks)
+
+
+@pytest.mark.parametrize("source", ["context", "history", "corpus"])
 def test_lookup_rounds_keep_the_sampling_law(source):
-    from tests.test_sampling_lossless import PROMPT, REQUESTS, _engine, assert_samples_follow_law, exact_law
+    from tests.test_sampling_lossless import PROMPT, REQUESTS, VOCAB, _engine, assert_samples_follow_law, exact_law
 
     engine, hf = _engine("eagle3")
     if source == "history":
         # an earlier answer to the same prompt (allowed here), so that every request can copy from it
         engine.lookup_history = OutputHistory(same_prompt=True)
         engine.lookup_history.add(PROMPT, [2, 4, 1, 0, 3])
-    engine.lookup_gate = (HistoryFirstGate if source == "history" else ForcedGate)(2, when=lambda n: n % 2 == 1)
+    if source == "corpus":
+        engine.lookup_corpus = random_corpus(VOCAB, seed=3)
+    gate = {"context": ForcedGate, "history": HistoryFirstGate, "corpus": CorpusFirstGate}[source]
+    engine.lookup_gate = gate(2, when=lambda n: n % 2 == 1)
     params = SamplingParams(temperature=0.8, top_k=6)
     res = engine.generate_batch([PROMPT] * REQUESTS, max_new_tokens=3, method="heterospec", chat=False,
-                                temperature=params.temperature, top_k=params.top_k, seed=77 if source == "context" else 78,
+                                temperature=params.temperature, top_k=params.top_k,
+                                seed={"context": 77, "history": 78, "corpus": 79}[source],
                                 config=CFG, policy=ScriptedFitted(CFG, lambda n: SPEC))
-    recs = [r for x in res for r in x.stats.records if (r.history if source == "history" else r.lookup)]
+    recs = [r for x in res for r in x.stats.records if getattr(r, source if source != "context" else "lookup")]
     assert len(recs) > REQUESTS // (4 if source == "context" else 10)
     assert any(r.accept_len > 0 for r in recs) and any(r.accept_len == 0 for r in recs)
     assert_samples_follow_law(res, exact_law(hf, params))
@@ -536,6 +558,15 @@ def test_gate_keeps_history_chains_apart_and_prefers_the_better_source():
     assert fresh.load_state(dict(gate.state(), sources=["context"])) is False
 
 
+def forced_lookup_run(engine, draft, prompts, gate, **kwargs):
+    """HeteroSpec on ``prompts`` (30 tokens) with a ``gate`` (a ForcedGate) that verifies what was
+    proposed in 2 rounds of 3, and a plan of drafted trees and plain steps in turn."""
+    engine.lookup_gate = gate(5, when=lambda n: n % 3 != 2)
+    draft.set_prompts(prompts)
+    return engine.generate_batch(prompts, max_new_tokens=30, method="heterospec", chat=False, config=CFG,
+                                 policy=ScriptedFitted(CFG, lambda n: SPEC if n % 2 else PLAIN), **kwargs)
+
+
 @pytest.mark.parametrize("batch", [1, 3])
 def test_history_chains_are_greedy_lossless(batch):
     hf = tiny_hf_llama(seed=11, vocab=16)
@@ -554,19 +585,13 @@ def test_history_chains_are_greedy_lossless(batch):
     # new prompts that end as the earlier ones did (another prompt each: their answers may be copied)
     prompts = [[15 - i] + p for i, p in enumerate(earlier)]
     ar = engine.generate_batch(prompts, max_new_tokens=30, method="autoregressive", chat=False)
-    engine.lookup_gate = HistoryFirstGate(5, when=lambda n: n % 3 != 2)
-    draft.set_prompts(prompts)
-    hs = engine.generate_batch(prompts, max_new_tokens=30, method="heterospec", chat=False, config=CFG,
-                               policy=ScriptedFitted(CFG, lambda n: SPEC if n % 2 else PLAIN))
+    hs = forced_lookup_run(engine, draft, prompts, HistoryFirstGate)
     assert [r.token_ids for r in hs] == [r.token_ids for r in ar]
     recs = [r for x in hs for r in x.stats.records]
     assert any(r.history and r.lookup for r in recs) and any(r.history and r.accept_len > 0 for r in recs)
     # without the history: the same tokens, no chain from it
     engine.lookup_history = None
-    engine.lookup_gate = HistoryFirstGate(5, when=lambda n: n % 3 != 2)
-    draft.set_prompts(prompts)
-    again = engine.generate_batch(prompts, max_new_tokens=30, method="heterospec", chat=False, config=CFG,
-                                  policy=ScriptedFitted(CFG, lambda n: SPEC if n % 2 else PLAIN))
+    again = forced_lookup_run(engine, draft, prompts, HistoryFirstGate)
     assert [r.token_ids for r in again] == [r.token_ids for r in ar]
     assert not any(r.history for x in again for r in x.stats.records)
 

@@ -93,6 +93,12 @@ def samples(device):
                                     torch.tensor([4, 0]), torch.ones(2, 3, 3, dtype=torch.bool).tril(), 0.35, [1, 2],
                                     torch.empty(2, 3, 32), torch.empty(2, 3, 64),
                                     torch.randn(2, 2, 9, 1, 8, generator=g), torch.randn(2, 2, 9, 1, 8, generator=g))))
+    # corpus_lookup: a small corpus and its suffix order (heterospec.datastore builds it)
+    from heterospec.datastore import SEP, CorpusIndex
+
+    index = CorpusIndex([1, 2, 3, 4, 5, SEP, 1, 2, 3, 4, 6, SEP, 2, 3, 4, 5, SEP])
+    out.append(("corpus_lookup", (index._tokens.clone(), index._order.clone(), torch.tensor([9, 2, 3, 4]), 3, 2, 16, 8,
+                                  0.5)))
     return [(name, tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)) for name, args in out]
 
 
@@ -100,7 +106,7 @@ def test_samples_cover_every_op():
     assert {name for name, _ in samples("cpu")} == set(ops.OP_NAMES)
 
 
-@pytest.mark.parametrize("idx", range(22))
+@pytest.mark.parametrize("idx", range(23))
 def test_opcheck(devices, idx):
     if devices != "cpu" and samples("cpu")[idx][0] in ops.CPU_ONLY_OPS:
         pytest.skip("a CPU-only op (no CUDA kernel)")

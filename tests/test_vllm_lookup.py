@@ -157,3 +157,20 @@ def test_requests_that_leave_join_the_history_and_later_requests_copy_from_it():
     ls.feed(["c"], [[20]], [False], lambda rid: ([1, 2, 3], []), V)
     assert ls.proposals(["c"], 4)[0] == ([], 0)
     assert LookupSteps(kmax=4, history=False).history is None
+
+
+def test_the_lookup_corpus_competes_where_the_own_context_matches_little():
+    from heterospec.datastore import SEP, CorpusIndex
+    from heterospec.lookup import CORPUS_ROW, CORPUS_SOURCE
+
+    corpus = CorpusIndex(([4, 5, 6, 30, 31, 32, SEP]) * 6)
+    ls = LookupSteps(kmax=4, history=False, corpus=corpus)
+    ls.feed(["a"], [[6]], [False], lambda rid: ([1, 4, 5], []), V)
+    chain = ls.proposals(["a"], 4)[0]
+    assert chain == ([30, 31, 32], 5, CORPUS_SOURCE)
+    chosen = ls.choose(["a"], 4, [50], _costs(0.1), 1, 0.0, 1.0)
+    assert chosen is not None and chosen.buckets[0] == CORPUS_ROW + 4
+    # a request whose own context matches 3 tokens or more does not ask the corpus
+    ls.feed(["b"], [[6]], [False], lambda rid: ([4, 5, 6, 9, 4, 5], []), V)
+    assert ls.proposals(["b"], 4)[0] == ([9, 4, 5, 6], 3)
+    assert LookupSteps(kmax=4).corpus is None

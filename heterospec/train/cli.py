@@ -108,6 +108,13 @@ def build_parser(prog: str = "heterospec train-draft") -> argparse.ArgumentParse
     p.add_argument("--data", default=None, help="source data dir (default ~/.cache/heterospec/distill-v2)")
     p.add_argument("--out", required=True, help="destination dir, e.g. data/distill-v2")
 
+    p = sub.add_parser("corpus", help="the lookup corpus shipped next to the draft: the target's greedy "
+                                      "answers in distilled data (heterospec.datastore)")
+    p.add_argument("--data", nargs="+", required=True, help="distilled data directories (data/distill-v*)")
+    p.add_argument("--out", required=True, help="file to write, e.g. DRAFT_DIR/lookup_corpus.npz")
+    p.add_argument("--head", type=int, default=3, help="prompt tokens kept before each answer (default %(default)s: "
+                                                      "the chat template's assistant header)")
+
     p = sub.add_parser("references", help="write the benchmark sets' texts to one file, for a machine "
                                           "that cannot fetch them (its distill reads it from "
                                           "$HETEROSPEC_DISJOINT_REFS)")
@@ -212,7 +219,7 @@ def main(argv=None) -> int:
     if unknown:
         ap.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.cmd is None:
-        ap.error("a step is required: selfchat, distill, bench-distill, references, pack, vocab, train, "
+        ap.error("a step is required: selfchat, distill, bench-distill, references, pack, corpus, vocab, train, "
                  "simulate or export")
     if args.cmd == "bench-distill":
         from .distill import bench_generation
@@ -251,6 +258,11 @@ def main(argv=None) -> int:
         from .disjoint import write_reference_file
 
         print(json.dumps(write_reference_file(args.out)), flush=True)
+        return 0
+    if args.cmd == "corpus":
+        from .corpus import build_corpus
+
+        print(json.dumps(build_corpus(args.data, args.out, head=args.head), indent=1), flush=True)
         return 0
     if args.cmd == "pack":
         from .distill import pack_shards

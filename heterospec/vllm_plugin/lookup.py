@@ -17,6 +17,8 @@ vLLM's steps (no vLLM import in this module, so it is tested without vLLM):
   the running set (it finished, or was preempted) is kept in the history, and every request's
   proposal is the better of its own context's and the history's (``LookupGate.better``), as in
   our engine; never an earlier answer to its own prompt.
+- **The lookup corpus** (:mod:`heterospec.datastore`, shipped next to the draft): where a request's
+  own context matches fewer than ``CORPUS_BELOW`` tokens, the corpus's chain competes too.
 - **The price** (:meth:`LookupSteps.choose`). A lookup step verifies the chosen chains in one
   target step: :class:`StepCosts`'s speculative line at the batch's mean draft tokens, plus the
   draft's warm first forward where the drafter would have run (it keeps the draft's KV cache
@@ -36,14 +38,15 @@ from __future__ import annotations
 
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..lookup import ContextIndex, LookupGate, LookupRound, OutputHistory
+from ..lookup import CORPUS_BELOW, ContextIndex, LookupGate, LookupRound, OutputHistory
 
 
 class LookupSteps:
     """The running requests' context indices and the gate that decides lookup steps."""
 
-    def __init__(self, kmax: int, history: bool = True) -> None:
+    def __init__(self, kmax: int, history: bool = True, corpus=None) -> None:
         self.gate = LookupGate(kmax)
+        self.corpus = corpus          # a heterospec.datastore.CorpusIndex, or None
         self._index: Dict[str, ContextIndex] = {}
         self._prompt: Dict[str, Tuple[int, int]] = {}     # per indexed request: its prompt's tokens, key
         self.history: Optional[OutputHistory] = OutputHistory() if history else None
@@ -110,7 +113,8 @@ class LookupSteps:
 
     def proposals(self, req_ids: Sequence[str], limit: int) -> List[tuple]:
         """Per request: ``(chain, match length)`` from its own context, ``(chain, match length,
-        True)`` from the history, ``([], 0)`` where it has no index or no match."""
+        True)`` from the history, ``(chain, grade, 2)`` from the corpus, ``([], 0)`` where it has
+        no index or no match."""
         out = []
         for rid in req_ids:
             idx = self._index.get(rid)
@@ -118,9 +122,14 @@ class LookupSteps:
                 out.append(([], 0))
                 continue
             own = idx.propose(limit)
+            history = corpus = None
             if self.history is not None and len(self.history):
                 key = self._prompt.get(rid, (0, None))[1]
-                own = self.gate.better(own, self.history.propose(idx.tokens, limit, prompt_key=key))
+                history = self.history.propose(idx.tokens, limit, prompt_key=key)
+            if self.corpus is not None and own[1] < CORPUS_BELOW:
+                corpus = self.corpus.propose(idx.tokens, limit)
+            if history is not None or corpus is not None:
+                own = self.gate.better(own, history or ([], 0), corpus)
             out.append(own)
         return out
 

@@ -8,7 +8,7 @@ from typing import Optional
 from ..policy import CHAIN_TABLES_FILENAME, AcceptanceTables
 
 CONFIG_KEY = "heterospec"
-OPTIONS = ("tables", "costs", "learn", "path_stop", "lean_steps", "lookup", "history", "draft_stream")
+OPTIONS = ("tables", "costs", "learn", "path_stop", "lean_steps", "lookup", "history", "corpus", "draft_stream")
 COSTS_DIR = "vllm-costs"
 
 
@@ -31,7 +31,7 @@ def requested(vllm_config) -> Optional[dict]:
     if unknown:
         raise HeteroSpecSetupError(f"additional_config['{CONFIG_KEY}']: unknown option(s) {unknown}; "
                                    f"known: {list(OPTIONS)}")
-    for key in ("learn", "path_stop", "lean_steps", "lookup", "history", "draft_stream"):
+    for key in ("learn", "path_stop", "lean_steps", "lookup", "history", "corpus", "draft_stream"):
         if key in options and not isinstance(options[key], bool):
             raise HeteroSpecSetupError(f"additional_config['{CONFIG_KEY}']['{key}'] must be true or false, "
                                        f"got {options[key]!r}")

@@ -144,7 +144,13 @@ class HeteroSpecProposer(EagleProposer):
         self._prev_conf: Dict[str, List[float]] = {}  # req id -> confidences of its kept drafts
         # context lookup (.lookup): chains copied from each request's tokens, when they pay (with
         # TP, rank 0's choice: a lookup step skips the draft loop on every rank)
-        self.lookup = (LookupSteps(self.max_draft, history=options.get("history", True))
+        # ... and from the lookup corpus shipped next to the draft (heterospec.datastore), unless
+        # 'corpus': false
+        corpus = None
+        if options.get("lookup", True) and options.get("corpus", True):
+            from ..datastore import corpus_for
+            corpus = corpus_for(spec.model, getattr(self.vllm_config.model_config.hf_config, "vocab_size", None))
+        self.lookup = (LookupSteps(self.max_draft, history=options.get("history", True), corpus=corpus)
                        if options.get("lookup", True) else None)
         self._sampled = None                          # this step's sampled rows and discard mask
         self._lookup_plan = self._chain_plan("lookup", 1)   # what a lookup step leaves as the previous plan
@@ -153,7 +159,9 @@ class HeteroSpecProposer(EagleProposer):
         self._trace = open(os.environ[TRACE_ENV], "a") if os.environ.get(TRACE_ENV) else None
         logger.info("HeteroSpec: per-request draft lengths 0..%d from %d-bin chain tables (%s)%s%s; step costs %s (%s)",
                     self.max_draft, len(self.tables.options[0].edges) + 1, self.tables.provenance.get("date", "?"),
-                    ", path stop" if self.path_stop else "", ", context lookup" if self.lookup is not None else "",
+                    ", path stop" if self.path_stop else "",
+                    (", context lookup" + (" and corpus" if self.lookup.corpus is not None else ""))
+                    if self.lookup is not None else "",
                     self.costs_path, "learning" if self.learn else "frozen")
 
     # -- the plan of this step ---------------------------------------------------------------
