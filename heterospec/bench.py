@@ -160,6 +160,7 @@ def summarize(runs: List[dict]) -> Dict[str, Dict[str, dict]]:
             "lookup_share": sum(bool(x.get("lookup")) for x in recs) / calls if calls else 0.0,
             # ... of which the chain was copied from an earlier request (lookup.OutputHistory)
             "history_share": sum(bool(x.get("history")) for x in recs) / calls if calls else 0.0,
+            "corpus_share": sum(bool(x.get("corpus")) for x in recs) / calls if calls else 0.0,
         }
     for name, ms in out.items():
         ar = ms.get("autoregressive")
@@ -177,7 +178,7 @@ def _ratio(x: float, digits: int) -> str:
 def markdown_table(summary: Dict[str, Dict[str, dict]], methods: Sequence[str]) -> str:
     head = ("| set | method | tok/s | speedup vs AR | vs eagle3 | tau | target calls | verified/call "
             "| draft ms/round | verify ms/call | policy ms/call (fits) | other ms/call | prefill ms/prompt "
-            "| lookup calls (from history) |")
+            "| lookup calls (history, corpus) |")
     lines = [head, "|" + "---|" * 14]
     means = defaultdict(lambda: defaultdict(list))
     for name, ms in summary.items():
@@ -191,7 +192,8 @@ def markdown_table(summary: Dict[str, Dict[str, dict]], methods: Sequence[str]) 
                          f"| {m.get('policy_ms_per_call', float('nan')):.2f} ({m.get('fit_ms_per_call', 0.0):.2f}) "
                          f"| {m.get('other_ms_per_call', float('nan')):.2f} "
                          f"| {m.get('prefill_ms_per_prompt', float('nan')):.1f} "
-                         f"| {100 * m.get('lookup_share', 0.0):.0f} % ({100 * m.get('history_share', 0.0):.0f} %) |")
+                         f"| {100 * m.get('lookup_share', 0.0):.0f} % ({100 * m.get('history_share', 0.0):.0f} %, "
+                         f"{100 * m.get('corpus_share', 0.0):.0f} %) |")
             for key in ("speedup", "vs_eagle3", "tau", "verified_per_call"):
                 means[method][key].append(m[key])
     for method in methods:

@@ -222,7 +222,7 @@ def test_host_time_outside_the_rounds_is_reported():
         assert (s.policy_s > 0) == (method != "autoregressive"), (method, s.policy_s)
         runs.append(dict(s.to_dict(), set="s"))
     table = markdown_table(summarize(runs), ["eagle3", "heterospec", "autoregressive"])
-    assert "| policy ms/call (fits) | other ms/call | prefill ms/prompt | lookup calls (from history) |" in table
+    assert "| policy ms/call (fits) | other ms/call | prefill ms/prompt | lookup calls (history, corpus) |" in table
     assert "nan" not in table and all(line.count("|") == table.splitlines()[0].count("|") for line in table.splitlines())
 
 
