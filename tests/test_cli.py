@@ -1,5 +1,6 @@
 """The `heterospec` command line on a tiny pair saved to disk (with the SmolLM2 tokenizer)."""
 
+import importlib
 import json
 import math
 import os
@@ -437,7 +438,7 @@ def test_calibrate_reads_prompts_file_and_honours_n(tmp_path, monkeypatch, capsy
         bins.save(str(tmp_path / "o" / "entropy_bins.json"))
         return tables, bins
     monkeypatch.setattr(heterospec.engine.Engine, "from_pretrained", classmethod(lambda cls, *a, **k: FakeEngine()))
-    monkeypatch.setattr(heterospec.calibrate, "calibrate_policy", fake_calibrate_policy)
+    monkeypatch.setattr(importlib.import_module("heterospec.calibrate"), "calibrate_policy", fake_calibrate_policy)
     pf = tmp_path / "p.jsonl"
     pf.write_text('first prompt\n\n{"text": "second prompt", "id": 7}\n third\n')
     (tmp_path / "o").mkdir()
