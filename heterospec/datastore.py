@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import zipfile
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -183,8 +184,8 @@ _loaded: Dict[Tuple[str, float], CorpusIndex] = {}
 def corpus_for(draft_dir: Optional[str], vocab_size: Optional[int] = None) -> Optional[CorpusIndex]:
     """The lookup corpus shipped next to a draft (``lookup_corpus.npz``), loaded once per process
     and file version, its suffix order cached in ``<cache>/datastore``; None where the draft has
-    none, or where it was written for a target with another vocabulary (its tokens would be
-    another tokenizer's)."""
+    none, where it was written for a target with another vocabulary (its tokens would be another
+    tokenizer's), or where it cannot be read (both with a warning)."""
     if not draft_dir:
         return None
     path = os.path.join(str(draft_dir), CORPUS_FILE)
@@ -198,7 +199,14 @@ def corpus_for(draft_dir: Optional[str], vocab_size: Optional[int] = None) -> Op
             cache = str(cache_root() / "datastore")
         except Exception:        # no usable cache directory: sort in every process
             cache = None
-        index = _loaded[key] = CorpusIndex.load(path, cache_dir=cache)
+        try:
+            index = CorpusIndex.load(path, cache_dir=cache)
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+            # a damaged file costs the lookups it would have given, not the engine
+            import warnings
+            warnings.warn(f"{path} could not be read ({exc}): the lookup corpus is not used", stacklevel=2)
+            return None
+        _loaded[key] = index
     want = index.meta.get("vocab_size")
     if vocab_size is not None and want is not None and int(want) != int(vocab_size):
         import warnings

@@ -181,6 +181,12 @@ def test_corpus_for_a_draft_directory(tmp_path, monkeypatch):
     monkeypatch.undo()
     with pytest.warns(UserWarning, match="vocabulary of 16 tokens"):
         assert corpus_for(str(tmp_path), 32) is None
+    # a damaged file: a warning, no corpus, and an engine still starts
+    bad = tmp_path / "damaged"
+    bad.mkdir()
+    (bad / CORPUS_FILE).write_bytes(b"not a zip")
+    with pytest.warns(UserWarning, match="could not be read"):
+        assert corpus_for(str(bad), 16) is None
 
 
 def test_gate_keeps_corpus_rows_by_grade_and_takes_up_older_states():
