@@ -221,11 +221,12 @@ def cmd_generate(args) -> int:
         else:
             print(res.text if res.text is not None else res.token_ids)
         s = res.stats
-        lookups, copied = sum(r.lookup for r in s.records), sum(r.history for r in s.records)
+        lookups = sum(r.lookup for r in s.records)
+        sources = [f"{n} {what}" for n, what in ((sum(r.history for r in s.records), "from earlier requests"),
+                                                 (sum(r.corpus for r in s.records), "from the lookup corpus")) if n]
         print(f"[{method}] {s.new_tokens} tokens in {s.total_s:.2f} s ({s.tokens_per_s:.1f} tok/s), "
               f"tau {s.tau:.2f}, target calls {s.target_calls}, verified tokens {s.verified_tokens}, "
-              + (f"context-lookup calls {lookups}" + (f" ({copied} from earlier requests)" if copied else "")
-                 + ", " if lookups else "")
+              + (f"lookup calls {lookups}" + (f" ({', '.join(sources)})" if sources else "") + ", " if lookups else "")
               + f"finish: {res.finish_reason}", file=sys.stderr, flush=True)
     return 0
 
