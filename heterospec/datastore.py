@@ -21,9 +21,9 @@ their first :attr:`CorpusIndex.NMAX` tokens. The suffixes of ``rev`` that start 
 last ``n`` tokens *reversed* form one range of ``suffix_order``, and the range for ``n + 1`` tokens
 lies inside it, so the longest match is found by narrowing one range a token at a time.
 
-How often a chain of each match length is accepted, and whether a round verifies it at all, is
-the lookup gate's to learn and price (:class:`heterospec.lookup.LookupGate`, source
-``"corpus"``). Runtime only: numpy, no tooling imports.
+How often a chain of each grade is accepted, and whether a round verifies it at all, is the
+lookup gate's to learn and price (:class:`heterospec.lookup.LookupGate`, source ``"corpus"``).
+Runtime only: numpy and the op, no tooling imports.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -195,21 +196,16 @@ def corpus_for(draft_dir: Optional[str], vocab_size: Optional[int] = None) -> Op
     index = _loaded.get(key)
     if index is None:
         from .fetch import cache_root
-        try:
-            cache = str(cache_root() / "datastore")
-        except Exception:        # no usable cache directory: sort in every process
-            cache = None
+        cache = str(cache_root() / "datastore")      # (an unwritable one: sorted again in every process)
         try:
             index = CorpusIndex.load(path, cache_dir=cache)
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
             # a damaged file costs the lookups it would have given, not the engine
-            import warnings
             warnings.warn(f"{path} could not be read ({exc}): the lookup corpus is not used", stacklevel=2)
             return None
         _loaded[key] = index
     want = index.meta.get("vocab_size")
     if vocab_size is not None and want is not None and int(want) != int(vocab_size):
-        import warnings
         warnings.warn(f"{path} was built for a vocabulary of {want} tokens, the target has {vocab_size}: "
                       f"the lookup corpus is not used", stacklevel=2)
         return None

@@ -181,6 +181,10 @@ def test_corpus_for_a_draft_directory(tmp_path, monkeypatch):
     monkeypatch.undo()
     with pytest.warns(UserWarning, match="vocabulary of 16 tokens"):
         assert corpus_for(str(tmp_path), 32) is None
+    # a cache that cannot be written (its directory is a file): sorted in this process, no error
+    blocked = tmp_path / "blocked"
+    blocked.write_text("")
+    assert CorpusIndex([1, 2, 3, 4, SEP] * 3, cache_dir=str(blocked / "datastore")).propose([1, 2, 3], 2) == ([4], 4)
     # a damaged file: a warning, no corpus, and an engine still starts
     bad = tmp_path / "damaged"
     bad.mkdir()
