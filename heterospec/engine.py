@@ -37,7 +37,7 @@ from .config import SamplingParams, SpecConfig, _as_int, default_config
 from .entropy import EntropyBins
 from .graphs import RoundGraphs
 from .datastore import CORPUS_FILE, CorpusIndex, corpus_for
-from .lookup import CORPUS_BELOW, CORPUS_ROW, HISTORY_ROW, ContextIndex, LookupGate, LookupRound, OutputHistory
+from .lookup import CORPUS_ROW, HISTORY_ROW, ContextIndex, LookupGate, LookupRound, OutputHistory
 from .models.linear import settled_weights, weights_may_change
 from .policy import POLICIES, AcceptanceTables, Eagle3Policy, FittedPolicy, PaperPolicy, Plan, Policy
 from .sampling import greedy_tokens, make_generator, processed_probs, sample
@@ -1310,13 +1310,7 @@ class Engine:
             out, row = st.outputs[b], st.rows[b]
             idx = index[row]
             idx.extend(out[len(idx) - len(ids[row]):])
-            proposals[b] = idx.propose(gate.kmax)
-            if history is not None or corpus is not None:
-                proposals[b] = gate.better(
-                    proposals[b],
-                    history.propose(idx.tokens, gate.kmax, prompt_key=keys[row]) if history is not None else ([], 0),
-                    corpus.propose(idx.tokens, gate.kmax)
-                    if corpus is not None and proposals[b][1] < CORPUS_BELOW else None)
+            proposals[b] = gate.propose(idx, gate.kmax, history, keys[row] if keys is not None else None, corpus)
             if gate.holds_batch(proposals[b], lead[b], room[b]):
                 return None     # (the others' proposals could not change that)
         if not any(p[0] for p in proposals):

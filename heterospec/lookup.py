@@ -349,6 +349,19 @@ class LookupGate:
                 best, worth = copied, w
         return best
 
+    def propose(self, index: ContextIndex, k: int, history: Optional["OutputHistory"] = None,
+                prompt_key: Optional[int] = None, corpus=None) -> tuple:
+        """A request's proposal: its own context's chain (``index``), or the history's or the
+        lookup corpus's (a :class:`heterospec.datastore.CorpusIndex`) where :meth:`better` expects
+        more of it. The corpus is asked only where the own context matches fewer than
+        :data:`CORPUS_BELOW` tokens. ``prompt_key``: the request's :meth:`OutputHistory.key`."""
+        own = index.propose(k)
+        if history is None and corpus is None:
+            return own
+        return self.better(own,
+                           history.propose(index.tokens, k, prompt_key=prompt_key) if history is not None else ([], 0),
+                           corpus.propose(index.tokens, k) if corpus is not None and own[1] < CORPUS_BELOW else None)
+
     def _chain_worth(self, proposal) -> float:
         """Expected accepted tokens of a proposal's chain (up to ``kmax`` of it)."""
         return self.expected_accepted(proposal_row(proposal), min(len(proposal[0]), self.kmax))[-1]

@@ -23,7 +23,9 @@ from ..datastore import SEP, save_corpus
 def corpus_tokens(data_dirs: Sequence[str], head: int = 3, greedy_only: bool = True) -> tuple:
     """``(tokens, info)``: the concatenated documents and what went in (per directory: answers,
     response tokens), in directory and shard order."""
-    from safetensors.numpy import load_file
+    from safetensors.numpy import load_file     # (token fields only: DistillShard also rebuilds argmax rows)
+
+    from .distill import list_shards
 
     parts: List[np.ndarray] = []
     info: Dict[str, dict] = {}
@@ -42,7 +44,7 @@ def corpus_tokens(data_dirs: Sequence[str], head: int = 3, greedy_only: bool = T
         if vocab is not None and v is not None and v != vocab:
             raise ValueError(f"{d}: vocabulary {v}, the directories before it have {vocab}")
         vocab = v or vocab
-        shards = sorted(d.glob("shard_*.safetensors"))
+        shards = list_shards(d)
         if not shards:
             raise ValueError(f"{d}: no shard_*.safetensors")
         answers = tokens = 0

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..lookup import CORPUS_BELOW, ContextIndex, LookupGate, LookupRound, OutputHistory
+from ..lookup import ContextIndex, LookupGate, LookupRound, OutputHistory
 
 
 class LookupSteps:
@@ -121,16 +121,8 @@ class LookupSteps:
             if idx is None or limit <= 0:
                 out.append(([], 0))
                 continue
-            own = idx.propose(limit)
-            history = corpus = None
-            if self.history is not None and len(self.history):
-                key = self._prompt.get(rid, (0, None))[1]
-                history = self.history.propose(idx.tokens, limit, prompt_key=key)
-            if self.corpus is not None and own[1] < CORPUS_BELOW:
-                corpus = self.corpus.propose(idx.tokens, limit)
-            if history is not None or corpus is not None:
-                own = self.gate.better(own, history or ([], 0), corpus)
-            out.append(own)
+            history = self.history if self.history is not None and len(self.history) else None
+            out.append(self.gate.propose(idx, limit, history, self._prompt.get(rid, (0, None))[1], self.corpus))
         return out
 
     # -- decision ----------------------------------------------------------------------------
