@@ -81,4 +81,7 @@ TORCH_LIBRARY(heterospec, m) {
   // token corpus through its suffix order, and the continuation most of its occurrences agree on.
   m.def("corpus_lookup(Tensor corpus, Tensor suffix_order, Tensor context, int k, int min_match, int max_match, "
         "int sample, float agree) -> (Tensor chain, Tensor match)");
+  // The greedy pick (CPU kernel only): per row of logits, the first index of the maximum (a NaN
+  // counts as the maximum), as torch.argmax.
+  m.def("greedy_tokens(Tensor logits) -> Tensor");
 }

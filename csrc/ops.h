@@ -58,6 +58,7 @@ void decoder_layers_cpu(const Tensor& x, at::TensorList norms, at::ArrayRef<doub
 std::tuple<Tensor, Tensor> corpus_lookup_cpu(const Tensor& corpus, const Tensor& suffix_order, const Tensor& context,
                                              int64_t k, int64_t min_match, int64_t max_match, int64_t sample,
                                              double agree);
+Tensor greedy_tokens_cpu(const Tensor& logits);
 
 // ---- CUDA (compiled only when torch has CUDA) ----
 std::tuple<Tensor, Tensor, Tensor> topk_entropy_cuda(const Tensor& logits, int64_t k,

@@ -27,6 +27,7 @@ from .ops import (  # noqa: E402
     decoder_layers_,
     dense_tree_attention_mask,
     entropy_bin_policy,
+    greedy_tokens,
     rms_norm,
     rope,
     rope_kv_write_,

@@ -13,11 +13,17 @@ from .config import SamplingParams
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     """The argmax of ``logits`` over the last dimension: the first maximal entry's index, as
-    ``torch.argmax`` (a NaN counts as the maximum, as there). On CPU this is ``torch.max``'s
-    index, which torch's CPU kernels compute in about a third of ``argmax``'s time over a 49,152
-    vocabulary (a batch-8 step's pick was ~1.5 % of the step; bench/RESULTS.md, forty-fifth
-    session); both return the first maximal index, which tests/test_sampling_processing.py checks."""
+    ``torch.argmax`` (a NaN counts as the maximum, as there). On CPU, float32 and bfloat16 logits
+    go to our ``greedy_tokens`` op (two vector passes a row, ~9 us for a 49,152 vocabulary where
+    torch's CPU reduction took ~45 us: a verified tree pays it once per node; bench/RESULTS.md,
+    sixty-seventh session); other CPU logits to ``torch.max``'s index (a third of ``argmax``'s
+    time there). tests/test_sampling_processing.py and tests/test_greedy_op.py check that they
+    all agree with ``torch.argmax``."""
     if logits.device.type == "cpu":
+        if logits.dtype in (torch.float32, torch.bfloat16) and logits.dim() >= 1 and logits.shape[-1] > 0:
+            lead = logits.shape[:-1]
+            # the raw op: the caller's logits are a model's output (the op checks them again)
+            return torch.ops.heterospec.greedy_tokens.default(logits.reshape(-1, logits.shape[-1])).reshape(lead)
         return torch.max(logits, dim=-1).indices
     return logits.argmax(dim=-1)
 

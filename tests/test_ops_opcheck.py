@@ -99,6 +99,10 @@ def samples(device):
     index = CorpusIndex([1, 2, 3, 4, 5, SEP, 1, 2, 3, 4, 6, SEP, 2, 3, 4, 5, SEP])
     out.append(("corpus_lookup", (index._tokens.clone(), index._order.clone(), torch.tensor([9, 2, 3, 4]), 3, 2, 16, 8,
                                   0.5)))
+    # greedy_tokens: rows of logits with a tie
+    logits = torch.randn(3, 40, generator=g)
+    logits[1, 5] = logits[1, 9] = logits[1].max() + 1.0
+    out.append(("greedy_tokens", (logits,)))
     return [(name, tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)) for name, args in out]
 
 
@@ -106,7 +110,7 @@ def test_samples_cover_every_op():
     assert {name for name, _ in samples("cpu")} == set(ops.OP_NAMES)
 
 
-@pytest.mark.parametrize("idx", range(23))
+@pytest.mark.parametrize("idx", range(24))
 def test_opcheck(devices, idx):
     if devices != "cpu" and samples("cpu")[idx][0] in ops.CPU_ONLY_OPS:
         pytest.skip("a CPU-only op (no CUDA kernel)")
