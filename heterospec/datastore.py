@@ -71,11 +71,6 @@ class CorpusIndex:
         self.key = hashlib.sha1(fwd.tobytes()).hexdigest()[:16]
         self._tokens = torch.from_numpy(fwd.astype(np.int32))
         self._order = torch.from_numpy(self._suffix_order(fwd, cache_dir))
-        # The context's last NMAX tokens go to the op through one numpy buffer and a view of it
-        # per length: right after a forward a torch.tensor(list) cost ~50 us (its code is cold),
-        # a numpy slice assignment a few (bench/RESULTS.md, sixty-seventh session).
-        self._ctx = np.zeros(self.NMAX, np.int64)
-        self._ctx_views = [torch.from_numpy(self._ctx[:n]) for n in range(self.NMAX + 1)]
 
     def __len__(self) -> int:
         return self.N
@@ -118,13 +113,11 @@ class CorpusIndex:
     def lookup(self, context: Sequence[int], k: int) -> Tuple[List[int], List[int]]:
         """``(chain, [n, count, rows, agreeing])`` of :func:`heterospec.ops.corpus_lookup` for
         ``context`` (its last ``NMAX`` tokens), with this index's settings."""
-        tail = context[-self.NMAX:]
-        self._ctx[:len(tail)] = tail
+        ctx = torch.tensor(list(context[-self.NMAX:]), dtype=torch.int64)
         # the op itself, not its Python wrapper: the index built its arguments, and the kernel
         # checks them again (a lookup is asked every round)
-        chain, match = torch.ops.heterospec.corpus_lookup.default(self._tokens, self._order, self._ctx_views[len(tail)],
-                                                                  k, self.MIN_MATCH, self.NMAX, self.SAMPLE,
-                                                                  float(self.AGREE))
+        chain, match = torch.ops.heterospec.corpus_lookup.default(self._tokens, self._order, ctx, k, self.MIN_MATCH,
+                                                                  self.NMAX, self.SAMPLE, float(self.AGREE))
         return [t for t in chain.tolist() if t >= 0], match.tolist()
 
     def match(self, context: Sequence[int]) -> Tuple[int, int]:
