@@ -114,7 +114,10 @@ def bounds(cm: CostModel, goals: Sequence[float], table_tokens: Optional[List[fl
 
 
 def default_costs() -> List[str]:
-    root = os.path.expanduser(os.path.join(os.environ.get("HETEROSPEC_CACHE", "~/.cache/heterospec"), "costs"))
+    from heterospec.costmodel import COSTS_DIR
+    from heterospec.defaults import cache_root
+
+    root = os.path.join(str(cache_root()), COSTS_DIR)
     return sorted(p for p in glob.glob(os.path.join(root, "*.json"))
                   if ".online-" not in p and not os.path.basename(p).startswith(("draft-dtype-", "linear-")))
 

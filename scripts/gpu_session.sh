@@ -255,6 +255,11 @@ stage_e2e() {
   # where the host's time goes per method (the policy's share of a round), into gpu_logs.tar.gz
   "$PY" bench/host_profile.py --device cuda --dtype bfloat16 --out "$STATE/host_profile.md" ||
     echo "host profile failed (e2e figures stand)"
+  # the per-position acceptance a draft needs on this GPU for 1.3x / 1.5x (issue 11's target for
+  # the next draft), from the cost models the run measured; both into gpu_logs.tar.gz
+  mkdir -p "$STATE/goal-bounds"
+  cp "$HETEROSPEC_CACHE"/costs/cuda-*.json "$STATE/goal-bounds/" 2> /dev/null || true
+  "$PY" bench/goal_bounds.py --out "$STATE/goal-bounds" || echo "goal bounds failed (e2e figures stand)"
 }
 # Issue 11 (only with GPU_DRAFT_DATA=1): new draft data on the GPU. The target writes user
 # requests (train-draft selfchat, GPU_SELFCHAT_N samples, at most GPU_SELFCHAT_S seconds; each
