@@ -1432,13 +1432,12 @@ def greedy_tokens(logits: Tensor) -> Tensor:
     if logits.dim() < 1 or logits.shape[-1] < 1:
         raise ValueError(f"{op}: expected logits of shape [..., V] with V >= 1, got {tuple(logits.shape)}")
     _cpu_only(op, "logits", logits, "logits.argmax(dim=-1) on a GPU")
-    lead = logits.shape[:-1]
-    return _ops.greedy_tokens.default(logits.reshape(-1, logits.shape[-1])).reshape(lead)
+    return _ops.greedy_tokens.default(logits)
 
 
 @_fake("greedy_tokens")
 def _(logits):
-    return logits.new_empty((logits.shape[0],), dtype=torch.int64)
+    return logits.new_empty(logits.shape[:-1], dtype=torch.int64)
 
 
 # ---------------------------------------------------------------------------------------------

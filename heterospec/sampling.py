@@ -21,9 +21,8 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     all agree with ``torch.argmax``."""
     if logits.device.type == "cpu":
         if logits.dtype in (torch.float32, torch.bfloat16) and logits.dim() >= 1 and logits.shape[-1] > 0:
-            lead = logits.shape[:-1]
             # the raw op: the caller's logits are a model's output (the op checks them again)
-            return torch.ops.heterospec.greedy_tokens.default(logits.reshape(-1, logits.shape[-1])).reshape(lead)
+            return torch.ops.heterospec.greedy_tokens.default(logits)
         return torch.max(logits, dim=-1).indices
     return logits.argmax(dim=-1)
 

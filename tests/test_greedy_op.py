@@ -91,9 +91,13 @@ def test_bad_input_is_a_clear_error(bad, match):
 def test_the_raw_op_checks_too():
     raw = torch.ops.heterospec.greedy_tokens.default
     for bad, match in ((torch.zeros(2, 3, dtype=torch.int32), "float32 or bfloat16"),
-                       (torch.zeros(2, 3, 4), "shape \\[R, V\\]"), (torch.zeros(2, 0), "V >= 1")):
+                       (torch.tensor(1.0), "0-dimensional"), (torch.zeros(2, 0), "V >= 1")):
         with pytest.raises((ValueError, RuntimeError), match=match):
             raw(bad)
+    # leading dimensions are the op's own: [..., V] -> [...], one row -> a 0-dimensional index
+    x = torch.randn(2, 3, 40)
+    assert torch.equal(raw(x), reference(x))
+    assert raw(x[0, 0]).shape == () and int(raw(x[0, 0])) == int(reference(x[0, 0]))
 
 
 def test_sampling_falls_back_where_the_op_does_not_serve():

@@ -7,8 +7,7 @@
 // rows, ~1.4 ms a round). Two vector passes over a row the lm_head has just written (in L2) take
 // a few microseconds.
 //
-// Layout. logits [R, V] float32 or bfloat16 (the wrapper flattens leading dimensions), rows
-// contiguous -> out [R] int64.
+// Layout. logits [..., V] float32 or bfloat16, read as R contiguous rows of V -> out [...] int64.
 //
 // Phases, per row:
 //   1. one pass: the row's maximum and whether it holds a NaN (16 / 8 lanes at a time);
@@ -165,11 +164,13 @@ Tensor greedy_tokens_cpu(const Tensor& logits) {
   check_cpu(op, "logits", logits);
   HS_CHECK(logits.scalar_type() == at::kFloat || logits.scalar_type() == at::kBFloat16, op,
            ": expected logits to be float32 or bfloat16, got ", logits.scalar_type());
-  HS_CHECK(logits.dim() == 2, op, ": expected logits of shape [R, V], got ", logits.dim(), " dimensions");
-  const int64_t R = logits.size(0), V = logits.size(1);
+  HS_CHECK(logits.dim() >= 1, op, ": expected logits of shape [..., V], got a 0-dimensional tensor");
+  const int64_t V = logits.size(-1);
   HS_CHECK(V >= 1, op, ": expected at least one logit per row (V >= 1), got V = ", V);
+  // [..., V] -> rows [R, V] (contiguous) -> out [...]
   const Tensor x = logits.contiguous();
-  Tensor out = at::empty({R}, logits.options().dtype(at::kLong));
+  const int64_t R = x.numel() / V;
+  Tensor out = at::empty(logits.sizes().slice(0, logits.dim() - 1), logits.options().dtype(at::kLong));
   if (R == 0) return out;
   int64_t* o = out.mutable_data_ptr<int64_t>();
   if (x.scalar_type() == at::kFloat)
