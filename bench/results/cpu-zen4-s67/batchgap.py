@@ -3,31 +3,12 @@ interleaved per group of prompts, with the heterospec round's Python parts (floa
 import time, torch, heterospec, sys, functools, collections
 from heterospec.bench import load_prompt_sets
 from heterospec import engine as E, lookup, policy
+from clocks import Timers, forward_clock
 torch.set_num_threads(2)
 B = int(sys.argv[1]); n = int(sys.argv[2]) if len(sys.argv) > 2 else 16
 eng = heterospec.Engine.from_pretrained(dtype=torch.float32)
-inside = [0.0]; depth = [0]
-def wrap_fw(obj, name):
-    f = getattr(obj, name)
-    @functools.wraps(f)
-    def g(*a, **k):
-        depth[0] += 1; t = time.perf_counter()
-        try: return f(*a, **k)
-        finally:
-            depth[0] -= 1
-            if depth[0] == 0: inside[0] += time.perf_counter() - t
-    setattr(obj, name, g)
-wrap_fw(type(eng.target), "forward")
-for nm in ["extend", "tree_step", "logits"]: wrap_fw(type(eng.draft), nm)
-acc = collections.defaultdict(float); cnt = collections.Counter()
-def wrap(obj, name, label):
-    f = getattr(obj, name)
-    @functools.wraps(f)
-    def g(*a, **k):
-        t = time.perf_counter()
-        try: return f(*a, **k)
-        finally: acc[label] += time.perf_counter() - t; cnt[label] += 1
-    setattr(obj, name, g)
+inside = forward_clock(eng)
+timers = Timers(); acc, cnt, wrap = timers.acc, timers.cnt, timers.wrap
 for nm in ["_lookup_choice", "_decode_one", "_compaction_pays", "_emit", "_plain_step"]: wrap(E.Engine, nm, nm)
 wrap(policy.FittedPolicy, "round_plan", "round_plan"); wrap(policy.FittedPolicy, "observe", "observe")
 wrap(policy.FittedPolicy, "plain_rounds_ahead", "plain_rounds_ahead")

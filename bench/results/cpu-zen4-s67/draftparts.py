@@ -3,16 +3,9 @@ import time, torch, heterospec, sys, functools, collections
 from heterospec.bench import load_prompt_sets
 from heterospec import engine as E, ops
 from heterospec.models import draft as D
+from clocks import Timers, forward_clock
 torch.set_num_threads(2)
-acc = collections.defaultdict(float); cnt = collections.Counter()
-def wrap(obj, name, label):
-    f = getattr(obj, name)
-    @functools.wraps(f)
-    def g(*a, **k):
-        t = time.perf_counter()
-        try: return f(*a, **k)
-        finally: acc[label] += time.perf_counter() - t; cnt[label] += 1
-    setattr(obj, name, g)
+timers = Timers(); acc, cnt, wrap = timers.acc, timers.cnt, timers.wrap
 eng = heterospec.Engine.from_pretrained(dtype=getattr(torch, sys.argv[1]))
 dcls = type(eng.draft)
 for n in ["extend", "logits", "tree_step", "new_tree", "to_target_ids"]:

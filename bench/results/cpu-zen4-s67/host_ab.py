@@ -4,21 +4,10 @@ Usage: host_ab.py VARIANT [n]   (VARIANT: a name below)."""
 import time, torch, heterospec, sys, functools
 from heterospec.bench import load_prompt_sets
 from heterospec import datastore, engine as E
+from clocks import Timers, forward_clock
 torch.set_num_threads(2)
 eng = heterospec.Engine.from_pretrained(dtype=torch.float32)
-inside = [0.0]; depth = [0]
-def wrap(obj, name):
-    f = getattr(obj, name)
-    @functools.wraps(f)
-    def g(*a, **k):
-        depth[0] += 1; t = time.perf_counter()
-        try: return f(*a, **k)
-        finally:
-            depth[0] -= 1
-            if depth[0] == 0: inside[0] += time.perf_counter() - t
-    setattr(obj, name, g)
-wrap(type(eng.target), "forward")
-for n in ["extend", "tree_step", "logits"]: wrap(type(eng.draft), n)
+inside = forward_clock(eng)
 
 # -- variants: (name -> (install new, install old)) ------------------------------------------
 def old_lookup(self, context, k):

@@ -2,21 +2,10 @@
 per prompt (float32, batch 1, mtbench + alpaca openings, 96 tokens)."""
 import time, torch, heterospec, sys, functools, collections
 from heterospec.bench import load_prompt_sets
+from clocks import Timers, forward_clock
 torch.set_num_threads(2)
 eng = heterospec.Engine.from_pretrained(dtype=getattr(torch, sys.argv[1]))
-inside = [0.0]; depth = [0]
-def wrap(obj, name):
-    f = getattr(obj, name)
-    @functools.wraps(f)
-    def g(*a, **k):
-        depth[0] += 1; t = time.perf_counter()
-        try: return f(*a, **k)
-        finally:
-            depth[0] -= 1
-            if depth[0] == 0: inside[0] += time.perf_counter() - t
-    setattr(obj, name, g)
-wrap(type(eng.target), "forward")
-for n in ["extend", "tree_step", "logits"]: wrap(type(eng.draft), n)
+inside = forward_clock(eng)
 sets = load_prompt_sets(["mtbench", "alpaca"], int(sys.argv[2]) if len(sys.argv) > 2 else 8)
 ps = [p.text for s in sets.values() for p in s]
 methods = ("autoregressive", "heterospec")

@@ -2,16 +2,9 @@
 import time, torch, heterospec, sys, functools, collections
 from heterospec.bench import load_prompt_sets
 from heterospec import lookup, datastore, policy, engine as E
+from clocks import Timers, forward_clock
 torch.set_num_threads(2)
-acc = collections.defaultdict(float); cnt = collections.Counter()
-def wrap(obj, name, label):
-    f = getattr(obj, name)
-    @functools.wraps(f)
-    def g(*a, **k):
-        t = time.perf_counter()
-        try: return f(*a, **k)
-        finally: acc[label] += time.perf_counter() - t; cnt[label] += 1
-    setattr(obj, name, g)
+timers = Timers(); acc, cnt, wrap = timers.acc, timers.cnt, timers.wrap
 for n in ["_lookup_choice", "_decode_one", "_plain_step", "_commit", "_verify", "_lookup_tree", "_prefill", "_emit", "_cold_step", "_append_pending"]:
     wrap(E.Engine, n, "engine." + n)
 wrap(policy.FittedPolicy, "round_plan", "policy.round_plan")

@@ -3,22 +3,11 @@ heterospec with each setting and autoregressive, alternated per group of prompts
 import sys, time, torch, heterospec, functools
 from heterospec import lookup
 from heterospec.bench import load_prompt_sets
+from clocks import Timers, forward_clock
 torch.set_num_threads(2)
 B = int(sys.argv[1]); n = int(sys.argv[2]); alt = int(sys.argv[3]) if len(sys.argv) > 3 else 16
 eng = heterospec.Engine.from_pretrained(dtype=torch.float32)
-inside = [0.0]; depth = [0]
-def wrap_fw(obj, name):
-    f = getattr(obj, name)
-    @functools.wraps(f)
-    def g(*a, **k):
-        depth[0] += 1; t = time.perf_counter()
-        try: return f(*a, **k)
-        finally:
-            depth[0] -= 1
-            if depth[0] == 0: inside[0] += time.perf_counter() - t
-    setattr(obj, name, g)
-wrap_fw(type(eng.target), "forward")
-for nm in ["extend", "tree_step", "logits"]: wrap_fw(type(eng.draft), nm)
+inside = forward_clock(eng)
 ps = [p.text for s in load_prompt_sets(["mtbench", "alpaca"], n // 2).values() for p in s]
 groups = [ps[i:i + B] for i in range(0, len(ps), B)]
 variants = {"skip4": 4, f"skip{alt}": alt, "AR": None}
