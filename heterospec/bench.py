@@ -175,7 +175,74 @@ def _ratio(x: float, digits: int) -> str:
     return "-" if math.isnan(x) else f"{x:.{digits}f}x"   # nan: the reference method was not run
 
 
-def markdown_table(summary: Dict[str, Dict[str, dict]], methods: Sequence[str]) -> str:
+# Paired intervals of speedups (paired_ratio_interval): their level, the resamples drawn and the
+# fewest paired units one is given for (below that a bootstrap says little).
+RATIO_LEVEL = 0.9
+RATIO_DRAWS = 2000
+RATIO_MIN_GROUPS = 4
+
+
+def paired_ratio_interval(units: Sequence[dict], method: str, ref: str = "autoregressive",
+                          level: float = RATIO_LEVEL, draws: int = RATIO_DRAWS, seed: int = 0,
+                          stratum: Optional[str] = None) -> Optional[List[float]]:
+    """A bootstrap interval (``level``, percentile) of ``method``'s tokens/s over ``ref``'s, from
+    paired units: each holds the ``tokens`` and ``wall_s`` of every method on the same prompts at
+    the same moment of the machine (``batch_sweep``'s call groups; one prompt of ``run_e2e``). A
+    resample draws units with replacement and takes the ratio of the pooled rates, so a slow
+    moment that slowed both methods of a unit moves neither side more than the other. With
+    ``stratum`` (a key of the units, e.g. the prompt set) units are drawn within their stratum
+    and the statistic is the mean of the strata's ratios (the five sets' mean speedup). None with
+    fewer than ``RATIO_MIN_GROUPS`` units holding both methods, or a stratum with fewer than two
+    (seeded: the same units give the same interval)."""
+    import random
+
+    strata: Dict[object, list] = defaultdict(list)
+    for u in units:
+        if method in u["tokens"] and ref in u["tokens"]:
+            strata[u.get(stratum) if stratum else None].append(
+                (u["tokens"][method], u["wall_s"][method], u["tokens"][ref], u["wall_s"][ref]))
+    groups = list(strata.values())
+    if method == ref or sum(map(len, groups)) < RATIO_MIN_GROUPS or any(len(g) < 2 for g in groups):
+        return None
+    rng, stats = random.Random(seed), []
+    for _ in range(draws):
+        ratios = []
+        for pairs in groups:
+            tm = wm = tr = wr = 0.0
+            for _ in range(len(pairs)):
+                a, b, c, d = pairs[rng.randrange(len(pairs))]
+                tm, wm, tr, wr = tm + a, wm + b, tr + c, wr + d
+            if wm > 0 and tr > 0:
+                ratios.append((tm / wm) / (tr / wr))
+        if len(ratios) == len(groups):
+            stats.append(sum(ratios) / len(ratios))
+    if not stats:
+        return None
+    stats.sort()
+    return [stats[int((1 - level) / 2 * (len(stats) - 1))], stats[int(round((1 + level) / 2 * (len(stats) - 1)))]]
+
+
+def mean_intervals(runs: List[dict], methods: Sequence[str]) -> Dict[str, Dict[str, Optional[List[float]]]]:
+    """Per method, bootstrap intervals (:func:`paired_ratio_interval`, prompts drawn within their
+    set) of the mean over the sets of its speedup over autoregressive and its ratio to eagle3:
+    every prompt is a paired unit, all methods having decoded it one after the other."""
+    units: Dict[tuple, dict] = {}
+    for r in runs:
+        u = units.setdefault((r["set"], r["prompt_id"]), {"set": r["set"], "tokens": {}, "wall_s": {}})
+        u["tokens"][r["method"]], u["wall_s"][r["method"]] = r["new_tokens"], r["total_s"]
+    return {m: {"speedup": paired_ratio_interval(list(units.values()), m, "autoregressive", stratum="set"),
+                "vs_eagle3": paired_ratio_interval(list(units.values()), m, "eagle3", stratum="set")}
+            for m in methods}
+
+
+def _interval(ci: Optional[List[float]], digits: int) -> str:
+    return f" ({ci[0]:.{digits}f}-{ci[1]:.{digits}f})" if ci else ""
+
+
+def markdown_table(summary: Dict[str, Dict[str, dict]], methods: Sequence[str],
+                   intervals: Optional[Dict[str, Dict[str, Optional[List[float]]]]] = None) -> str:
+    """The per-set table, and a mean row per method (with ``intervals``, from
+    :func:`mean_intervals`: the mean ratios' bootstrap intervals)."""
     head = ("| set | method | tok/s | speedup vs AR | vs eagle3 | tau | target calls | verified/call "
             "| draft ms/round | verify ms/call | policy ms/call (fits) | other ms/call | prefill ms/prompt "
             "| lookup calls (history, corpus) |")
@@ -199,8 +266,12 @@ def markdown_table(summary: Dict[str, Dict[str, dict]], methods: Sequence[str]) 
     for method in methods:
         if method in means:
             mm = {k: statistics.fmean(v) for k, v in means[method].items()}
-            lines.append(f"| **mean** | {method} | | {_ratio(mm['speedup'], 2)} | {_ratio(mm['vs_eagle3'], 3)} | {mm['tau']:.2f} "
+            ci = (intervals or {}).get(method, {})
+            lines.append(f"| **mean** | {method} | | {_ratio(mm['speedup'], 2)}{_interval(ci.get('speedup'), 2)} "
+                         f"| {_ratio(mm['vs_eagle3'], 3)}{_interval(ci.get('vs_eagle3'), 3)} | {mm['tau']:.2f} "
                          f"| | {mm['verified_per_call']:.1f} | | | | | | |")
+    if any(v for ci in (intervals or {}).values() for v in ci.values()):
+        lines.append(f"\n(a-b after a mean: its {RATIO_LEVEL:.0%} bootstrap interval, prompts drawn within their set)")
     return "\n".join(lines)
 
 
@@ -355,7 +426,8 @@ def run_e2e(engine, sets: Sequence[str], n: int = 8, max_new_tokens: int = 128, 
         "dtype": str(next(engine.target.parameters()).dtype),
         "graphs_in_timed_runs": _graph_totals(runs) or None,
     }
-    table = markdown_table(summary, methods)
+    meta["mean_intervals"] = mean_intervals(runs, methods)
+    table = markdown_table(summary, methods, meta["mean_intervals"])
     # with no autoregressive run there is nothing to compare against: say so rather than "0"
     checked = (mismatch_summary(mismatches, meta["dtype"]) if "autoregressive" in methods
                else "not checked (autoregressive not run)")
@@ -492,7 +564,11 @@ def batch_sweep(engine, prompts: Sequence[str], batch_sizes: Sequence[int] = (1,
     median tokens/s of its calls and, as ``vs_autoregressive``, the median of its per-repeat
     ratios to the autoregressive call of the same repeat (on a shared machine one call's time
     moves by 10 % or more; the paired median is what the goals can be judged on). ``calls``
-    keeps every call (with ``prompts_per_size``: every call group's sums).
+    keeps every call (with ``prompts_per_size``: every call group's sums), ``call_groups`` each
+    group of prompts' tokens and seconds per method, and ``vs_autoregressive_interval`` says how
+    far a row's ratio can be trusted: a bootstrap interval over those paired groups
+    (:func:`paired_ratio_interval`; None with fewer than ``RATIO_MIN_GROUPS``), drawn in the
+    plot's second panel.
 
     ``prompts_per_size``: every batch size decodes the same first ``W`` prompts, in ``W / B``
     calls of ``B`` (each batch size must divide ``W``), the methods taking turns call by call;
@@ -534,7 +610,7 @@ def batch_sweep(engine, prompts: Sequence[str], batch_sizes: Sequence[int] = (1,
         return ([list(range(start, start + B)) for start in range(0, prompts_per_size, B)]
                 if prompts_per_size else [list(range(B))])
 
-    calls, divergences = [], []
+    calls, divergences, units = [], [], []
     bar = tqdm(total=repeats * sum(len(groups(B)) for B in batch_sizes) * len(methods), desc="batch sweep",
                disable=not progress, unit="call")
     for rep in range(repeats):
@@ -543,15 +619,19 @@ def batch_sweep(engine, prompts: Sequence[str], batch_sizes: Sequence[int] = (1,
             for g, idx in enumerate(groups(B)):
                 turn = (i + rep + g) % len(methods)
                 outs = {}
+                unit = {"repeat": rep, "batch_size": B, "group": g, "tokens": {}, "wall_s": {}}
                 for m in methods[turn:] + methods[:turn]:
                     t0 = time.perf_counter()
                     res = engine.generate_batch([prompts[j] for j in idx], max_new_tokens=max_new_tokens,
                                                 **bench_call(m))
-                    sums[m]["wall_s"] += time.perf_counter() - t0
-                    sums[m]["tokens"] += sum(len(r.token_ids) for r in res)
+                    unit["wall_s"][m] = time.perf_counter() - t0
+                    unit["tokens"][m] = sum(len(r.token_ids) for r in res)
+                    sums[m]["wall_s"] += unit["wall_s"][m]
+                    sums[m]["tokens"] += unit["tokens"][m]
                     sums[m]["recs"] += [r for x in res for r in x.stats.records]
                     outs[m] = [r.token_ids for r in res]
                     bar.update(1)
+                units.append(unit)
                 ref = outs.get("autoregressive")
                 for m, out in (outs.items() if ref is not None else ()):
                     for j, o, a in zip(idx, out, ref):
@@ -580,7 +660,9 @@ def batch_sweep(engine, prompts: Sequence[str], batch_sizes: Sequence[int] = (1,
                          "plain_rounds": sum(c["plain_rounds"] for c in mine),
                          "lookup_rounds": sum(c.get("lookup_rounds", 0) for c in mine),
                          "rounds": sum(c["rounds"] for c in mine),
-                         "vs_autoregressive": statistics.median(ratios) if ratios else None})
+                         "vs_autoregressive": statistics.median(ratios) if ratios else None,
+                         "vs_autoregressive_interval": paired_ratio_interval(
+                             [u for u in units if u["batch_size"] == B], m)})
     by = {(r["method"], r["batch_size"]): r for r in rows}
     plans = {}
     if "heterospec" in methods:
@@ -588,14 +670,24 @@ def batch_sweep(engine, prompts: Sequence[str], batch_sizes: Sequence[int] = (1,
         plans = {B: pol.plan(B).to_dict() for B in batch_sizes}
     result = {"machine": machine_description(engine.device), "dtype": str(engine.target.lm_head.weight.dtype),
               "max_new_tokens": max_new_tokens, "repeats": repeats, "prompts_per_size": prompts_per_size,
-              "rows": rows, "calls": calls,
+              "rows": rows, "calls": calls, "call_groups": units,
               "greedy_mismatches": len(divergences), "greedy_divergences": divergences, "plans": plans}
+    def cell(r: dict) -> str:
+        text = f"{r['tokens_per_s']:.1f}"
+        if r["vs_autoregressive"] and r["method"] != "autoregressive":
+            ci = r["vs_autoregressive_interval"]
+            text += f" ({r['vs_autoregressive']:.2f}x" + (f"; {ci[0]:.2f}-{ci[1]:.2f}" if ci else "") + ")"
+        elif r["vs_autoregressive"]:
+            text += f" ({r['vs_autoregressive']:.2f}x)"
+        return text
+
     lines = ["| batch | " + " | ".join(methods) + " |", "|---" * (len(methods) + 1) + "|"]
     for B in batch_sizes:
-        cells = [f"{by[(m, B)]['tokens_per_s']:.1f}" + (f" ({by[(m, B)]['vs_autoregressive']:.2f}x)"
-                                                          if by[(m, B)]["vs_autoregressive"] else "") for m in methods]
-        lines.append(f"| {B} | " + " | ".join(cells) + " |")
+        lines.append(f"| {B} | " + " | ".join(cell(by[(m, B)]) for m in methods) + " |")
     table = "\n".join(lines)
+    if any(r["vs_autoregressive_interval"] for r in rows):
+        table += (f"\n\n(a-b: {RATIO_LEVEL:.0%} bootstrap interval of the ratio to autoregressive over the paired "
+                  f"call groups of all repeats)")
     print(table)
     print(f"greedy outputs differing from autoregressive: {mismatch_summary(divergences, result['dtype'])}")
     if out_dir:
@@ -610,15 +702,28 @@ def batch_sweep(engine, prompts: Sequence[str], batch_sizes: Sequence[int] = (1,
                     + (f"every batch size: the same {prompts_per_size} prompts" if prompts_per_size
                        else "batch size B: the first B prompts") + f"; {repeats} repeat(s)\n\n")
             f.write(table + "\n")
-        fig, ax = plt.subplots(figsize=(6, 4))
+        fig, (ax, rx) = plt.subplots(1, 2, figsize=(10, 4))
         for m in methods:
             ax.plot(batch_sizes, [by[(m, B)]["tokens_per_s"] for B in batch_sizes], "o-", label=m)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("batch size (requests)")
         ax.set_ylabel("tokens/s")
         ax.set_title(f"generate_batch throughput\n{result['machine'][:60]}", fontsize=9)
         ax.legend()
-        ax.grid(alpha=0.3)
+        # the ratios to autoregressive, with their paired intervals where there are enough groups
+        for m in (m for m in methods if m != "autoregressive"):
+            rs = [by[(m, B)] for B in batch_sizes]
+            ys = [r["vs_autoregressive"] or float("nan") for r in rs]
+            err = [[y - (r["vs_autoregressive_interval"] or [y, y])[0] for y, r in zip(ys, rs)],
+                   [(r["vs_autoregressive_interval"] or [y, y])[1] - y for y, r in zip(ys, rs)]]
+            rx.errorbar(batch_sizes, ys, yerr=err, fmt="o-", capsize=3, label=m)
+        rx.axhline(1.0, color="k", lw=0.8)
+        rx.set_ylabel("tokens/s over autoregressive")
+        rx.set_title(f"paired ratios ({RATIO_LEVEL:.0%} bootstrap intervals over call groups)", fontsize=9)
+        if len(methods) > 1:
+            rx.legend(fontsize=7)
+        for a in (ax, rx):
+            a.set_xscale("log", base=2)
+            a.set_xlabel("batch size (requests)")
+            a.grid(alpha=0.3)
         fig.tight_layout()
         fig.savefig(os.path.join(out_dir, "batch_sweep.png"), dpi=120)
         plt.close(fig)

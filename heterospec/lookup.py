@@ -254,14 +254,17 @@ class LookupGate:
     # such rounds, so a bucket that keeps losing is retried about as often.
     IDLE_FORGET = 0.99
     # A batch-size bucket whose last DECLINED_RUN choices all declined clearly (the best lookup
-    # round expected below CLEAR_DECLINE of the alternative's rate) is asked every 2nd round, after
-    # 2 * DECLINED_RUN every 4th (SKIP_MAX): a choice is ~0.25 ms of Python at batch 8, over 1 % of
-    # a plain step there, in a bucket where copied chains keep losing. A near miss or a taken
-    # chain resets the bucket, so where chains often come close to paying (summaries, code) the
-    # gate is asked every round; elsewhere a chain that pays is taken up at most SKIP_MAX - 1
-    # rounds late.
+    # round expected below CLEAR_DECLINE of the alternative's rate) is asked every 2nd round, and
+    # after every further DECLINED_RUN declines half as often, down to every SKIP_MAX-th round: a
+    # choice is ~0.3 ms of Python at batch 8, 1.6 % of a plain step there, in a bucket where
+    # copied chains keep losing. A near miss or a taken chain resets the bucket, so where chains
+    # often come close to paying (summaries, code) the gate is asked every round; elsewhere a
+    # chain that pays is taken up at most SKIP_MAX - 1 rounds late. (SKIP_MAX 4 left batch 8 at
+    # 0.985x autoregressive with 205 asks for 2 lookup rounds; 32 asked 66 times for the same 2,
+    # and batch 1, whose runs of declines rarely get that long, asked as often as before:
+    # bench/RESULTS.md, sixty-eighth session.)
     DECLINED_RUN = 8
-    SKIP_MAX = 4
+    SKIP_MAX = 32
     CLEAR_DECLINE = 0.8
 
     def __init__(self, kmax: int = LOOKUP_KMAX) -> None:

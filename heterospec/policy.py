@@ -759,10 +759,11 @@ class FittedPolicy(Policy):
         self._scale_dirty: Optional[set] = None
         self._scale_pos: Optional[Tuple[float, ...]] = None   # the position scale bin_scale last used
         # Every change of what plan() depends on (observe, new_requests, the probe schedule's
-        # resets, refit, load_state) moves this version; plan() is memoised per version, so the
-        # engine's lookup gate and the round's plan ask for it once per round.
+        # resets, refit, load_state) moves this version; plan() is memoised per version (its plain
+        # plans across a few plain steps), so the engine's lookup gate and the round's plan ask
+        # for it once per round.
         self._version = 0
-        self._plan_memo: Tuple[int, Dict[Tuple[int, int], Plan]] = (-1, {})
+        self._plan_memo: Tuple[Tuple[int, int], Dict[Tuple[int, int], Plan]] = ((-1, 0), {})
         # Per bucket: speculative tokens/request, seconds, rounds; plain the same; the speculative
         # rounds' squared tokens/request (the guard; see GUARD_Z).
         self._realized: Dict[int, List[float]] = {}
@@ -814,10 +815,14 @@ class FittedPolicy(Policy):
 
     def plan(self, batch_size: int, context: Optional[int] = None) -> Plan:
         key = (self.bucket(batch_size), self.context if context is None else self.context_bucket(context))
-        version, memo = self._plan_memo
-        if version != self._version:
+        stamp, memo = self._plan_memo
+        # Plain plans stand over at most PLAIN_REPLAN plain steps (as round_plan's plain stretch):
+        # each moves the plain correction and the guard's plain rate by a few per cent of a step,
+        # and a call that never drafts asks for its plan every step (~40 us a step of Python at
+        # batch 1-8 on the 2-core box, bench/RESULTS.md, sixty-eighth session).
+        if stamp[0] != self._version and not (self._fresh(stamp) and not any(p.speculate for p in memo.values())):
             memo = {}
-            self._plan_memo = (self._version, memo)
+            self._plan_memo = (self._stamp(), memo)
         if key not in memo:
             plan = self.fitted_plan(batch_size, context)
             if plan.speculate and self.realized_loses(key[0]):
@@ -1271,7 +1276,9 @@ class FittedPolicy(Policy):
         st, recent = self._realized.get(bucket), self._recent_spec.get(bucket)
         if st is None or not recent or st[5] < self.MIN_REALIZED[1] or st[3] <= 0 or st[4] <= 0:
             return None
-        plain_round_s, plain_rate = st[4] / st[5], st[3] / st[4]       # seconds; tokens per request per s
+        # seconds a plain step; tokens per request per second (a plain step moves each request by
+        # one token: seconds per token, which ageing leaves alone, not seconds over the count)
+        plain_round_s, plain_rate = st[4] / st[3], st[3] / st[4]
         loss_s = sum(s - t / plain_rate for t, s, _ in recent) / len(recent)
         # A plain bucket's probe also pays the draft's catch-up over the plain stretch before it
         # (and over the prompts, where the call deferred their draft pass): observe takes it off
@@ -1339,6 +1346,28 @@ class FittedPolicy(Policy):
         return used
 
     MIN_ROUNDS = 8.0          # timed rounds before the time correction applies
+
+    # While a bucket speculates, its plain evidence (the guard's plain rate, the plain-step
+    # correction) comes from probes: one timed plain step every PROBE_EVERY rounds, or every
+    # PROBE_EVERY << CLEAR_WIN_BACKOFF where speculation looks a clear win. Forgotten only by
+    # newer plain steps, a few steps timed while another process held a core stayed the
+    # bucket's plain evidence for good: plain steps read 1.7x their cost, speculation looked a
+    # clear win, probes came every 256 rounds and could not outweigh them, and batch 1 drafted
+    # at 0.90x autoregressive for a whole batch sweep (bench/RESULTS.md, sixty-eighth session).
+    # So every timed speculative round of the bucket ages that evidence by PLAIN_AGE: its rates
+    # and ratios stay, its weight against the next probe falls (after 64 rounds to about half,
+    # after 256 to 8 %). Their counts stay (the guard's MIN_REALIZED, the correction's
+    # MIN_ROUNDS: whether the bucket was measured at all), or a bucket probed every 64 rounds
+    # would never again hold enough plain steps for the guard to act.
+    PLAIN_AGE = 0.99
+
+    def _age_plain_evidence(self, bucket: int) -> None:
+        st = self._realized.get(bucket)
+        if st is not None:
+            st[3], st[4] = st[3] * self.PLAIN_AGE, st[4] * self.PLAIN_AGE
+        obs = self._plain.get(bucket)
+        if obs is not None:
+            self._plain[bucket] = [obs[0] * self.PLAIN_AGE, obs[1] * self.PLAIN_AGE, obs[2]]
 
     def position_scale(self) -> Tuple[float, ...]:
         """Per draft position ``j = 1..``: observed / predicted ``P(accepted >= j)`` on this
@@ -1544,6 +1573,8 @@ class FittedPolicy(Policy):
             self._observed_rounds[ob] = self._observed_rounds.get(ob, 0) + 1
         if seconds is not None and seconds > 0:
             self._round_s += seconds
+        if plan.speculate and seconds is not None and seconds > 0 and "batch_size" in expected:
+            self._age_plain_evidence(self.bucket(int(expected["batch_size"])))
         if seconds is not None and seconds > 0 and "batch_size" in expected and (bins or not plan.speculate):
             norm = self._context_norm(int(expected["batch_size"]), context if context is not None
                                       else expected.get("context"))

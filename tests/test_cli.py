@@ -203,6 +203,33 @@ def test_markdown_table_without_reference_methods():
     assert s["s"]["eagle3"]["tau"] == 2.0 and s["s"]["eagle3"]["acceptance_rates"] == [1.0, 0.0, 0.0]
 
 
+def test_mean_speedups_get_intervals_from_prompts_drawn_within_their_set():
+    """run_e2e's mean rows: the mean over sets of each method's ratio, with a bootstrap interval
+    whose units are prompts (every method decoded each one), drawn within their set; where every
+    prompt of a set gives the same ratio the interval is that mean itself."""
+    from heterospec.bench import markdown_table, mean_intervals, summarize
+
+    rec = {"accept_len": 0, "depth": 0}
+    runs = []
+    # set a: heterospec 2x autoregressive on every prompt; set b: 1x; eagle3 at 1x everywhere
+    for name, factor in (("a", 2.0), ("b", 1.0)):
+        for i, slow in enumerate((1.0, 3.0, 0.5)):          # prompts at different speeds of the machine
+            for method, t in (("autoregressive", slow), ("eagle3", slow), ("heterospec", slow / factor)):
+                runs.append(dict(set=name, prompt_id=i, method=method, new_tokens=10, total_s=t, prefill_s=0.0,
+                                 rounds=1, target_calls=1, verified_tokens=1, draft_s=0.0, verify_s=0.0, records=[rec]))
+    ci = mean_intervals(runs, ["heterospec", "eagle3", "autoregressive"])
+    assert ci["heterospec"]["speedup"] == pytest.approx([1.5, 1.5]) and ci["heterospec"]["vs_eagle3"] == pytest.approx([1.5, 1.5])
+    assert ci["eagle3"]["speedup"] == pytest.approx([1.0, 1.0]) and ci["eagle3"]["vs_eagle3"] is None
+    assert ci["autoregressive"]["speedup"] is None
+    table = markdown_table(summarize(runs), ["heterospec", "eagle3", "autoregressive"], ci)
+    assert "| **mean** | heterospec | | 1.50x (1.50-1.50) | 1.500x (1.500-1.500) |" in table
+    assert "90% bootstrap interval, prompts drawn within their set" in table
+    # a set of one prompt gives no interval (and no line about one)
+    one = [r for r in runs if r["prompt_id"] == 0]
+    assert mean_intervals(one, ["heterospec"])["heterospec"]["speedup"] is None
+    assert "bootstrap" not in markdown_table(summarize(one), ["heterospec"], mean_intervals(one, ["heterospec"]))
+
+
 def test_host_time_outside_the_rounds_is_reported():
     """Per call: the policy's own time (planning and learning), and the table's host columns
     (policy, and the wall time left after prefill, draft, verify and policy), so a benchmark
@@ -598,7 +625,7 @@ def test_batch_sweep_repeats_report_paired_medians(monkeypatch):
                           progress=False, repeats=0)
 
 
-def test_batch_sweep_runs_the_same_prompts_at_every_batch_size(monkeypatch):
+def test_batch_sweep_runs_the_same_prompts_at_every_batch_size(monkeypatch, tmp_path):
     """With prompts_per_size W every batch size B decodes the first W prompts in W/B calls of B,
     the methods taking turns call by call; a row's tokens/s is its calls' tokens over their
     summed time, and a size that does not divide W, or too few prompts, is refused by name."""
@@ -627,8 +654,12 @@ def test_batch_sweep_runs_the_same_prompts_at_every_batch_size(monkeypatch):
                                     weight=torch.zeros(1))))
     prompts = ["a", "b", "c", "d", "e"]
     out = bench.batch_sweep(eng, prompts, batch_sizes=[1, 2, 4], methods=["autoregressive", "eagle3"],
-                            max_new_tokens=10, out_dir=None, progress=False, prompts_per_size=4)
+                            max_new_tokens=10, out_dir=str(tmp_path), progress=False, prompts_per_size=4)
     assert out["prompts_per_size"] == 4
+    # the table gives the interval where there is one; the plot has the ratios' panel
+    table = (tmp_path / "batch_sweep.md").read_text()
+    assert "| 1 | 20.0 (0.50x; 0.50-0.50) | 40.0 (1.00x) |" in table and "| 2 | 40.0 (1.00x) | 40.0 (1.00x) |" in table
+    assert "90% bootstrap interval" in table and (tmp_path / "batch_sweep.png").stat().st_size > 0
     assert [w for w in warm if w is not None] == [4, 4]     # each method warmed up at the largest batch size
     assert [p for m, p in seen if m == "eagle3"] == [("a",), ("b",), ("c",), ("d",), ("a", "b"), ("c", "d"),
                                                     ("a", "b", "c", "d")]
@@ -640,6 +671,14 @@ def test_batch_sweep_runs_the_same_prompts_at_every_batch_size(monkeypatch):
         assert rows[("eagle3", B)]["tokens_per_s"] == pytest.approx(40 / (0.5 * calls))
         assert rows[("autoregressive", B)]["tokens_per_s"] == pytest.approx(40 / 1.0)
         assert rows[("eagle3", B)]["vs_autoregressive"] == pytest.approx(2.0 / calls)
+    # every call group is kept, each method's tokens and seconds on the same prompts
+    assert [(u["batch_size"], u["group"]) for u in out["call_groups"]] == [(1, 0), (1, 1), (1, 2), (1, 3),
+                                                                         (2, 0), (2, 1), (4, 0)]
+    assert out["call_groups"][0]["wall_s"] == {"autoregressive": 0.25, "eagle3": 0.5}
+    # batch 1 has four paired groups, each at 0.5x: an interval of one point; fewer groups: none
+    assert rows[("eagle3", 1)]["vs_autoregressive_interval"] == pytest.approx([0.5, 0.5])
+    assert rows[("eagle3", 2)]["vs_autoregressive_interval"] is None
+    assert rows[("autoregressive", 1)]["vs_autoregressive_interval"] is None
     with pytest.raises(ValueError, match=r"prompts_per_size=6 is not a multiple of batch size\(s\) \[4\]"):
         bench.batch_sweep(eng, prompts * 2, batch_sizes=[1, 2, 4], methods=["autoregressive"], out_dir=None,
                           progress=False, prompts_per_size=6)
@@ -649,6 +688,33 @@ def test_batch_sweep_runs_the_same_prompts_at_every_batch_size(monkeypatch):
     with pytest.raises(ValueError, match="prompts_per_size must be an integer >= 1"):
         bench.batch_sweep(eng, prompts, batch_sizes=[1], methods=["autoregressive"], out_dir=None,
                           progress=False, prompts_per_size=0)
+
+
+def test_paired_ratio_interval_resamples_paired_call_groups():
+    """The interval of a method's rate over autoregressive's is drawn from whole call groups: a
+    slow moment that slows both methods of a group leaves the ratio alone, a method that is
+    sometimes faster and sometimes slower gets an interval across 1, and it is seeded."""
+    from heterospec.bench import RATIO_MIN_GROUPS, paired_ratio_interval
+
+    def unit(t_ar, t_hs, tokens=100):
+        return {"tokens": {"autoregressive": tokens, "heterospec": tokens},
+                "wall_s": {"autoregressive": t_ar, "heterospec": t_hs}}
+
+    # always 10 % faster, at very different speeds of the machine
+    steady = [unit(1.1 * s, s) for s in (1.0, 3.0, 0.5, 2.0, 1.5)]
+    assert paired_ratio_interval(steady, "heterospec") == pytest.approx([1.1, 1.1])
+    # faster in some groups, slower in others: the pooled ratio lies inside, and so does 1
+    mixed = [unit(1.0, 0.9), unit(1.0, 1.1), unit(1.0, 0.95), unit(1.0, 1.08), unit(1.0, 1.0), unit(1.0, 0.97)]
+    lo, hi = paired_ratio_interval(mixed, "heterospec")
+    pooled = 6.0 / sum(u["wall_s"]["heterospec"] for u in mixed)
+    assert lo < pooled < hi and lo < 1.0 < hi and hi - lo < 0.2
+    assert paired_ratio_interval(mixed, "heterospec") == [lo, hi]            # seeded
+    assert paired_ratio_interval(mixed, "heterospec", level=0.5)[1] - paired_ratio_interval(
+        mixed, "heterospec", level=0.5)[0] < hi - lo                        # a lower level: narrower
+    # too few groups, a method a group lacks, or the reference itself: no interval
+    assert paired_ratio_interval(mixed[:RATIO_MIN_GROUPS - 1], "heterospec") is None
+    assert paired_ratio_interval(mixed, "eagle3") is None
+    assert paired_ratio_interval(mixed, "autoregressive") is None
 
 
 def test_batch_sweep_says_where_greedy_outputs_part_and_whether_at_a_tie(monkeypatch, capsys):

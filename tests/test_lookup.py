@@ -598,11 +598,11 @@ def test_history_chains_are_greedy_lossless(batch):
 
 def test_gate_asks_less_often_where_its_choices_keep_declining():
     """After DECLINED_RUN declined choices at a batch-size bucket the engine asks every 2nd round,
-    after twice that many every SKIP_MAX-th; a taken choice resets the bucket; other buckets are
-    asked every round meanwhile."""
+    half as often after every further DECLINED_RUN declines, down to every SKIP_MAX-th; a taken
+    choice resets the bucket; other buckets are asked every round meanwhile."""
     gate = LookupGate()
     asked = []
-    for _ in range(gate.DECLINED_RUN + 4 * gate.DECLINED_RUN):
+    for _ in range(8 * gate.DECLINED_RUN * gate.SKIP_MAX // 2):
         due = gate.due(8)
         asked.append(due)
         if due:
@@ -613,6 +613,9 @@ def test_gate_asks_less_often_where_its_choices_keep_declining():
     steps = [b - a for a, b in zip(gaps, gaps[1:])]
     assert steps[:gate.DECLINED_RUN - 1] == [1] * (gate.DECLINED_RUN - 1)
     assert 2 in steps and steps[-1] == gate.SKIP_MAX and max(steps) == gate.SKIP_MAX
+    # every interval between: each held for DECLINED_RUN asks
+    assert sorted(set(steps)) == [1 << i for i in range(gate.SKIP_MAX.bit_length())]
+    assert all(steps.count(1 << i) >= gate.DECLINED_RUN for i in range(1, gate.SKIP_MAX.bit_length() - 1))
     assert all(gate.due(1) for _ in range(10))                  # another bucket: asked every round
     gate.answered(8, True)
     assert all(gate.due(8) for _ in range(gate.DECLINED_RUN))   # taken: every round again

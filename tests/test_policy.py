@@ -1805,9 +1805,11 @@ def test_a_stall_counts_as_stall_factor_times_its_prediction():
         x = 20.0 if r == 4 else 1.0
         policy.observe(plain, [], [], seconds=1e-3 * p_ms * x)
         policy.observe(spec, [0], [_as_predicted(spec, 0, r, 9)], seconds=1e-3 * s_ms * x)
-    f = policy.FORGET
-    want = sum(f ** (8 - r) * (STALL_FACTOR if r == 4 else 1.0) for r in range(9)) / sum(f ** k for k in range(9))
-    assert policy._plain[1][0] / policy._plain[1][1] == pytest.approx(want)
+    def weighted(f):
+        return sum(f ** (8 - r) * (STALL_FACTOR if r == 4 else 1.0) for r in range(9)) / sum(f ** k for k in range(9))
+    want = weighted(policy.FORGET)
+    # (the plain steps' evidence also ages by PLAIN_AGE per speculative round between them)
+    assert policy._plain[1][0] / policy._plain[1][1] == pytest.approx(weighted(policy.FORGET * policy.PLAIN_AGE))
     assert policy._time[1][0] / policy._time[1][1] == pytest.approx(want)
     assert want < 1.25 and policy.plain_scale(1) <= 1.25 and policy.time_scale(1) <= 1.25
     g = policy.REALIZED_FORGET
@@ -2453,3 +2455,38 @@ def test_bin_factors_recompute_only_the_options_observed_and_equal_a_full_recomp
     again = FittedPolicy(tables, cost, SpecConfig(top_k=4, depth=1, total_tokens=4))
     again.load_state(json.loads(json.dumps(policy.state())))
     assert again.bin_scale() == policy.bin_scale() and again.bin_frequencies() == policy.bin_frequencies()
+
+
+def test_plain_steps_timed_under_other_load_do_not_keep_a_bucket_speculating():
+    """The sixty-eighth session's batch sweep: plain steps timed while another process held a
+    core (1.7x their cost) made speculation, which loses 9 % on a quiet machine, look a clear
+    win; with probes every 256 rounds the guard's plain evidence kept those steps for thousands
+    of rounds. Aged by every speculative round (PLAIN_AGE), it follows the probes: the bucket
+    turns plain within a few probes, and the plain-step correction comes back to the truth.
+    Without ageing (PLAIN_AGE 1) the same run speculates at a loss for ~1,600 rounds."""
+    def run(age):
+        policy = FittedPolicy(_tables(easy_accept=0.7), LinearCost(a=10.0, b=1.0, c=0.5, e=0.5),
+                              SpecConfig(top_k=4, depth=1, total_tokens=4))
+        policy.PLAIN_AGE = age
+        spec = policy.plan(1)
+        assert spec.speculate
+        p_ms = spec.alternative.expected["plain"]["ms"]
+        for _ in range(30):   # the contended start: speculative rounds as on a quiet box, plain steps at 1.7x
+            policy.observe(spec, [0], [1], seconds=1e-3 * 2.2 * p_ms)
+            policy.observe(spec.alternative, [], [], seconds=1e-3 * 1.7 * p_ms)
+        kinds = []
+        for _ in range(2000):   # quiet: a plain step costs p_ms, a round gives 2 tokens in 2.2 p_ms
+            p = policy.round_plan(1, tokens_left=1000)
+            kinds.append(p.speculate)
+            policy.observe(p, [0] if p.speculate else [], [1] if p.speculate else [],
+                           seconds=1e-3 * (2.2 if p.speculate else 1.0) * p_ms)
+        return policy, kinds
+
+    aged, kinds = run(FittedPolicy.PLAIN_AGE)
+    assert FittedPolicy.PLAIN_AGE < 1.0
+    assert sum(kinds[-1000:]) < 50                    # plain but for the probe bursts
+    assert aged.realized_loses(1) and not aged.plan(1).speculate
+    assert aged.plain_scale(1) <= 1.1                  # the correction followed the probes
+    assert sum(kinds[:1000]) < 500
+    stale, kinds = run(1.0)
+    assert sum(kinds[:1500]) > 1400
