@@ -1353,7 +1353,8 @@ class FittedPolicy(Policy):
     # newer plain steps, a few steps timed while another process held a core stayed the
     # bucket's plain evidence for good: plain steps read 1.7x their cost, speculation looked a
     # clear win, probes came every 256 rounds and could not outweigh them, and batch 1 drafted
-    # at 0.90x autoregressive for a whole batch sweep (bench/RESULTS.md, sixty-eighth session).
+    # at 0.90x autoregressive through a batch sweep's ~1,900 rounds of it (bench/RESULTS.md,
+    # sixty-eighth session).
     # So every timed speculative round of the bucket ages that evidence by PLAIN_AGE: its rates
     # and ratios stay, its weight against the next probe falls (after 64 rounds to about half,
     # after 256 to 8 %). Their counts stay (the guard's MIN_REALIZED, the correction's
