@@ -59,6 +59,20 @@ int64_t pick_scalar(const T* row, int64_t V) {
   return first_index_scalar(row, 0, V, m, false);
 }
 
+// The end of phase 1 on the vector paths: the maximum of the n lanes' maxima and of the row's
+// tail past the last full vector (from .. V - 1); has_nan |= a NaN in that tail.
+template <typename T>
+float lanes_and_tail_max(const float* lanes, int n, const T* row, int64_t from, int64_t V, bool& has_nan) {
+  float m = lanes[0];
+  for (int i = 1; i < n; ++i) m = lanes[i] > m ? lanes[i] : m;
+  for (int64_t t = from; t < V; ++t) {
+    const float x = to_float(row[t]);
+    has_nan |= std::isnan(x);
+    if (x > m) m = x;
+  }
+  return m;
+}
+
 #ifdef HS_HAVE_X86_SIMD
 __attribute__((target("avx512f"), always_inline)) inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 __attribute__((target("avx512f"), always_inline)) inline __m512 load16(const c10::BFloat16* p) {
@@ -87,14 +101,8 @@ __attribute__((target("avx512f"))) int64_t pick_avx512(const T* row, int64_t V) 
   }
   alignas(64) float lanes[16];
   _mm512_store_ps(lanes, _mm512_maskz_max_ps(0xFFFF, m0, m1));
-  float m = lanes[0];
-  for (int i = 1; i < 16; ++i) m = lanes[i] > m ? lanes[i] : m;
   bool has_nan = nan != 0;
-  for (int64_t t = j; t < V; ++t) {
-    const float x = to_float(row[t]);
-    has_nan |= std::isnan(x);
-    if (x > m) m = x;
-  }
+  const float m = lanes_and_tail_max(lanes, 16, row, j, V, has_nan);
   if (has_nan) return first_index_scalar(row, 0, V, m, true);
   // Phase 2: the first lane equal to the maximum.
   const __m512 vm = _mm512_set1_ps(m);
@@ -118,14 +126,8 @@ __attribute__((target("avx2"))) int64_t pick_avx2(const T* row, int64_t V) {
   }
   alignas(32) float lanes[8];
   _mm256_store_ps(lanes, _mm256_max_ps(m0, m1));
-  float m = lanes[0];
-  for (int i = 1; i < 8; ++i) m = lanes[i] > m ? lanes[i] : m;
   bool has_nan = _mm256_movemask_ps(nan) != 0;
-  for (int64_t t = j; t < V; ++t) {
-    const float x = to_float(row[t]);
-    has_nan |= std::isnan(x);
-    if (x > m) m = x;
-  }
+  const float m = lanes_and_tail_max(lanes, 8, row, j, V, has_nan);
   if (has_nan) return first_index_scalar(row, 0, V, m, true);
   const __m256 vm = _mm256_set1_ps(m);
   for (j = 0; j + 8 <= V; j += 8) {
