@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from heterospec.models import DraftConfig, Eagle3Draft, TargetModel
+from heterospec.models.draft import AUX_CONVENTION, aux_layers_from_ids
 from models_util import tiny_llama
 
 ATOL, RTOL = 1e-5, 1e-4  # float32
@@ -145,13 +146,43 @@ def test_full_vocab_without_maps_and_aux_layer_ids(tmp_path, target):
 
     save_file(sd, tmp_path / "model.safetensors")
     cfg = json.loads((tmp_path / "config.json").read_text())
-    cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [0, 2, 4]}  # "output of layer k"
+    cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [0, 2, 4], AUX_CONVENTION: "output"}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     t2 = TargetModel.from_hf(tiny_llama(vocab=103, hidden=48, layers=6, heads=6, kv_heads=2, seed=3))
     loaded = Eagle3Draft.from_pretrained(tmp_path, target=t2)
     assert bool((loaded.d2t == 0).all()) and bool(loaded.t2d.all())
     assert loaded.aux_layers() == (1, 3, 5) and t2.config.aux_layers == (1, 3, 5)
-    assert json.loads(json.dumps(loaded.config.to_dict()))["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 2, 4]
+    # written back in vLLM's reading (the inputs of the layers), saying so
+    eagle = json.loads(json.dumps(loaded.config.to_dict()))["eagle_config"]
+    assert eagle == {"eagle_aux_hidden_state_layer_ids": [1, 3, 5], AUX_CONVENTION: "input"}
+    assert DraftConfig.from_dict(loaded.config.to_dict()).aux_layers == (1, 3, 5)
+
+
+def test_aux_layer_ids_are_read_as_vllm_and_sglang_read_them():
+    """vLLM reads eagle_aux_hidden_state_layer_ids as the inputs of those layers, SGLang's
+    checkpoints (first id 1) as their outputs; an explicit key decides over that rule."""
+    assert aux_layers_from_ids([2, 15, 27]) == (2, 15, 27)                    # vLLM's reading
+    assert aux_layers_from_ids([1, 14, 26]) == (2, 15, 27)                    # SGLang's (first id 1)
+    assert aux_layers_from_ids([1, 14, 26], "input") == (1, 14, 26)
+    assert aux_layers_from_ids([0, 3, 6], "output") == (1, 4, 7)
+    assert aux_layers_from_ids([0, 3, 6]) == (0, 3, 6)
+    with pytest.raises(ValueError, match=AUX_CONVENTION):
+        aux_layers_from_ids([2, 3], "before")
+    with pytest.raises(ValueError, match=AUX_CONVENTION):
+        DraftConfig.from_dict({"hidden_size": 8, "num_attention_heads": 2, "vocab_size": 10, "intermediate_size": 16,
+                               "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3], AUX_CONVENTION: 1}})
+
+
+def test_the_shipped_drafts_layer_ids_are_the_layers_it_was_trained_on():
+    """The shipped draft was trained on the inputs of target layers 2, 15, 27 (the EAGLE-3
+    default for 30 layers); its config names them so that vLLM, which takes the ids as they
+    stand, feeds it those layers too (it was fed 1, 14, 26 before: bench/RESULTS.md, sixty-ninth
+    session)."""
+    from heterospec.defaults import DRAFT_ASSET_DIR
+
+    cfg = json.loads((DRAFT_ASSET_DIR / "config.json").read_text())
+    ids = tuple(cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
+    assert ids == DraftConfig.from_dict(cfg).aux_layers == (2, 30 // 2, 30 - 3)
 
 
 def test_engine_feeds_the_draft_its_own_taps(tmp_path):
@@ -165,7 +196,7 @@ def test_engine_feeds_the_draft_its_own_taps(tmp_path):
     custom = Eagle3Draft.for_target(tm, seed=5)
     custom.save_pretrained(tmp_path, dtype=torch.float32)
     cfg = json.loads((tmp_path / "config.json").read_text())
-    cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [0, 3, 6]}   # taps (1, 4, 7)
+    cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [1, 4, 7], AUX_CONVENTION: "input"}   # taps (1, 4, 7)
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     custom = Eagle3Draft.from_pretrained(tmp_path, target=TargetModel.from_hf(hf))
     default = Eagle3Draft.for_target(tm, seed=6)

@@ -432,6 +432,46 @@ def _vllm_version():
 needs_vllm = pytest.mark.skipif(_vllm_version() != SUPPORTED_VLLM,
                                 reason=f"needs vLLM {SUPPORTED_VLLM} (scripts/setup-vllm.sh makes its environment)")
 
+def _draft_hf_config(eagle_config):
+    from types import SimpleNamespace
+    return SimpleNamespace(speculative_config=SimpleNamespace(draft_model_config=SimpleNamespace(
+        hf_config=SimpleNamespace(eagle_config=eagle_config))))
+
+
+def test_the_draft_gets_the_target_layers_it_was_trained_on():
+    """A draft config in SGLang's reading of the layer ids (the outputs of those layers) gets the
+    inputs of the next ones from the runner; one in vLLM's reading is left as vLLM reads it."""
+    from types import SimpleNamespace
+
+    from heterospec.models.draft import AUX_CONVENTION
+    from heterospec.vllm_plugin.patch import feed_the_drafts_taps
+    runner = SimpleNamespace()
+    feed_the_drafts_taps(runner, _draft_hf_config({"eagle_aux_hidden_state_layer_ids": [1, 14, 26]}))
+    assert runner._get_eagle3_aux_layers_from_config() == (2, 15, 27)
+    for eagle in ({"eagle_aux_hidden_state_layer_ids": [2, 15, 27], AUX_CONVENTION: "input"},
+                  {"eagle_aux_hidden_state_layer_ids": [2, 15, 27]}, {}, None):
+        runner = SimpleNamespace()
+        feed_the_drafts_taps(runner, _draft_hf_config(eagle))
+        assert not hasattr(runner, "_get_eagle3_aux_layers_from_config")
+
+
+@needs_vllm
+def test_vllm_reads_the_shipped_drafts_layer_ids_as_the_engine_does():
+    """vLLM's own reading of the shipped draft's config (the ids as they stand: the inputs of
+    those layers) names the layers our engine feeds it (it named the ones before them until the
+    sixty-ninth session, and vLLM's first draft token disagreed with ours at 29 % of positions)."""
+    import transformers
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from heterospec.defaults import DRAFT_ASSET_DIR
+    from heterospec.models.draft import DraftConfig
+    hf = transformers.PretrainedConfig.from_json_file(str(DRAFT_ASSET_DIR / "config.json"))
+    from types import SimpleNamespace
+    runner = SimpleNamespace(speculative_config=SimpleNamespace(draft_model_config=SimpleNamespace(hf_config=hf)))
+    ours = DraftConfig.from_dict(json.loads((DRAFT_ASSET_DIR / "config.json").read_text())).aux_layers
+    assert GPUModelRunner._get_eagle3_aux_layers_from_config(runner) == ours == (2, 15, 27)
+
+
 def _sampling_metadata(temps, gens, top_k=None, top_p=None):
     """vLLM's SamplingMetadata of a batch with these temperatures (0: greedy), generators and
     per-request top-k / top-p tensors; no penalties or logits processors."""

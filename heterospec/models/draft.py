@@ -30,8 +30,8 @@ paged-KV planning would cost more than it saves; the target, where attention is 
 whole tree, is what uses FlashInfer on CUDA. To revisit with a GPU profile (docs/gpu.md).
 
 Checkpoint format: the public EAGLE-3 layout: config.json (LlamaConfig keys + draft_vocab_size,
-optional target_hidden_size, eagle_config.eagle_aux_hidden_state_layer_ids, no rope_theta means
-10000) and model.safetensors or pytorch_model.bin with keys fc.weight, midlayer.*, norm.weight,
+optional target_hidden_size, eagle_config.eagle_aux_hidden_state_layer_ids (read as vLLM and SGLang
+read them: :func:`aux_layers_from_ids`), no rope_theta means 10000) and model.safetensors or pytorch_model.bin with keys fc.weight, midlayer.*, norm.weight,
 lm_head.weight, d2t, t2d and optionally embed_tokens.weight (else the target's embedding is used).
 """
 
@@ -54,6 +54,31 @@ from .layers import (MLP, QKVO, RMSNorm, Rotary, _glue, additive_mask, assign_we
 from .linear import StreamPlans, layer_op_args, stream_group, stream_watch
 
 _ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters")
+# eagle_config.eagle_aux_hidden_state_layer_ids is read two ways in the wild. vLLM reads id k as
+# the hidden state *entering* target layer k (HF's output_hidden_states[k], the EAGLE-3 reference's
+# capture point); SGLang / SpecForge checkpoints, and heterospec's own before its sixty-ninth
+# session, wrote "output of layer k" (entering k + 1). SGLang tells them apart by the first id: 1
+# means the output reading (the embedding is never a tap), anything else the input one. We read the
+# same way, an explicit AUX_CONVENTION in eagle_config first, and write the input reading with that
+# key, so that vLLM, SGLang and this engine feed a draft the layers it was trained on. (vLLM fed the
+# shipped draft, written [1, 14, 26] for inputs 2, 15, 27, the layers one earlier: its first draft
+# token disagreed with ours at 29 % of the positions of the same text: bench/RESULTS.md,
+# sixty-ninth session.)
+AUX_CONVENTION = "heterospec_aux_layer_ids"   # "input": id k enters layer k; "output": id k leaves layer k
+
+
+def aux_layers_from_ids(ids, convention: str | None = None) -> tuple[int, ...]:
+    """The target layers whose *input* hidden states a draft consumes, from its config's
+    ``eagle_aux_hidden_state_layer_ids`` (``convention``: ``"input"``, ``"output"``, or None for
+    SGLang's rule: a first id of 1 means ``"output"``)."""
+    ids = tuple(int(i) for i in ids)
+    if convention is None:
+        convention = "output" if ids and ids[0] == 1 else "input"
+    if convention not in ("input", "output"):
+        raise ValueError(f"eagle_config.{AUX_CONVENTION} must be 'input' or 'output', got {convention!r}")
+    return tuple(i + 1 for i in ids) if convention == "output" else ids
+
+
 _KNOWN_KEYS = {
     "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
     "vocab_size", "draft_vocab_size", "target_hidden_size", "rms_norm_eps", "max_position_embeddings",
@@ -77,7 +102,7 @@ class DraftConfig:
     rms_norm_eps: float = 1e-5
     max_position_embeddings: int = 2048
     rope: dict = field(default_factory=dict)  # rope_theta / rope_scaling / rope_parameters as found
-    aux_layer_ids: tuple[int, ...] | None = None  # eagle_aux_hidden_state_layer_ids ("output of layer k")
+    aux_layers: tuple[int, ...] | None = None  # target layers whose INPUT hidden states are the features
     use_aux_hidden_state: bool = True  # False: no fc, features are already H wide
     attention_bias: bool = False
     mlp_bias: bool = False
@@ -114,7 +139,7 @@ class DraftConfig:
             rms_norm_eps=float(d.get("rms_norm_eps", 1e-5)),
             max_position_embeddings=int(d.get("max_position_embeddings", 2048)),
             rope={k: d[k] for k in _ROPE_KEYS if d.get(k) is not None},
-            aux_layer_ids=tuple(int(i) for i in ids) if ids is not None else None,
+            aux_layers=aux_layers_from_ids(ids, eagle.get(AUX_CONVENTION)) if ids is not None else None,
             use_aux_hidden_state=bool(eagle.get("use_aux_hidden_state", True)),
             attention_bias=bool(d.get("attention_bias", d.get("bias", False))),
             mlp_bias=bool(d.get("mlp_bias", False)),
@@ -149,8 +174,9 @@ class DraftConfig:
         if self.norm_before_residual:
             d["norm_before_residual"] = True
         eagle = {}
-        if self.aux_layer_ids is not None:
-            eagle["eagle_aux_hidden_state_layer_ids"] = list(self.aux_layer_ids)
+        if self.aux_layers is not None:
+            eagle["eagle_aux_hidden_state_layer_ids"] = list(self.aux_layers)
+            eagle[AUX_CONVENTION] = "input"
         if not self.use_aux_hidden_state:
             eagle["use_aux_hidden_state"] = False
         if eagle:
@@ -158,11 +184,6 @@ class DraftConfig:
         if dtype is not None:
             d["torch_dtype"] = str(dtype).removeprefix("torch.")
         return {**self.extra, **d}
-
-    @property
-    def aux_layers(self) -> tuple[int, ...] | None:
-        """Target layers whose INPUT hidden states feed the draft (the config ids + 1), or None."""
-        return None if self.aux_layer_ids is None else tuple(i + 1 for i in self.aux_layer_ids)
 
     def hf_rope_config(self):
         from transformers import LlamaConfig
@@ -381,8 +402,8 @@ class Eagle3Draft(nn.Module):
         return self.lm_head.weight.device
 
     def aux_layers(self, num_layers: int | None = None) -> tuple[int, ...] | None:
-        """Target layers whose INPUT hidden states this draft consumes: the ids the config names
-        (eagle_aux_hidden_state_layer_ids + 1), else the EAGLE-3 default (2, L//2, L-3) for a target
+        """Target layers whose INPUT hidden states this draft consumes: the layers the config names
+        (:func:`aux_layers_from_ids`), else the EAGLE-3 default (2, L//2, L-3) for a target
         of `num_layers` layers, else None."""
         if self.config.aux_layers is not None:
             return self.config.aux_layers

@@ -1221,11 +1221,11 @@ def export_draft(checkpoint, dest, target=None, vocab_file=None) -> Path:
     if vocab_file is not None:
         draft = revocab(draft, target, load_vocab(vocab_file))
     L = getattr(target.config, "num_hidden_layers", None)
-    if L is not None and draft.config.aux_layer_ids is None:
-        # self-describing taps, in the checkpoint convention ("output of layer k" = input of k+1)
+    if L is not None and draft.config.aux_layers is None:
+        # self-describing taps (written in vLLM's reading, models.draft.aux_layers_from_ids)
         from .distill import aux_layer_ids
 
-        draft.config.aux_layer_ids = tuple(i - 1 for i in aux_layer_ids(L))
+        draft.config.aux_layers = tuple(aux_layer_ids(L))
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     tmp = dest / ".export.tmp"

@@ -36,6 +36,11 @@ One makes the draft's own forwards cheaper (CPU; option ``draft_stream``):
   ``STREAM_ROWS`` rows (decode steps); longer inputs (a prompt) keep vLLM's oneDNN path. Only
   the draft's layers: the target's GEMMs, hence vLLM's output, are vLLM's.
 
+One makes sure the draft reads the target layers it was trained on:
+
+- :func:`feed_the_drafts_taps`: a draft config whose layer ids are in SGLang's reading (outputs
+  of those layers) gets the layers it names, not the ones before them.
+
 Nothing else of vLLM is touched; without the ``heterospec`` key vLLM runs unchanged, that bug
 included.
 """
@@ -261,12 +266,37 @@ def _wrap_runner_init(original):
         if type(drafter) is not EagleProposer:
             raise RuntimeError(f"HeteroSpec: expected vLLM's EagleProposer as the drafter, got {type(drafter).__name__}")
         drafter.__class__ = HeteroSpecProposer
+        feed_the_drafts_taps(self, vllm_config)
         drafter.setup(self, options)
         if _lean_steps(options, vllm_config):
             send_drafts_with_output(self)
 
     __init__._heterospec = True
     return __init__
+
+
+def feed_the_drafts_taps(runner, vllm_config) -> None:
+    """Give the draft the target layers it was trained on. vLLM reads the draft config's
+    ``eagle_aux_hidden_state_layer_ids`` as the hidden states *entering* those layers; checkpoints
+    written in SGLang's reading (a first id of 1: the states *leaving* them) would get the layers
+    one earlier. The runner's ``_get_eagle3_aux_layers_from_config`` (asked when it loads the
+    model, after this) answers with the layers as heterospec reads them
+    (:func:`heterospec.models.draft.aux_layers_from_ids`); a config in vLLM's own reading, like
+    the shipped draft's, is left as vLLM reads it."""
+    from ..models.draft import AUX_CONVENTION, aux_layers_from_ids
+
+    spec = vllm_config.speculative_config
+    hf = getattr(getattr(spec, "draft_model_config", None), "hf_config", None)
+    eagle = getattr(hf, "eagle_config", None)
+    eagle = eagle if isinstance(eagle, dict) else {}
+    ids = getattr(hf, "eagle_aux_hidden_state_layer_ids", None) or eagle.get("eagle_aux_hidden_state_layer_ids")
+    if not ids:
+        return                         # vLLM's default layers, the EAGLE-3 reference's
+    taps = aux_layers_from_ids(ids, eagle.get(AUX_CONVENTION))
+    if taps != tuple(int(i) for i in ids):
+        _log.info("HeteroSpec: the draft's eagle_aux_hidden_state_layer_ids %s name the outputs of those layers; "
+                  "the target feeds it the inputs of layers %s", list(ids), list(taps))
+        runner._get_eagle3_aux_layers_from_config = lambda: taps
 
 
 # Rows up to which a draft linear streams its float16 copy: on the Zen 4 box that path took
