@@ -30,9 +30,10 @@ paged-KV planning would cost more than it saves; the target, where attention is 
 whole tree, is what uses FlashInfer on CUDA. To revisit with a GPU profile (docs/gpu.md).
 
 Checkpoint format: the public EAGLE-3 layout: config.json (LlamaConfig keys + draft_vocab_size,
-optional target_hidden_size, eagle_config.eagle_aux_hidden_state_layer_ids (read as vLLM and SGLang
-read them: :func:`aux_layers_from_ids`), no rope_theta means 10000) and model.safetensors or pytorch_model.bin with keys fc.weight, midlayer.*, norm.weight,
-lm_head.weight, d2t, t2d and optionally embed_tokens.weight (else the target's embedding is used).
+optional target_hidden_size, eagle_config.eagle_aux_hidden_state_layer_ids (read as vLLM and
+SGLang read them: :func:`aux_layers_from_ids`), no rope_theta means 10000) and model.safetensors
+or pytorch_model.bin with keys fc.weight, midlayer.*, norm.weight, lm_head.weight, d2t, t2d and
+optionally embed_tokens.weight (else the target's embedding is used).
 """
 
 from __future__ import annotations
