@@ -453,6 +453,12 @@ def test_the_draft_gets_the_target_layers_it_was_trained_on():
         runner = SimpleNamespace()
         feed_the_drafts_taps(runner, _draft_hf_config(eagle))
         assert not hasattr(runner, "_get_eagle3_aux_layers_from_config")
+    # ids at the top level of the config are vLLM's own format, read as vLLM reads them
+    cfg = _draft_hf_config({"eagle_aux_hidden_state_layer_ids": [1, 14, 26]})
+    cfg.speculative_config.draft_model_config.hf_config.eagle_aux_hidden_state_layer_ids = [1, 14, 26]
+    runner = SimpleNamespace()
+    feed_the_drafts_taps(runner, cfg)
+    assert not hasattr(runner, "_get_eagle3_aux_layers_from_config")
 
 
 @needs_vllm

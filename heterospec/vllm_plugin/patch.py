@@ -287,9 +287,10 @@ def feed_the_drafts_taps(runner, vllm_config) -> None:
 
     spec = vllm_config.speculative_config
     hf = getattr(getattr(spec, "draft_model_config", None), "hf_config", None)
+    if getattr(hf, "eagle_aux_hidden_state_layer_ids", None):
+        return                         # top-level ids (vLLM's speculators format): vLLM's reading
     eagle = getattr(hf, "eagle_config", None)
-    eagle = eagle if isinstance(eagle, dict) else {}
-    ids = getattr(hf, "eagle_aux_hidden_state_layer_ids", None) or eagle.get("eagle_aux_hidden_state_layer_ids")
+    ids = eagle.get("eagle_aux_hidden_state_layer_ids") if isinstance(eagle, dict) else None
     if not ids:
         return                         # vLLM's default layers, the EAGLE-3 reference's
     taps = aux_layers_from_ids(ids, eagle.get(AUX_CONVENTION))
