@@ -5,8 +5,10 @@ version guard and the CPU expand fix. With vLLM 0.32.0 installed (the vLLM envir
 scripts/setup-vllm.sh, run by CI's vLLM step): vLLM's rejection sampler keeps the target's law
 with the plugin's fixes, seeded requests sample what autoregressive decoding samples, greedy and
 seeded-sampling output of vLLM + HeteroSpec equal vLLM's autoregressive output at batch 1 and
-batch 8, and a missing draft or tables fail clearly.
-Each vLLM engine runs in its own process (``python -m heterospec.vllm_plugin generate``).
+batch 8 (offline, and through vLLM's OpenAI-compatible server), and a missing draft or tables
+fail clearly.
+Each vLLM engine runs in its own process (``python -m heterospec.vllm_plugin generate``, or the
+server's module).
 """
 
 import json
@@ -1100,3 +1102,94 @@ def test_vllm_heterospec_missing_tables_is_a_clear_error(tmp_path):
     assert r.returncode != 0
     out = r.stdout + r.stderr          # vLLM's workers log their errors to stdout
     assert "no chain acceptance tables" in out and "heterospec calibrate --chain" in out
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _http(url, body=None, timeout=300):
+    """GET (``body`` None) or POST JSON; the decoded answer (JSON where it parses, else text)."""
+    import urllib.request
+    req = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        text = r.read().decode()
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _spec_metric(metrics: str, name: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+               if line.startswith(f"vllm:spec_decode_{name}_total{{"))
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_vllm_serve_with_heterospec_answers_as_autoregressive(autoregressive, tmp_path):
+    """The OpenAI-compatible server of README's serving example (the module ``vllm serve`` runs),
+    with the plugin in its other process layout: API server, engine core and worker each a process
+    of their own (the engine tests run the engine core in-process). Frozen costs that speculate
+    and copied chains that paid, so the served steps draft and copy. Each prompt alone, then all
+    eight at once (vLLM batches them as they arrive): the greedy chat answers equal vLLM
+    autoregressive's at batch 1 and 8. ``--enforce-eager`` as the reference engine runs (a
+    compiled graph may round differently from the eager one)."""
+    import signal
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from heterospec.defaults import default_draft_dir, default_target_dir
+    from heterospec.vllm_plugin.__main__ import default_memory_fraction
+
+    target, port = str(default_target_dir()), _free_port()
+    options = json.loads(_speculating_costs(tmp_path / "costs.json", copies_paid=True))
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", target, "--dtype", "float32",
+           "--max-model-len", "2048", "--max-num-seqs", "8", "--enforce-eager", "--seed", "0",
+           "--gpu-memory-utilization", str(default_memory_fraction()), "--no-async-scheduling",
+           "--host", "127.0.0.1", "--port", str(port),
+           "--speculative-config", json.dumps({"method": "eagle3", "model": str(default_draft_dir()),
+                                               "num_speculative_tokens": 6}),
+           "--additional-config", json.dumps({"heterospec": options})]
+    log = tmp_path / "server.log"
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
+    with open(log, "w") as out:
+        server = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            assert server.poll() is None, f"the server exited ({server.returncode}):\n{log.read_text()[-4000:]}"
+            assert time.monotonic() < deadline, f"the server did not start in 600 s:\n{log.read_text()[-4000:]}"
+            try:
+                _http(base + "/health", timeout=5)
+                break
+            except OSError:
+                time.sleep(2)
+
+        def chat(prompt):
+            answer = _http(base + "/v1/chat/completions",
+                           {"model": target, "messages": [{"role": "user", "content": prompt}],
+                            "max_tokens": 48, "temperature": 0, "return_token_ids": True})
+            return answer["choices"][0]["token_ids"]
+
+        alone = [chat(p) for p in PROMPTS]
+        with ThreadPoolExecutor(len(PROMPTS)) as pool:
+            together = list(pool.map(chat, PROMPTS))
+        metrics = _http(base + "/metrics")
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+    assert "HeteroSpec: per-request draft lengths" in log.read_text()       # the plugin served
+    assert alone == autoregressive[GREEDY][1]["token_ids"], "one request at a time"
+    assert together == autoregressive[GREEDY][8]["token_ids"], "eight requests at once"
+    drafted, accepted = _spec_metric(metrics, "num_draft_tokens"), _spec_metric(metrics, "num_accepted_tokens")
+    assert drafted > 0 and accepted > 0, (drafted, accepted)
