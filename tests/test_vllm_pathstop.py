@@ -140,3 +140,50 @@ def test_a_chain_goes_on_only_if_the_token_after_a_confident_one_tends_to_be_acc
     assert _run(naive, [4], [[0.95]] * 4)[1] > 1
     ahead = PathStop(cal, rate=0.02, verify_ms=5.0, draft_ms=10.0, batch_size=1, limit=4, lookahead=la)
     assert _run(ahead, [4], [[0.95]] * 4) == ([1], 1)
+
+
+def _reference_run(cal, la, rate, verify_ms, draft_ms, batch_size, limit, bins, confs):
+    """The path stop's rule over whole tensors (its first, vectorized form): lengths, forwards."""
+    keep_at = [rate * v / batch_size for v in verify_ms] + [float("inf")]
+    survival = torch.ones(len(bins), dtype=torch.float64)
+    alive = torch.tensor([k > 0 for k in bins])
+    lengths, forwards = [0] * len(bins), 0
+    for j, row in enumerate(confs, start=1):
+        forwards = j
+        conf = torch.tensor(row, dtype=torch.float64)
+        s = survival * cal(conf)
+        keep = alive & ((s >= keep_at[j - 1]) | (j == 1))
+        for r in torch.nonzero(keep).flatten().tolist():
+            lengths[r] = j
+        survival = torch.where(keep, s, torch.zeros_like(s))
+        nxt = survival * la(conf)
+        alive = keep & (nxt >= keep_at[j])
+        if j >= limit or not bool(alive.any()):
+            break
+        n_alive = int(alive.sum())
+        if float(nxt[alive].sum()) < rate * (draft_ms + verify_ms[j] * n_alive / batch_size):
+            break
+    return lengths, forwards
+
+
+def test_path_stop_decides_as_its_vectorized_rule_on_random_batches():
+    """The path stop runs on Python floats (a few confidences per forward); random batches,
+    bins, costs and learned calibrations: the same lengths and forwards as the rule over tensors."""
+    g = torch.Generator().manual_seed(0)
+    for trial in range(200):
+        cal = ConfidenceCalibration()
+        la = LookaheadCalibration(cal)
+        for _ in range(int(torch.randint(0, 60, (1,), generator=g))):
+            chain = torch.rand(int(torch.randint(1, 5, (1,), generator=g)), generator=g).tolist()
+            acc = int(torch.randint(0, len(chain) + 1, (1,), generator=g))
+            cal.observe([chain], [acc])
+            la.observe([chain], [acc])
+        B, limit = int(torch.randint(1, 9, (1,), generator=g)), int(torch.randint(1, 7, (1,), generator=g))
+        verify = (torch.rand(limit, generator=g) * 6 - 1).tolist()       # marginal costs, some negative
+        rate, draft_ms = 0.01 + 0.2 * float(torch.rand(1, generator=g)), 3 * float(torch.rand(1, generator=g))
+        bins = torch.randint(0, 3, (B,), generator=g).tolist()
+        confs = torch.rand(limit, B, generator=g).tolist()
+        if trial % 10 == 0:
+            confs[0][0] = float("nan")
+        stop = PathStop(cal, rate, verify, draft_ms, batch_size=B, limit=limit, lookahead=la)
+        assert _run(stop, bins, confs) == _reference_run(cal, la, rate, verify, draft_ms, B, limit, bins, confs), trial

@@ -56,40 +56,45 @@ class ConfidenceCalibration:
 
     Each bucket keeps exponentially forgotten counts of accepted and drafted tokens; the
     estimate shrinks towards ``c`` itself with ``PRIOR`` pseudo-tokens, so an empty bucket trusts
-    the draft and a full one trusts the target's verdicts."""
+    the draft and a full one trusts the target's verdicts. The counts are Python floats: the
+    path stop reads a few confidences per draft forward, where each torch op on a tensor of
+    batch size costs more than the arithmetic (bench/RESULTS.md, seventieth session)."""
 
     BUCKETS = 10
     PRIOR = 4.0
     KEEP = 0.995          # per observed token: ~200 tokens of memory per bucket
 
     def __init__(self) -> None:
-        self.accepted = torch.zeros(self.BUCKETS, dtype=torch.float64)
-        self.drafted = torch.zeros(self.BUCKETS, dtype=torch.float64)
-
-    def _bucket(self, conf: torch.Tensor) -> torch.Tensor:
-        return (conf.double() * self.BUCKETS).long().clamp_(0, self.BUCKETS - 1)
+        self.accepted = [0.0] * self.BUCKETS
+        self.drafted = [0.0] * self.BUCKETS
 
     def _bucket_of(self, conf: float) -> int:
         c = float(conf)
         return min(self.BUCKETS - 1, max(0, int(c * self.BUCKETS))) if math.isfinite(c) else 0
 
-    def _prior(self, c: torch.Tensor) -> torch.Tensor:
+    def _prior(self, c: float) -> float:
         """What an empty bucket predicts: the draft's own confidence."""
         return c
 
+    def values(self, confidences: Sequence[float]) -> List[float]:
+        """``a(c)`` of each confidence (a non-finite one: no trust)."""
+        out = []
+        for c in confidences:
+            c = min(1.0, max(0.0, c)) if math.isfinite(c) else 0.0
+            b = self._bucket_of(c)
+            out.append(min(1.0, max(0.0, (self.accepted[b] + self.PRIOR * self._prior(c)) / (self.drafted[b] + self.PRIOR))))
+        return out
+
     def __call__(self, conf: torch.Tensor) -> torch.Tensor:
         """``a(c)`` for a tensor of confidences (float64, same shape)."""
-        c = conf.double().nan_to_num(0.0).clamp(0.0, 1.0)     # (a non-finite confidence: no trust)
-        b = self._bucket(c)
-        return ((self.accepted[b] + self.PRIOR * self._prior(c)) / (self.drafted[b] + self.PRIOR)).clamp_(0.0, 1.0)
+        flat = conf.detach().double().cpu().flatten().tolist()
+        return torch.tensor(self.values(flat), dtype=torch.float64).reshape(conf.shape)
 
     def _count(self, conf: float, hit: bool) -> None:
         """One verdict in the bucket of ``conf``, the bucket's older counts forgotten by ``KEEP``."""
         b = self._bucket_of(conf)
-        self.accepted[b] *= self.KEEP
-        self.drafted[b] *= self.KEEP
-        self.drafted[b] += 1.0
-        self.accepted[b] += 1.0 if hit else 0.0
+        self.accepted[b] = self.accepted[b] * self.KEEP + (1.0 if hit else 0.0)
+        self.drafted[b] = self.drafted[b] * self.KEEP + 1.0
 
     def observe(self, confidences: Sequence[Sequence[float]], accepted: Sequence[int]) -> None:
         """Request ``r`` drafted tokens of confidences ``confidences[r]`` and the target accepted
@@ -109,8 +114,8 @@ class LookaheadCalibration(ConfidenceCalibration):
         super().__init__()
         self.base = base
 
-    def _prior(self, c: torch.Tensor) -> torch.Tensor:
-        return self.base(c)
+    def _prior(self, c: float) -> float:
+        return self.base.values([c])[0]
 
     def observe(self, confidences: Sequence[Sequence[float]], accepted: Sequence[int]) -> None:
         """As :meth:`ConfidenceCalibration.observe`, each token judged by what became of the
@@ -145,16 +150,16 @@ class PathStop:
         self.batch_size, self.limit = int(batch_size), int(limit)
         # per position j = 1..limit (index j - 1): the expected tokens a kept token j must add
         self.keep_at = [self.rate * v / self.batch_size for v in self.verify_ms] + [math.inf]
-        self.survival: Optional[torch.Tensor] = None
-        self.alive: Optional[torch.Tensor] = None
+        self.survival: Optional[List[float]] = None     # per request: S_j (0 once it stopped)
+        self.alive: List[bool] = []
         self.lengths: List[int] = []
         self.confidences: List[List[float]] = []
         self.forwards = 0
 
     def begin(self, bin_lengths: Sequence[int]) -> None:
         n = len(bin_lengths)
-        self.survival = torch.ones(n, dtype=torch.float64)
-        self.alive = torch.tensor([int(k) > 0 for k in bin_lengths], dtype=torch.bool)
+        self.survival = [1.0] * n
+        self.alive = [int(k) > 0 for k in bin_lengths]
         self.lengths = [0] * n
         self.confidences = [[] for _ in range(n)]
         self.forwards = 0
@@ -165,18 +170,24 @@ class PathStop:
         assert self.survival is not None, "PathStop.begin first"
         self.forwards += 1
         j = self.forwards
-        conf = confidence.detach().double().cpu()
-        a = self.calibration(conf)
-        survival = self.survival * a
-        keep = self.alive & ((survival >= self.keep_at[j - 1]) | (j == 1))
-        for r in torch.nonzero(keep).flatten().tolist():
-            self.lengths[r] = j
-            self.confidences[r].append(float(conf[r]))
-        self.survival = torch.where(keep, survival, torch.zeros_like(survival))
-        nxt = self.survival * self.lookahead(conf)    # the next token's expected gain, per request
-        self.alive = keep & (nxt >= self.keep_at[j])
-        if j >= self.limit or not bool(self.alive.any()):
+        conf = confidence.detach().double().cpu().tolist()
+        a, ahead = self.calibration.values(conf), self.lookahead.values(conf)
+        keep_at, keep_next = self.keep_at[j - 1], self.keep_at[j]
+        gain, n_alive = 0.0, 0
+        for r, alive in enumerate(self.alive):
+            s = self.survival[r] * a[r]
+            if alive and (s >= keep_at or j == 1):
+                self.lengths[r] = j
+                self.confidences[r].append(float(conf[r]))
+                self.survival[r] = s
+                nxt = s * ahead[r]              # the next token's expected gain
+                if nxt >= keep_next:
+                    gain += nxt
+                    n_alive += 1
+                    continue
+            else:
+                self.survival[r] = 0.0
+            self.alive[r] = False
+        if j >= self.limit or n_alive == 0:
             return False
-        n_alive = int(self.alive.sum())
-        gain = float(nxt[self.alive].sum())
         return gain >= self.rate * (self.draft_ms + self.verify_ms[j] * n_alive / self.batch_size)
