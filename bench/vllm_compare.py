@@ -196,6 +196,8 @@ def main() -> int:
     p.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     p.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3, 4, 5], help="fixed K of vLLM eagle3")
     p.add_argument("--heterospec-k", type=int, default=6, help="HeteroSpec's longest chain in vLLM")
+    p.add_argument("--heterospec-k-ab", type=int, nargs="+", default=[], metavar="K",
+                   help="with --interleave: also run this checkout's plugin with these longest chains")
     p.add_argument("--threads", type=int, default=2, help="torch threads of our engine")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); > 0: sampling")
     p.add_argument("--seed", type=int, default=None,
@@ -238,9 +240,11 @@ def main() -> int:
                    help="with --interleave: also run the HeteroSpec plugin of each heterospec checkout DIR")
     args = p.parse_args()
     if (args.baseline or args.path_stop_ab or args.never_drafts or args.lean_steps_ab or args.lookup_ab
-            or args.history_ab or args.corpus_ab or args.repeats != 1) and not args.interleave:
+            or args.history_ab or args.corpus_ab or args.heterospec_k_ab or args.repeats != 1) and not args.interleave:
         p.error("--baseline, --path-stop-ab, --never-drafts, --lean-steps-ab, --lookup-ab, --history-ab, "
-                "--corpus-ab and --repeats need --interleave")
+                "--corpus-ab, --heterospec-k-ab and --repeats need --interleave")
+    if args.heterospec_k in args.heterospec_k_ab:
+        p.error("--heterospec-k-ab: K other than --heterospec-k")
     if args.continuous and any(1 < b < max(args.batch) for b in args.batch):
         p.error("--continuous runs the largest batch size continuously; other batch sizes must be 1")
     if args.temperature < 0:
@@ -281,6 +285,8 @@ def main() -> int:
     if args.never_drafts:
         runs.append((f"vllm heterospec (K<={args.heterospec_k}), never drafts", "heterospec", args.heterospec_k,
                      env_here, {"costs": _never_drafting_costs(args.out), "learn": False}))
+    for k in args.heterospec_k_ab:
+        runs.append((f"vllm heterospec (K<={k})", "heterospec", k, env_here, {}))
     main_label = f"vllm heterospec (K<={args.heterospec_k})"
     runs.append((main_label, "heterospec", args.heterospec_k, env_here, {}))
     if args.lean_steps_ab:
