@@ -72,17 +72,17 @@ class ConfidenceCalibration:
         c = float(conf)
         return min(self.BUCKETS - 1, max(0, int(c * self.BUCKETS))) if math.isfinite(c) else 0
 
-    def _prior(self, c: float) -> float:
-        """What an empty bucket predicts: the draft's own confidence."""
-        return c
+    def _priors(self, cs: List[float]) -> List[float]:
+        """What an empty bucket predicts, per (finite, clamped) confidence: the draft's own."""
+        return cs
 
     def values(self, confidences: Sequence[float]) -> List[float]:
         """``a(c)`` of each confidence (a non-finite one: no trust)."""
+        cs = [min(1.0, max(0.0, c)) if math.isfinite(c) else 0.0 for c in confidences]
         out = []
-        for c in confidences:
-            c = min(1.0, max(0.0, c)) if math.isfinite(c) else 0.0
-            b = self._bucket_of(c)
-            out.append(min(1.0, max(0.0, (self.accepted[b] + self.PRIOR * self._prior(c)) / (self.drafted[b] + self.PRIOR))))
+        for c, prior in zip(cs, self._priors(cs)):
+            b = min(self.BUCKETS - 1, int(c * self.BUCKETS))
+            out.append(min(1.0, max(0.0, (self.accepted[b] + self.PRIOR * prior) / (self.drafted[b] + self.PRIOR))))
         return out
 
     def __call__(self, conf: torch.Tensor) -> torch.Tensor:
@@ -114,8 +114,8 @@ class LookaheadCalibration(ConfidenceCalibration):
         super().__init__()
         self.base = base
 
-    def _prior(self, c: float) -> float:
-        return self.base.values([c])[0]
+    def _priors(self, cs: List[float]) -> List[float]:
+        return self.base.values(cs)
 
     def observe(self, confidences: Sequence[Sequence[float]], accepted: Sequence[int]) -> None:
         """As :meth:`ConfidenceCalibration.observe`, each token judged by what became of the
@@ -170,7 +170,7 @@ class PathStop:
         assert self.survival is not None, "PathStop.begin first"
         self.forwards += 1
         j = self.forwards
-        conf = confidence.detach().double().cpu().tolist()
+        conf = confidence.detach().cpu().tolist()
         a, ahead = self.calibration.values(conf), self.lookahead.values(conf)
         keep_at, keep_next = self.keep_at[j - 1], self.keep_at[j]
         gain, n_alive = 0.0, 0
