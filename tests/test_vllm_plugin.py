@@ -328,13 +328,21 @@ def test_generate_runs_take_their_flags_for_what_they_leave_out():
 
     from heterospec.vllm_plugin.__main__ import _runs
 
-    flags = SimpleNamespace(max_new_tokens=64, temperature=0.0, seed=None, runs=None)
+    flags = SimpleNamespace(max_new_tokens=64, temperature=0.0, seed=None, runs=None, batch=[1, 8])
     assert _runs(flags) == [{"max_new_tokens": 64, "temperature": 0.0, "seed": None}]
     flags.runs = json.dumps([{}, {"temperature": 0.8, "seed": 7}])
     assert _runs(flags) == [{"max_new_tokens": 64, "temperature": 0.0, "seed": None},
                             {"max_new_tokens": 64, "temperature": 0.8, "seed": 7}]
+    flags.runs = json.dumps([{"max_new_tokens": [1, 7], "params": {"stop": ["."], "n": 2}, "batches": [8]}])
+    assert _runs(flags) == [{"max_new_tokens": [1, 7], "temperature": 0.0, "seed": None,
+                             "params": {"stop": ["."], "n": 2}, "batches": [8]}]
     for bad, msg in (("[{\"top_p\": 0.9}]", "unknown keys \\['top_p'\\]"), ("[]", "non-empty"),
-                     ("{\"seed\": 1}", "non-empty JSON list"), ("[{", "not JSON")):
+                     ("{\"seed\": 1}", "non-empty JSON list"), ("[{", "not JSON"),
+                     ("[{\"params\": {\"min_p\": 0.1}}]", "'params' must be an object with keys of"),
+                     ("[{\"params\": [1]}]", "'params' must be an object"),
+                     ("[{\"batches\": [4]}]", "'batches' must be a list of --batch sizes"),
+                     ("[{\"max_new_tokens\": []}]", "'max_new_tokens' must be an integer or a list"),
+                     ("[{\"max_new_tokens\": 1.5}]", "'max_new_tokens' must be an integer or a list")):
         flags.runs = bad
         with pytest.raises(SystemExit, match=msg):
             _runs(flags)
@@ -995,8 +1003,25 @@ def _generate(tmp_path, *args, check=True, prompts=PROMPTS, env=None):
 # The greedy and the seeded sampling checks share their engines: each engine runs both, one
 # after the other (`generate --runs`), so each costs one engine start (a minute of 2 cores).
 GREEDY, SAMPLED = 0, 1
+# What requests ask besides plain text, at batch 8 (run index 2 + i): vLLM applies each setting to
+# the target's logits or the output, and HeteroSpec's drafts, copied chains and lean sampler path
+# must leave every one of them as vLLM autoregressive has it.
+SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}, "score": {"type": "integer"}},
+          "required": ["answer", "score"]}
+SETTINGS = [
+    ("stop strings", {"max_new_tokens": 64, "params": {"stop": [".", "\n\n"]}}),
+    ("1 to 48 tokens a request", {"max_new_tokens": [1, 2, 3, 7, 16, 33, 48, 5]}),
+    ("logprobs", {"max_new_tokens": 32, "params": {"logprobs": 3}}),
+    ("penalties", {"max_new_tokens": 48, "params": {"repetition_penalty": 1.3, "presence_penalty": 0.5,
+                                                    "frequency_penalty": 0.3}}),
+    ("min_tokens past EOS", {"max_new_tokens": 40, "params": {"min_tokens": 30, "ignore_eos": True}}),
+    ("structured output: choice", {"max_new_tokens": 16, "params": {"structured_outputs": {"choice": ["yes", "no", "maybe"]}}}),
+    ("structured output: JSON schema", {"max_new_tokens": 64, "params": {"structured_outputs": {"json": SCHEMA}}}),
+    ("n = 2, seeded sampling", {"max_new_tokens": 32, "temperature": 0.8, "seed": 11, "params": {"n": 2}}),
+]
 RUNS = json.dumps([{"max_new_tokens": 48, "temperature": 0.0},
-                   {"max_new_tokens": 32, "temperature": 0.8, "seed": 7}])
+                   {"max_new_tokens": 32, "temperature": 0.8, "seed": 7}]
+                  + [{"temperature": 0.0, **run, "batches": [8]} for _, run in SETTINGS])
 
 
 @pytest.fixture(scope="module")
@@ -1057,6 +1082,8 @@ def test_vllm_heterospec_greedy_equals_autoregressive(autoregressive, frozen_het
     stopped = [s for s in steps if s["path_stop"]]
     # the path stop decided chains, and ended some between one token and the limit
     assert stopped and any(1 < k < 6 for s in stopped for k in s["k"]), steps[:20]
+    # the trace counts the draft forwards: as many as the longest chain kept, or more
+    assert all(max(s["k"], default=0) <= s["forwards"] <= 6 for s in stopped), stopped[:10]
     # context lookup proposed copied chains in some steps, and the target accepted some of them
     looked = [(k, r) for s in steps if s["lookup"] is not None and s["rejected"] is not None
               for k, r in zip(s["lookup"], s["rejected"]) if k]
@@ -1088,6 +1115,31 @@ def test_vllm_heterospec_seeded_sampling_equals_autoregressive(autoregressive, f
         assert spec["num_accepted_tokens"] >= 0.1 * spec["num_draft_tokens"], spec   # drafts were accepted
         greedy = [ids[:32] for ids in autoregressive[GREEDY][b]["token_ids"]]
         assert [ids[:32] for ids in ar[b]["token_ids"]] != greedy      # it sampled
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_vllm_heterospec_keeps_what_each_request_asks(autoregressive, frozen_heterospec):
+    """Stop strings, per-request lengths from 1 token, logprobs, penalties, min_tokens, structured
+    output (a choice, a JSON schema) and n = 2 seeded samples, 8 requests at once: the same tokens
+    (every completion), logprobs and top-3 ids as vLLM autoregressive, while drafts are accepted."""
+    drafted = 0
+    for i, (name, _) in enumerate(SETTINGS, start=2):
+        ar, hs = autoregressive[i][8], frozen_heterospec[0][i][8]
+        assert hs["token_ids"] == ar["token_ids"], name
+        assert hs.get("all_token_ids") == ar.get("all_token_ids"), name
+        if "logprobs" in ar:
+            for want, got in zip(ar["logprobs"], hs["logprobs"]):
+                assert len(got) == len(want) and all(len(g) == 3 for g in got), name
+                for w, g in zip(want, got):
+                    assert [t for t, _ in g] == [t for t, _ in w], name
+                    assert max(abs(a - b) for (_, a), (_, b) in zip(w, g)) < 1e-3, name
+        accepted = hs["spec"].get("num_accepted_tokens", 0)
+        if name in ("stop strings", "penalties", "min_tokens past EOS", "structured output: JSON schema"):
+            assert accepted > 0, (name, hs["spec"])
+        drafted += hs["spec"].get("num_draft_tokens", 0)
+    assert "all_token_ids" in autoregressive[2 + [n for n, _ in SETTINGS].index("n = 2, seeded sampling")][8]
+    assert drafted > 0
 
 
 @needs_vllm

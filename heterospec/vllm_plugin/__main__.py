@@ -102,20 +102,37 @@ def _generate(args) -> int:
               async_scheduling=False, disable_log_stats=False)
 
     def spec_counters() -> dict:
-        """vLLM's own speculative-decoding counters (drafts, draft tokens, accepted tokens)."""
+        """vLLM's own speculative-decoding counters (drafts, draft tokens, accepted tokens, and
+        per draft position the drafts whose token there was accepted: a list)."""
         out = {}
         try:
             for m in llm.get_metrics():
-                if m.name.startswith("vllm:spec_decode_num_") and hasattr(m, "value"):
-                    out[m.name.removeprefix("vllm:spec_decode_")] = out.get(m.name, 0) + m.value
+                if not m.name.startswith("vllm:spec_decode_num_"):
+                    continue
+                key = m.name.removeprefix("vllm:spec_decode_")
+                if hasattr(m, "value"):
+                    out[key] = out.get(key, 0) + m.value
+                elif hasattr(m, "values"):
+                    old = out.get(key, [])
+                    out[key] = [a + b for a, b in zip(old, m.values)] + list(m.values[len(old):])
         except Exception:        # metrics are a report, never a failure
             pass
         return out
+
+    def spent(after: dict, before: dict) -> dict:
+        return {k: [a - b for a, b in zip(v, before.get(k, [0] * len(v)))] if isinstance(v, list)
+                else v - before.get(k, 0) for k, v in after.items()}
     msgs = [[{"role": "user", "content": p}] for p in prompts]
 
     def params(i, run):
-        return SamplingParams(temperature=run["temperature"], max_tokens=run["max_new_tokens"],
-                              ignore_eos=args.ignore_eos, seed=(run["seed"] + i) if run["seed"] is not None else None)
+        extra = dict(run.get("params") or {})
+        if "structured_outputs" in extra:
+            from vllm.sampling_params import StructuredOutputsParams
+            extra["structured_outputs"] = StructuredOutputsParams(**extra["structured_outputs"])
+        extra.setdefault("ignore_eos", args.ignore_eos)
+        mnt = run["max_new_tokens"]
+        return SamplingParams(temperature=run["temperature"], max_tokens=mnt[i % len(mnt)] if isinstance(mnt, list) else mnt,
+                              seed=(run["seed"] + i) if run["seed"] is not None else None, **extra)
 
     if args.warmup:   # compile caches, allocator, and HeteroSpec's first cost measurements
         llm.chat(msgs[:2], [SamplingParams(temperature=0, max_tokens=args.warmup) for _ in msgs[:2]], use_tqdm=False)
@@ -123,13 +140,19 @@ def _generate(args) -> int:
     def timed(groups, run) -> dict:
         """Each group of prompt indices submitted as one call (vLLM schedules up to max_num_seqs
         of it at once): token ids, tokens, seconds and vLLM's speculative counters of them all."""
-        before, ids, t0 = spec_counters(), [], time.perf_counter()
+        before, ids, t0, outs = spec_counters(), [], time.perf_counter(), []
         for idx in groups:
-            outs = llm.chat([msgs[i] for i in idx], [params(i, run) for i in idx], use_tqdm=False)
-            ids.extend(list(o.outputs[0].token_ids) for o in outs)
+            outs += llm.chat([msgs[i] for i in idx], [params(i, run) for i in idx], use_tqdm=False)
         dt, after = time.perf_counter() - t0, spec_counters()
-        return {"seconds": dt, "tokens": sum(len(x) for x in ids), "token_ids": ids,
-                "spec": {k: after[k] - before.get(k, 0) for k in after}}
+        ids = [list(o.outputs[0].token_ids) for o in outs]
+        res = {"seconds": dt, "tokens": sum(len(c.token_ids) for o in outs for c in o.outputs), "token_ids": ids,
+               "spec": spent(after, before)}
+        if any(len(o.outputs) > 1 for o in outs):     # n > 1: every completion
+            res["all_token_ids"] = [[list(c.token_ids) for c in o.outputs] for o in outs]
+        if any(o.outputs[0].logprobs for o in outs):  # per position of the first completion: (token, logprob) pairs
+            res["logprobs"] = [[sorted(((t, lp.logprob) for t, lp in pos.items()), key=lambda x: -x[1])
+                                for pos in (o.outputs[0].logprobs or [])] for o in outs]
+        return res
 
     if args.serve:
         import heterospec     # which checkout this engine runs (bench/vllm_compare.py --baseline)
@@ -142,12 +165,18 @@ def _generate(args) -> int:
     groups = call_groups(args.batch, len(msgs), args.continuous)
     for i, run in enumerate(runs):
         for b in args.batch:      # batch b: b prompts per call (--continuous: all of them, b running at once)
+            if run.get("batches") and b not in run["batches"]:
+                continue
             print(json.dumps({"method": args.method, "k": args.k if spec else 0, "batch": b, "run": i,
                               **timed([idx for gb, idx in groups if gb == b], run)}), flush=True)
     return 0
 
 
-RUN_KEYS = ("max_new_tokens", "temperature", "seed")
+RUN_KEYS = ("max_new_tokens", "temperature", "seed", "params", "batches")
+# what a run's "params" may set of vLLM's SamplingParams beside the flags (structured_outputs: the
+# keyword arguments of vLLM's StructuredOutputsParams, e.g. {"choice": [...]} or {"json": schema})
+RUN_PARAMS = ("stop", "logprobs", "repetition_penalty", "presence_penalty", "frequency_penalty", "min_tokens",
+              "ignore_eos", "n", "top_p", "top_k", "structured_outputs")
 
 
 def _runs(args) -> list:
@@ -166,6 +195,14 @@ def _runs(args) -> list:
         unknown = sorted(set(r) - set(RUN_KEYS))
         if unknown:
             raise SystemExit(f"generate: --runs: unknown keys {unknown}; a run has {', '.join(RUN_KEYS)}")
+        if not isinstance(r.get("params", {}), dict) or set(r.get("params", {})) - set(RUN_PARAMS):
+            raise SystemExit(f"generate: --runs: 'params' must be an object with keys of {', '.join(RUN_PARAMS)}, "
+                             f"got {r['params']!r}")
+        if "batches" in r and not (isinstance(r["batches"], list) and all(b in args.batch for b in r["batches"])):
+            raise SystemExit(f"generate: --runs: 'batches' must be a list of --batch sizes {args.batch}, got {r['batches']!r}")
+        mnt = r.get("max_new_tokens", 1)
+        if not (isinstance(mnt, int) or isinstance(mnt, list) and mnt and all(isinstance(m, int) for m in mnt)):
+            raise SystemExit(f"generate: --runs: 'max_new_tokens' must be an integer or a list of them (per prompt), got {mnt!r}")
     return [{**flags, **r} for r in runs]
 
 
@@ -186,7 +223,9 @@ def main(argv=None) -> int:
     g.add_argument("--ignore-eos", action="store_true")
     g.add_argument("--runs", default=None,
                    help="several runs on the one engine, one after another: a JSON list of objects "
-                        f"with keys {', '.join(RUN_KEYS)} (a key left out: its flag); output lines "
+                        f"with keys {', '.join(RUN_KEYS)} (a key left out: its flag; max_new_tokens may "
+                        "be a list, per prompt; params: more SamplingParams, of "
+                        f"{', '.join(RUN_PARAMS)}; batches: the --batch sizes it runs at); output lines "
                         "carry \"run\" (its index)")
     g.add_argument("--warmup", type=int, default=0, help="tokens of a 2-prompt warm-up (not timed)")
     g.add_argument("--continuous", action="store_true",

@@ -128,6 +128,7 @@ class HeteroSpecProposer(EagleProposer):
         self._prev_plan: Optional[Plan] = None       # the plan of the previous step (plain too)
         self._after_switch = False                    # the previous step: plain, right after a speculative one
         self._prev_draft_ms = 0.0                     # its draft time
+        self._prev_forwards = 0                       # its draft forwards (trace)
         self._prev_warm_ms = 0.0                      # its warm forward's time (plain steps)
         self._prev_warm_charged = 0.0                 # ... charged to the step (0 over a prefill)
         self._prev_ours_ms = 0.0                      # its time in propose outside draft forwards
@@ -304,7 +305,7 @@ class HeteroSpecProposer(EagleProposer):
                "warm_ms": round(self._prev_warm_ms, 3), "ours_ms": round(self._prev_ours_ms, 3),
                "rejected": rejected, "lookup": self.lookup.pending_lengths() if self.lookup is not None else None,
                "path_stop": bool(self._prev_conf), "speed": round(self.costs.speed, 4),
-               "draft_streamed": getattr(self, "draft_streamed", 0)}
+               "draft_streamed": getattr(self, "draft_streamed", 0), "forwards": self._prev_forwards}
         b = self.costs.bucket(batch_size)
         if b in self.planned:       # the policy's view: the model's verdict, the guard's, its corrections
             realized = self.policy.realized(b)
@@ -358,6 +359,7 @@ class HeteroSpecProposer(EagleProposer):
             if mode == WARM:   # the draft's KV cache gets this step's tokens; the step stays plain
                 self._first_forward_only(forward)
             self._prev, self._prev_plan, self._prev_draft_ms, self._prev_conf = {}, plan, 0.0, {}
+            self._prev_forwards = int(mode == WARM)
             self._step_end = time.perf_counter()
             self._prev_warm_ms = 1e3 * (self._step_end - t0)
             # the warm forward over a prompt is a one-off of the request, not of plain steps
@@ -391,7 +393,7 @@ class HeteroSpecProposer(EagleProposer):
         out: List[List[int]] = [row[:k] for row, k in zip(rows, ks)]
         self._prev = {rid: (b, k) for rid, b, k in zip(req_ids, bins, ks)}
         self._prev_conf = {} if path is None else dict(zip(req_ids, path.confidences))
-        self._prev_plan, self._prev_draft_ms = plan, draft_ms
+        self._prev_plan, self._prev_draft_ms, self._prev_forwards = plan, draft_ms, drafts.shape[1]
         self._step_end = time.perf_counter()
         self._prev_warm_ms, self._prev_warm_charged = 0.0, 0.0
         self._prev_ours_ms = 1e3 * (self._step_end - now) - draft_ms
@@ -506,6 +508,7 @@ class HeteroSpecProposer(EagleProposer):
         self._after_switch = False
         # (the warm forward is part of the step's time, as a drafted step's draft time is)
         self._prev_draft_ms, self._prev_warm_ms, self._prev_warm_charged = warm_ms, warm_ms, 0.0
+        self._prev_forwards = int(warm)
         self._step_end = time.perf_counter()
         self._prev_ours_ms = 1e3 * (self._step_end - now) - warm_ms
         return [[] for _ in req_ids] if chosen is None else [list(c) for c in chosen.chains]
