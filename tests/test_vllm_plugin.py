@@ -348,6 +348,19 @@ def test_generate_runs_take_their_flags_for_what_they_leave_out():
             _runs(flags)
 
 
+def test_generate_engine_args_are_a_few_named_ones():
+    from types import SimpleNamespace
+
+    from heterospec.vllm_plugin.__main__ import _engine_args
+
+    assert _engine_args(SimpleNamespace(engine_args=None)) == {}
+    got = _engine_args(SimpleNamespace(engine_args='{"num_gpu_blocks_override": 24, "block_size": 32}'))
+    assert got == {"num_gpu_blocks_override": 24, "block_size": 32}
+    for bad, msg in (('{"model": "x"}', "keys of max_num_batched_tokens"), ("[1]", "an object"), ("{", "not JSON")):
+        with pytest.raises(SystemExit, match=msg):
+            _engine_args(SimpleNamespace(engine_args=bad))
+
+
 def test_generate_refuses_the_uni_executor_with_several_ranks(capsys):
     from heterospec.vllm_plugin.__main__ import main
 
@@ -1140,6 +1153,30 @@ def test_vllm_heterospec_keeps_what_each_request_asks(autoregressive, frozen_het
         drafted += hs["spec"].get("num_draft_tokens", 0)
     assert "all_token_ids" in autoregressive[2 + [n for n, _ in SETTINGS].index("n = 2, seeded sampling")][8]
     assert drafted > 0
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_vllm_heterospec_under_engine_pressure_answers_as_autoregressive(tmp_path):
+    """Long prompts prefilled in chunks of 64 tokens beside decoding requests, a KV cache too
+    small for the batch (vLLM preempts requests and recomputes them later), and prefix caching
+    (a second run of the same prompts): vLLM + HeteroSpec (frozen costs that speculate and copy
+    chains) writes vLLM autoregressive's greedy text, with drafts accepted and requests preempted."""
+    context = " ".join(PROMPTS * 2)                # ~165 prompt tokens: 3 prefill chunks each
+    prompts = [f"{q}\n\nBackground you may ignore: {context}" for q in PROMPTS]
+    pressure = ["--batch", "8", "--max-model-len", "512", "--runs", json.dumps([{"max_new_tokens": 64}] * 2),
+                # 24 blocks of 32 tokens: about 3 of the 8 requests at full length (vLLM's CPU
+                # attention takes blocks of a multiple of 32 tokens)
+                "--engine-args", json.dumps({"max_num_batched_tokens": 64, "enable_chunked_prefill": True,
+                                             "num_gpu_blocks_override": 24, "block_size": 32,
+                                             "enable_prefix_caching": True})]
+    ar = _generate(tmp_path, "--method", "autoregressive", *pressure, prompts=prompts)
+    hs = _generate(tmp_path, "--method", "heterospec", "--k", "6", *pressure, "--options",
+                   _speculating_costs(tmp_path / "costs.json", copies_paid=True), prompts=prompts)
+    for run in (0, 1):
+        assert hs[run][8]["token_ids"] == ar[run][8]["token_ids"], f"run {run}"
+    assert sum(hs[run][8]["spec"].get("num_accepted_tokens", 0) for run in (0, 1)) > 0
+    assert sum(hs[run][8]["preemptions"] for run in (0, 1)) > 0, [hs[run][8]["preemptions"] for run in (0, 1)]
 
 
 @needs_vllm

@@ -73,6 +73,7 @@ def call_groups(batch_sizes, n: int, continuous: bool = False) -> list:
 
 def _generate(args) -> int:
     runs = _runs(args)        # (a bad --runs fails before vLLM's import and its engine's start)
+    engine_args = _engine_args(args)
     if args.executor == "uni":
         # the engine core in this process too (vLLM otherwise spawns it, and it spawns the worker:
         # each a new interpreter importing vLLM)
@@ -99,7 +100,13 @@ def _generate(args) -> int:
               tensor_parallel_size=args.tp, distributed_executor_backend=args.executor,
               gpu_memory_utilization=(args.memory_fraction if args.memory_fraction is not None
                                       else default_memory_fraction()),
-              async_scheduling=False, disable_log_stats=False)
+              async_scheduling=False, disable_log_stats=False, **engine_args)
+
+    def preemptions() -> float:
+        try:
+            return sum(m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions" and hasattr(m, "value"))
+        except Exception:        # metrics are a report, never a failure
+            return 0.0
 
     def spec_counters() -> dict:
         """vLLM's own speculative-decoding counters (drafts, draft tokens, accepted tokens, and
@@ -140,13 +147,13 @@ def _generate(args) -> int:
     def timed(groups, run) -> dict:
         """Each group of prompt indices submitted as one call (vLLM schedules up to max_num_seqs
         of it at once): token ids, tokens, seconds and vLLM's speculative counters of them all."""
-        before, ids, t0, outs = spec_counters(), [], time.perf_counter(), []
+        before, ids, t0, outs, pre = spec_counters(), [], time.perf_counter(), [], preemptions()
         for idx in groups:
             outs += llm.chat([msgs[i] for i in idx], [params(i, run) for i in idx], use_tqdm=False)
         dt, after = time.perf_counter() - t0, spec_counters()
         ids = [list(o.outputs[0].token_ids) for o in outs]
         res = {"seconds": dt, "tokens": sum(len(c.token_ids) for o in outs for c in o.outputs), "token_ids": ids,
-               "spec": spent(after, before)}
+               "spec": spent(after, before), "preemptions": preemptions() - pre}
         if any(len(o.outputs) > 1 for o in outs):     # n > 1: every completion
             res["all_token_ids"] = [[list(c.token_ids) for c in o.outputs] for o in outs]
         if any(o.outputs[0].logprobs for o in outs):  # per position of the first completion: (token, logprob) pairs
@@ -173,10 +180,25 @@ def _generate(args) -> int:
 
 
 RUN_KEYS = ("max_new_tokens", "temperature", "seed", "params", "batches")
+# what --engine-args may set of vLLM's engine beside the flags: its scheduling under pressure
+ENGINE_ARGS = ("max_num_batched_tokens", "enable_chunked_prefill", "num_gpu_blocks_override", "enable_prefix_caching",
+               "block_size")
 # what a run's "params" may set of vLLM's SamplingParams beside the flags (structured_outputs: the
 # keyword arguments of vLLM's StructuredOutputsParams, e.g. {"choice": [...]} or {"json": schema})
 RUN_PARAMS = ("stop", "logprobs", "repetition_penalty", "presence_penalty", "frequency_penalty", "min_tokens",
               "ignore_eos", "n", "top_p", "top_k", "structured_outputs")
+
+
+def _engine_args(args) -> dict:
+    """``--engine-args``: keyword arguments of vLLM's ``LLM`` of :data:`ENGINE_ARGS`."""
+    try:
+        out = json.loads(args.engine_args) if getattr(args, "engine_args", None) else {}
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"generate: --engine-args is not JSON ({e})")
+    if not isinstance(out, dict) or set(out) - set(ENGINE_ARGS):
+        raise SystemExit(f"generate: --engine-args must be an object with keys of {', '.join(ENGINE_ARGS)}, "
+                         f"got {args.engine_args}")
+    return out
 
 
 def _runs(args) -> list:
@@ -243,6 +265,9 @@ def main(argv=None) -> int:
                    help="vLLM's executor: mp (a worker process per rank), uni (--tp 1 only: the "
                         "engine and its worker in this process, no start-up of two more "
                         "interpreters); default: vLLM's choice")
+    g.add_argument("--engine-args", default=None,
+                   help="more of vLLM's engine arguments as JSON, of " + ", ".join(ENGINE_ARGS) +
+                        " (e.g. a small KV cache that preempts, chunked prefill)")
     g.add_argument("--memory-fraction", type=float, default=None,
                    help="vLLM's gpu_memory_utilization (on CPU: the fraction of NUMA node 0's memory "
                         f"for the engine; default: {CPU_MEMORY_BUDGET_GIB} GiB of it)")
