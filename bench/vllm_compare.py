@@ -41,6 +41,7 @@ import os
 import subprocess
 import sys
 import time
+from typing import List, Optional
 
 
 def _preload() -> str:
@@ -74,6 +75,34 @@ def _vllm_run(method: str, k: int, prompts_file: str, args) -> dict:
     if r.returncode != 0:
         raise SystemExit(f"vLLM run {method} k={k} failed:\n{r.stderr[-3000:]}")
     return {o["batch"]: o for o in (json.loads(line) for line in r.stdout.splitlines() if line.startswith("{"))}
+
+
+def add_spec(total: dict, spec: dict) -> dict:
+    """``total`` plus one call's vLLM speculative counters (numbers; per-position lists)."""
+    for k, v in (spec or {}).items():
+        if isinstance(v, list):
+            old = total.get(k, [])
+            total[k] = [a + b for a, b in zip(old, v)] + list(v[len(old):]) + list(old[len(v):])
+        else:
+            total[k] = total.get(k, 0) + v
+    return total
+
+
+def acceptance_cells(spec: dict) -> Optional[List[str]]:
+    """Drafts, draft tokens, accepted share, and each position's acceptance given the one before it
+    accepted (from ``num_accepted_tokens_per_pos``), or None without drafts."""
+    drafts, tokens = spec.get("num_drafts", 0), spec.get("num_draft_tokens", 0)
+    if not drafts or not tokens:
+        return None
+    per = spec.get("num_accepted_tokens_per_pos") or []
+    cond, prev = [], drafts
+    for a in per:
+        if prev <= 0:
+            break
+        cond.append(f"{a / prev:.2f}")
+        prev = a
+    return [f"{drafts:.0f}", f"{tokens:.0f}", f"{spec.get('num_accepted_tokens', 0) / tokens:.2f}",
+            " / ".join(cond) or "-"]
 
 
 def _vllm_interleaved(runs, prompts_file: str, n: int, args) -> dict:
@@ -112,7 +141,8 @@ def _vllm_interleaved(runs, prompts_file: str, n: int, args) -> dict:
             else:
                 raise SystemExit(f"vLLM engine {label} exited before it was ready (rc {proc.wait()})")
         labels = [r[0] for r in runs]
-        results = {(lab, b): {"seconds": 0.0, "tokens": 0, "token_ids": [], "passes": [[0, 0.0] for _ in range(args.repeats)]}
+        results = {(lab, b): {"seconds": 0.0, "tokens": 0, "token_ids": [], "spec": {},
+                              "passes": [[0, 0.0] for _ in range(args.repeats)]}
                    for lab in labels for b in args.batch}
         groups = call_groups(args.batch, n, args.continuous)
         turns = [(rep, gi) for rep in range(args.repeats) for gi in range(len(groups))]
@@ -133,6 +163,7 @@ def _vllm_interleaved(runs, prompts_file: str, n: int, args) -> dict:
                 r["tokens"] += o["tokens"]
                 r["passes"][rep][0] += o["tokens"]
                 r["passes"][rep][1] += o["seconds"]
+                add_spec(r["spec"], o.get("spec"))
                 if rep == 0:
                     r["token_ids"].extend(o["token_ids"])
         return results
@@ -333,6 +364,16 @@ def main() -> int:
         if args.temperature > 0 and args.seed is None:
             same = None                       # unseeded sampling: nothing to compare
         lines.append(f"| {lab} | " + " | ".join(cells) + f" | {'n/a' if same is None else 'yes' if same else 'NO'} |")
+    accept = [(lab, b, cells) for lab in labels for b in args.batch
+              for cells in [acceptance_cells(results[(lab, b)].get("spec") or {})] if cells]
+    if accept:        # what the drafts were worth (vLLM's counters; a copied chain counts as a draft)
+        lines += ["", "| system | batch | drafts | draft tokens | accepted | by position (given the one before) |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {lab} | {b} | " + " | ".join(cells) + " |" for lab, b, cells in accept]
+        for row in rows:
+            got = next((c for lab, b, c in accept if lab == row["system"] and b == row["batch"]), None)
+            if got:
+                row["spec"] = results[(row["system"], row["batch"])]["spec"]
     best = {b: max((r for r in rows if r["system"].startswith("vllm eagle3") and r["batch"] == b),
                    key=lambda r: r["tokens_per_s"]) for b in args.batch}
     lines.append("")

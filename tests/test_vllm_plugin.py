@@ -1282,3 +1282,22 @@ def test_vllm_serve_with_heterospec_answers_as_autoregressive(autoregressive, tm
     assert together == autoregressive[GREEDY][8]["token_ids"], "eight requests at once"
     drafted, accepted = _spec_metric(metrics, "num_draft_tokens"), _spec_metric(metrics, "num_accepted_tokens")
     assert drafted > 0 and accepted > 0, (drafted, accepted)
+
+
+def test_vllm_compare_sums_and_reads_the_speculative_counters():
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+    try:
+        from vllm_compare import acceptance_cells, add_spec
+    finally:
+        sys.path.pop(0)
+    total = add_spec({}, {"num_drafts": 10, "num_draft_tokens": 30, "num_accepted_tokens": 9,
+                          "num_accepted_tokens_per_pos": [6, 2, 1]})
+    add_spec(total, {"num_drafts": 10, "num_draft_tokens": 20, "num_accepted_tokens": 7,
+                     "num_accepted_tokens_per_pos": [4, 3]})
+    assert total == {"num_drafts": 20, "num_draft_tokens": 50, "num_accepted_tokens": 16,
+                     "num_accepted_tokens_per_pos": [10, 5, 1]}
+    # 10 of 20 first tokens accepted, 5 of those 10 second ones, 1 of those 5 third ones
+    assert acceptance_cells(total) == ["20", "50", "0.32", "0.50 / 0.50 / 0.20"]
+    assert acceptance_cells({}) is None and acceptance_cells({"num_drafts": 0}) is None
+    assert acceptance_cells({"num_drafts": 4, "num_draft_tokens": 4, "num_accepted_tokens": 0}) == ["4", "4", "0.00", "-"]
+    assert add_spec({"num_drafts": 1}, None) == {"num_drafts": 1}
