@@ -1,4 +1,7 @@
-"""What a perfect-foresight drafting policy could reach in vLLM at batch 8 with the shipped draft.
+"""What a perfect-foresight drafting policy could reach in vLLM at batch 8 (or 1) with the shipped draft.
+
+`python oracle_b8.py DIR [B]`: B = 8 (default) reads `eagle3_k5_b8_spec.json`, B = 1
+`eagle3_k5_b1_spec.json` (vLLM eagle3 K=5 on the first 8 MT-bench prompts at batch 1).
 
 Inputs, both measured on the Zen 4 box this session:
 - vLLM eagle3 K=5 at batch 8 on the 32 MT-bench prompts (continuous): per draft position, the
@@ -16,9 +19,9 @@ import json, random, sys
 from heterospec.vllm_plugin.costs import StepCosts
 
 here = sys.argv[1] if len(sys.argv) > 1 else "."
-spec = json.load(open(f"{here}/eagle3_k5_b8_spec.json"))["spec"]
+B = int(sys.argv[2]) if len(sys.argv) > 2 else 8
+spec = json.load(open(f"{here}/eagle3_k5_b{B}_spec.json"))["spec"]
 c = StepCosts.load(f"{here}/step_costs_b8.json")
-B = 8
 n = spec["num_drafts"]
 surv = [a / n for a in spec["num_accepted_tokens_per_pos"]]          # P(L >= j), j = 1..5
 plain = c.plain_level(B)
