@@ -43,6 +43,8 @@ import sys
 import time
 from typing import List, Optional
 
+from heterospec.vllm_plugin.__main__ import add_counters as add_spec   # sums one call's counters into a run's
+
 
 def _preload() -> str:
     """tcmalloc + Intel OpenMP, as vLLM's CPU docs advise (its speculative decoding warns of a
@@ -75,17 +77,6 @@ def _vllm_run(method: str, k: int, prompts_file: str, args) -> dict:
     if r.returncode != 0:
         raise SystemExit(f"vLLM run {method} k={k} failed:\n{r.stderr[-3000:]}")
     return {o["batch"]: o for o in (json.loads(line) for line in r.stdout.splitlines() if line.startswith("{"))}
-
-
-def add_spec(total: dict, spec: dict) -> dict:
-    """``total`` plus one call's vLLM speculative counters (numbers; per-position lists)."""
-    for k, v in (spec or {}).items():
-        if isinstance(v, list):
-            old = total.get(k, [])
-            total[k] = [a + b for a, b in zip(old, v)] + list(v[len(old):]) + list(old[len(v):])
-        else:
-            total[k] = total.get(k, 0) + v
-    return total
 
 
 def acceptance_cells(spec: dict) -> Optional[List[str]]:
@@ -370,9 +361,8 @@ def main() -> int:
         lines += ["", "| system | batch | drafts | draft tokens | accepted | by position (given the one before) |",
                   "|---|---|---|---|---|---|"]
         lines += [f"| {lab} | {b} | " + " | ".join(cells) + " |" for lab, b, cells in accept]
-        for row in rows:
-            got = next((c for lab, b, c in accept if lab == row["system"] and b == row["batch"]), None)
-            if got:
+        for row in rows:                  # (and into the JSON rows)
+            if acceptance_cells(results[(row["system"], row["batch"])].get("spec") or {}):
                 row["spec"] = results[(row["system"], row["batch"])]["spec"]
     best = {b: max((r for r in rows if r["system"].startswith("vllm eagle3") and r["batch"] == b),
                    key=lambda r: r["tokens_per_s"]) for b in args.batch}

@@ -24,6 +24,7 @@ import json
 import os
 import sys
 import time
+from typing import Optional
 
 
 def _paths() -> dict:
@@ -114,21 +115,12 @@ def _generate(args) -> int:
         out = {}
         try:
             for m in llm.get_metrics():
-                if not m.name.startswith("vllm:spec_decode_num_"):
-                    continue
-                key = m.name.removeprefix("vllm:spec_decode_")
-                if hasattr(m, "value"):
-                    out[key] = out.get(key, 0) + m.value
-                elif hasattr(m, "values"):
-                    old = out.get(key, [])
-                    out[key] = [a + b for a, b in zip(old, m.values)] + list(m.values[len(old):])
+                if m.name.startswith("vllm:spec_decode_num_") and (hasattr(m, "value") or hasattr(m, "values")):
+                    value = m.value if hasattr(m, "value") else list(m.values)
+                    add_counters(out, {m.name.removeprefix("vllm:spec_decode_"): value})
         except Exception:        # metrics are a report, never a failure
             pass
         return out
-
-    def spent(after: dict, before: dict) -> dict:
-        return {k: [a - b for a, b in zip(v, before.get(k, [0] * len(v)))] if isinstance(v, list)
-                else v - before.get(k, 0) for k, v in after.items()}
     msgs = [[{"role": "user", "content": p}] for p in prompts]
 
     def params(i, run):
@@ -147,13 +139,13 @@ def _generate(args) -> int:
     def timed(groups, run) -> dict:
         """Each group of prompt indices submitted as one call (vLLM schedules up to max_num_seqs
         of it at once): token ids, tokens, seconds and vLLM's speculative counters of them all."""
-        before, ids, t0, outs, pre = spec_counters(), [], time.perf_counter(), [], preemptions()
+        before, t0, outs, pre = spec_counters(), time.perf_counter(), [], preemptions()
         for idx in groups:
             outs += llm.chat([msgs[i] for i in idx], [params(i, run) for i in idx], use_tqdm=False)
         dt, after = time.perf_counter() - t0, spec_counters()
         ids = [list(o.outputs[0].token_ids) for o in outs]
         res = {"seconds": dt, "tokens": sum(len(c.token_ids) for o in outs for c in o.outputs), "token_ids": ids,
-               "spec": spent(after, before), "preemptions": preemptions() - pre}
+               "spec": add_counters(after, before, sign=-1), "preemptions": preemptions() - pre}
         if any(len(o.outputs) > 1 for o in outs):     # n > 1: every completion
             res["all_token_ids"] = [[list(c.token_ids) for c in o.outputs] for o in outs]
         if any(o.outputs[0].logprobs for o in outs):  # per position of the first completion: (token, logprob) pairs
@@ -187,6 +179,20 @@ ENGINE_ARGS = ("max_num_batched_tokens", "enable_chunked_prefill", "num_gpu_bloc
 # keyword arguments of vLLM's StructuredOutputsParams, e.g. {"choice": [...]} or {"json": schema})
 RUN_PARAMS = ("stop", "logprobs", "repetition_penalty", "presence_penalty", "frequency_penalty", "min_tokens",
               "ignore_eos", "n", "top_p", "top_k", "structured_outputs")
+
+
+def add_counters(total: dict, counters: Optional[dict], sign: int = 1) -> dict:
+    """``total`` plus (``sign`` -1: minus) ``counters``, key by key, in place: numbers, and lists
+    (vLLM's per-position counters) element by element, the shorter one padded with zeros."""
+    for k, v in (counters or {}).items():
+        old = total.get(k, [] if isinstance(v, list) else 0)
+        if isinstance(v, list):
+            n = max(len(old), len(v))
+            old, v = list(old) + [0] * (n - len(old)), list(v) + [0] * (n - len(v))
+            total[k] = [a + sign * b for a, b in zip(old, v)]
+        else:
+            total[k] = old + sign * v
+    return total
 
 
 def _engine_args(args) -> dict:
