@@ -26,7 +26,9 @@ HeteroSpec engine then learns its step costs from nothing into a file of its own
 engine per DIR running the plugin of that checkout of heterospec (e.g. a ``git worktree`` of the
 previous commit), for before/after comparisons. Prints and writes a table of tokens/s and ratios to vLLM
 autoregressive, the identity check of every method against its engine's autoregressive output,
-and a bar plot. Float32; greedy by default. ``--temperature T`` samples instead (vLLM's top-k /
+and a bar plot. Float32 by default (``--dtype bfloat16``: every engine's target, and vLLM's
+draft, in bfloat16; there vLLM's speculative engines may part from its autoregressive text at a
+rounding tie, docs/vllm.md). Greedy by default; ``--temperature T`` samples instead (vLLM's top-k /
 top-p off), ``--seed S`` gives request ``i`` the seed ``S + i`` in every engine: then vLLM +
 HeteroSpec must write vLLM autoregressive's text (its exact-match verification), while vLLM's own
 eagle3 and our engine draw differently per drafted token, so "same text" says NO for them there.
@@ -69,7 +71,8 @@ def _core_env(args) -> dict:
 def _vllm_run(method: str, k: int, prompts_file: str, args) -> dict:
     cmd = [sys.executable, "-m", "heterospec.vllm_plugin", "generate", "--method", method, "--k", str(k),
            "--prompts", prompts_file, "--batch", *map(str, args.batch), "--max-new-tokens", str(args.max_new_tokens),
-           "--warmup", "16", *_sampling_args(args), *(["--continuous"] if args.continuous else [])]
+           "--warmup", "16", "--dtype", args.dtype, *_sampling_args(args),
+           *(["--continuous"] if args.continuous else [])]
     env = dict(os.environ, VLLM_LOGGING_LEVEL="WARNING", **_core_env(args))
     if args.preload:
         env["LD_PRELOAD"] = args.preload
@@ -111,7 +114,7 @@ def _vllm_interleaved(runs, prompts_file: str, n: int, args) -> dict:
             cmd = [sys.executable, "-P", "-m", "heterospec.vllm_plugin", "generate", "--method", method, "--k", str(k),
                    "--prompts", prompts_file, "--batch", str(max(args.batch)), "--max-new-tokens",
                    str(args.max_new_tokens), "--warmup", "16", "--serve", "--memory-fraction", str(frac),
-                   *_sampling_args(args)]
+                   "--dtype", args.dtype, *_sampling_args(args)]
             if method == "heterospec":
                 costs = os.path.join(os.path.abspath(args.out), "costs-" + "".join(c if c.isalnum() else "_" for c in label) + ".json")
                 if os.path.exists(costs):
@@ -193,7 +196,7 @@ def _ours(texts, args) -> dict:
     from heterospec import Engine
 
     torch.set_num_threads(args.threads)
-    engine = Engine.from_pretrained()
+    engine = Engine.from_pretrained(dtype=getattr(torch, args.dtype))
     out = {}
     for m in ("autoregressive", "eagle3", "heterospec"):
         engine.generate_batch(texts[:2], max_new_tokens=16, method=m)          # warm-up, untimed
@@ -215,6 +218,8 @@ def main() -> int:
     p.add_argument("--set", default="mtbench", choices=["mtbench", "humaneval", "gsm", "alpaca", "cnndm"],
                    help="prompt set (heterospec.datasets)")
     p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="the target's dtype in every engine (vLLM's dtype=; ours: Engine.from_pretrained(dtype=))")
     p.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     p.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3, 4, 5], help="fixed K of vLLM eagle3")
     p.add_argument("--heterospec-k", type=int, default=6, help="HeteroSpec's longest chain in vLLM")
@@ -332,7 +337,7 @@ def main() -> int:
              f"{args.set} first {args.n} prompts, {args.max_new_tokens} new tokens, "
              + ("greedy" if args.temperature == 0 else f"temperature {args.temperature}"
                 + (f", seeds {args.seed}.." if args.seed is not None else ", no seeds (texts not compared)"))
-             + ", float32"
+             + f", {args.dtype}"
              + ("; vLLM engine cores in-process" if args.in_process else "; vLLM engine cores split (own process)")
              + (f"; vLLM engines interleaved, {args.repeats} pass(es)" if args.interleave else "")
              + (f"; batch {max(args.batch)}: all prompts in one call, {max(args.batch)} running at once (continuous)"
