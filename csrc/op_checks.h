@@ -296,13 +296,15 @@ inline void check_stream_linear_inputs(const char* op, const at::Tensor& x, cons
   }
 }
 
-// x [..., K] float32, codes [P, K, 16] uint8 (Q4_1) or [P, K, 32] int8 (Q8_0), scales
-// [P, K / group, 2, block] float32, K a multiple of group, bias [N] float32 or none,
+// x [..., K] float32 or bfloat16, codes [P, K, 16] uint8 (Q4_1) or [P, K, 32] int8 (Q8_0), scales
+// [P, K / group, 2, block] float32, K a multiple of group, bias [N] of x's dtype or none,
 // block * (P - 1) < out_features = N <= block * P; all on the CPU.
 inline void check_stream_linear_blocks_inputs(const char* op, const at::Tensor& x, const at::Tensor& codes,
                                               const at::Tensor& scales, const std::optional<at::Tensor>& bias,
                                               int64_t out_features, int64_t block, int64_t group) {
-  check_dtype(op, "x", x, at::kFloat);
+  check_defined(op, "x", x);
+  HS_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, op,
+           ": expected x of dtype torch.float32 or torch.bfloat16, got ", dtype_name(x.scalar_type()));
   HS_CHECK(x.dim() >= 1, op, ": expected x to have at least 1 dimension [..., K], got a 0-dimensional tensor");
   check_cpu(op, "x", x);
   check_defined(op, "codes", codes);
@@ -327,7 +329,7 @@ inline void check_stream_linear_blocks_inputs(const char* op, const at::Tensor& 
            " < out_features <= ", block * P, " (codes hold ", P, " blocks of ", block,
            " outputs), got out_features = ", out_features);
   if (bias.has_value() && bias->defined()) {
-    check_dtype(op, "bias", *bias, at::kFloat);
+    check_dtype(op, "bias", *bias, x.scalar_type());
     check_dim(op, "bias", *bias, 1, "[N]");
     check_cpu(op, "bias", *bias);
     check_size(op, "bias", *bias, 0, out_features, "N = out_features");

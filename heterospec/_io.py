@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
-from typing import Optional
+import threading
+import time
+from typing import Callable, Dict, Optional
 
 
 def write_json_atomic(path: str, obj, indent: Optional[int] = None) -> None:
@@ -21,6 +24,49 @@ def write_json_atomic(path: str, obj, indent: Optional[int] = None) -> None:
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+# What an engine learned (the fitted policy's online state, the lookup gate's) is written at most
+# once per SAVE_EVERY_S seconds per file: each write is milliseconds of JSON, a visible share of a
+# short call on a slow core (bench/RESULTS.md, seventy-third session), and the next process needs
+# only the newest state: the next due write, or the one held back, written at exit.
+SAVE_EVERY_S = 10.0
+_saves_lock = threading.Lock()
+_last_save: Dict[str, float] = {}
+_held_saves: Dict[str, Callable[[], None]] = {}
+
+
+def save_throttled(path: str, save: Callable[[], None], every_s: Optional[float] = None) -> bool:
+    """Run ``save`` (which writes ``path``) now if this process last wrote ``path`` at least
+    ``every_s`` (default :data:`SAVE_EVERY_S`) seconds ago or never; else hold it as the path's
+    pending save (replacing an older one), run by :func:`flush_saves` at the interpreter's exit.
+    Returns whether it wrote now."""
+    every = SAVE_EVERY_S if every_s is None else every_s
+    now = time.monotonic()
+    with _saves_lock:
+        last = _last_save.get(path)
+        if last is not None and now - last < every:
+            _held_saves[path] = save
+            return False
+        _last_save[path] = now
+        _held_saves.pop(path, None)
+    save()
+    return True
+
+
+@atexit.register
+def flush_saves() -> None:
+    """Run every save :func:`save_throttled` held back (at exit; callable any time), except into
+    a directory removed since (a test's temporary one)."""
+    with _saves_lock:
+        held = list(_held_saves.items())
+        _held_saves.clear()
+        now = time.monotonic()
+        for path, _ in held:
+            _last_save[path] = now
+    for path, save in held:
+        if os.path.isdir(os.path.dirname(os.path.abspath(path))):   # (not into a removed directory)
+            save()
 
 
 def tree_file(filename: str, tag: str) -> str:

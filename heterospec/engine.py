@@ -33,6 +33,7 @@ import torch
 
 from . import ops
 from ._checks import sync_free
+from ._io import save_throttled
 from .config import SamplingParams, SpecConfig, _as_int, default_config
 from .entropy import EntropyBins
 from .graphs import RoundGraphs
@@ -852,10 +853,12 @@ class Engine:
                 for p, out in zip(ids, st.all_outputs):
                     history.add(p, out)
             total = time.perf_counter() - t0
-        if isinstance(pol, FittedPolicy):
-            pol.save_state()            # what it learned about this workload, for the next process
+        # What it learned about this workload, for the next process (at most every SAVE_EVERY_S
+        # seconds a file; the newest state at exit).
+        if isinstance(pol, FittedPolicy) and pol.state_path is not None:
+            save_throttled(pol.state_path, pol.save_state)
         if gate_path is not None:
-            gate.save(gate_path)
+            save_throttled(gate_path, functools.partial(gate.save, gate_path))
         results = []
         for out, s, reason in zip(st.all_outputs, st.all_stats, st.all_finished):
             s.total_s, s.policy_s = total, policy_s

@@ -865,25 +865,30 @@ def stream_linear_blocks(x: Tensor, codes: Tensor, scales: Tensor, bias: Optiona
     FMA chain, so the result equals :func:`stream_linear` on the float32 weight bit for bit (and is
     row-invariant like it), reading 4 (Q4_1) or 8 (Q8_0) bits per weight instead of 32.
 
+    A bfloat16 ``x`` takes the weight in bfloat16: each widened weight is rounded to bfloat16 (to
+    nearest even, as ``weight.to(torch.bfloat16)``) before the same float32 chain, and the result
+    is rounded once, so it equals :func:`stream_linear` on that bfloat16 weight bit for bit, from 4
+    or 8 bits a weight instead of 16.
+
     Parameters
     ----------
     x : Tensor
-        ``[..., K]`` float32 on the CPU.
+        ``[..., K]`` float32 or bfloat16 on the CPU.
     codes, scales : Tensor
         From :func:`stream_linear_pack_blocks`: ``[P, K, 16]`` uint8 (Q4_1) or ``[P, K, 32]`` int8
         (Q8_0), and ``[P, K / 32, 2, 32]`` float32.
     bias : Tensor, optional
-        ``[N]`` float32, or None.
+        ``[N]`` of ``x``'s dtype, or None.
     out_features : int
         ``N``, with ``32 (P - 1) < N <= 32 P``.
 
     Returns
     -------
     Tensor
-        ``[..., N]`` float32.
+        ``[..., N]`` of ``x``'s dtype.
     """
     op = "stream_linear_blocks"
-    check_tensor(op, "x", x, dtype=(torch.float32,))
+    check_tensor(op, "x", x, dtype=(torch.float32, torch.bfloat16))
     if x.dim() < 1:
         raise ValueError(f"{op}: expected x to have at least 1 dimension [..., K], got a 0-dimensional tensor")
     _cpu_only(op, "x", x)
@@ -892,7 +897,7 @@ def stream_linear_blocks(x: Tensor, codes: Tensor, scales: Tensor, bias: Optiona
     check_tensor(op, "scales", scales, dtype=(torch.float32,), ndim=4, layout="[P, K / 32, 2, 32]",
                  device=x.device, device_of="x")
     if bias is not None:
-        check_tensor(op, "bias", bias, dtype=(torch.float32,), ndim=1, layout="[N]", device=x.device, device_of="x")
+        check_tensor(op, "bias", bias, dtype=(x.dtype,), ndim=1, layout="[N]", device=x.device, device_of="x")
     check_int(op, "out_features", out_features, minimum=0)
     return _ops.stream_linear_blocks.default(x, codes, scales, bias, out_features)
 

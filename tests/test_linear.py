@@ -476,6 +476,93 @@ def test_block_coded_weights_stream_as_codes_with_the_same_bits(tmp_path, monkey
         torch.testing.assert_close(model(x), model[1](x @ model[0].weight.T), rtol=1e-5, atol=1e-5)
 
 
+def test_bfloat16_weights_cast_from_block_coded_float32_stream_as_codes(tmp_path, monkeypatch):
+    """A model loaded in bfloat16 from a float32 checkpoint of Q4_1 values keeps the codes of the
+    float32 weights (models.layers.assign_weights): its linears are timed and streamed as them
+    (their own timing key), with the bits of streaming the bfloat16 weights; a bfloat16 weight
+    cast without its source, or changed in place since, streams as bfloat16."""
+    from heterospec.models.layers import assign_weights
+    monkeypatch.setenv("HETEROSPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(L, "_MEMORY", {})
+    real = L.time_shape
+
+    def timed(layer, *a, fmt=None, **k):
+        t = real(layer, rows=L.TUNE_ROWS, budget_s=0.01, copies=1, fmt=fmt)
+        t["stream_ms"] = [1e-6] * len(t["rows"])        # stream wins everywhere (made so)
+        return t
+    monkeypatch.setattr(L, "time_shape", timed)
+    torch.manual_seed(0)
+
+    def build():
+        return nn.Sequential(nn.Linear(64, 96, bias=False), nn.Linear(96, 40))
+    source = build()
+    _gguf_like(source)
+    coded = build()
+    assign_weights(coded, source.state_dict(), torch.bfloat16, "cpu", requires_grad=False, what="test")
+    plain = build().to(torch.bfloat16)
+    plain.load_state_dict(coded.state_dict())            # the same bfloat16 values, no source
+    assert [L.block_codes(m)[0] for m in coded] == ["q4_1", "q4_1"]
+    assert [L.block_codes(m) for m in plain] == [None, None]
+    report = L.tune_linears([coded, plain], fuse=False)
+    assert {"64x96-bfloat16-nobias-q4_1", "96x40-bfloat16-bias-q4_1", "64x96-bfloat16-nobias"} <= set(report)
+    assert all(isinstance(m._stream, tuple) for m in coded) and not isinstance(plain[0]._stream, tuple)
+    x = torch.randn(5, 64).bfloat16()
+    with torch.inference_mode():
+        want = plain(x)
+        assert torch.equal(coded(x), want)
+        assert torch.equal(coded(x[:1]), want[:1])          # row-invariant
+    with torch.no_grad():
+        coded[0].weight.add_(1.0)                         # stale codes are never used
+    assert L.block_codes(coded[0]) is None
+    L.tune_linears([coded], fuse=False)
+    assert not isinstance(coded[0]._stream, tuple)
+    with torch.inference_mode():
+        torch.testing.assert_close(coded(x).float(), coded[1](x @ coded[0].weight.T).float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("codes_faster", [True, False])
+def test_bfloat16_codes_are_used_only_where_measured_faster_than_the_16_bit_stream(tmp_path, monkeypatch,
+                                                                                    codes_faster):
+    """Per shape, a bfloat16 layer's codes are timed against its 16-bit stream (BF16_CODES_ROWS,
+    kept with the machine's timings); where they lose, the layer streams 16-bit weights and
+    block_codes says so (no codes: its shape key, fused groups and the cost model's fingerprint
+    agree)."""
+    from heterospec.models.layers import assign_weights
+    monkeypatch.setenv("HETEROSPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(L, "_MEMORY", {})
+    real = L.time_shape
+    calls = []
+
+    def timed(layer, *a, fmt=None, rows=L.TUNE_ROWS, **k):
+        calls.append((tuple(rows), fmt))
+        t = real(layer, rows=rows, budget_s=0.01, copies=1, fmt=fmt)
+        fast = (fmt is not None) == codes_faster
+        t["stream_ms"] = [1e-6 if fast else 1e-5] * len(t["rows"])    # made so
+        return t
+    monkeypatch.setattr(L, "time_shape", timed)
+    torch.manual_seed(0)
+    source = nn.Sequential(nn.Linear(64, 96, bias=False))
+    _gguf_like(source)
+    model = nn.Sequential(nn.Linear(64, 96, bias=False))
+    assign_weights(model, source.state_dict(), torch.bfloat16, "cpu", requires_grad=False, what="test")
+    report = L.tune_linears([model], fuse=False)
+    assert (tuple(L.BF16_CODES_ROWS), "q4_1") in calls and (tuple(L.BF16_CODES_ROWS), None) in calls
+    verdict = L._MEMORY[L._cache_file()]["bf16-codes:64x96-bfloat16-nobias-q4_1"]
+    assert len(verdict["codes_ms"]) == len(verdict["stream16_ms"]) == len(L.BF16_CODES_ROWS)
+    if codes_faster:
+        assert L.block_codes(model[0])[0] == "q4_1" and isinstance(model[0]._stream, tuple)
+        assert set(report) == {"64x96-bfloat16-nobias-q4_1"}
+    else:
+        assert L.block_codes(model[0]) is None and not isinstance(model[0]._stream, tuple)
+        assert set(report) == {"64x96-bfloat16-nobias"} and L.coded_formats([model]) == []
+    calls.clear()
+    L.tune_linears([model], fuse=False)                 # the verdict is kept: not timed again
+    assert not any(rows == tuple(L.BF16_CODES_ROWS) for rows, _ in calls)
+    x = torch.randn(3, 64).bfloat16()
+    with torch.inference_mode():
+        assert torch.equal(model(x), torch.ops.heterospec.stream_linear(x, L._stream_pack(model[0].weight), None, 96))
+
+
 def test_fused_siblings_stack_their_codes(tmp_path, monkeypatch):
     """Q, K, V holding Q4_1 values fuse into one call over their stacked codes: the members'
     float stream bits, greedy decoding unchanged against the stock engine."""

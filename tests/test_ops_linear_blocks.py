@@ -1,6 +1,7 @@
 """stream_linear_pack_blocks / stream_linear_blocks (CPU): a float32 weight that holds a GGUF Q4_1
 or Q8_0 file's values streams as its codes and gives stream_linear's outputs bit for bit, on
-every instruction-set path; weights without such codes are left alone; clear errors."""
+every instruction-set path (with a bfloat16 x: stream_linear's on the weight cast to bfloat16);
+weights without such codes are left alone; clear errors."""
 
 import os
 
@@ -81,6 +82,30 @@ def test_products_equal_stream_linear_on_the_float_weight_bit_for_bit(fmt, N, K,
     torch.testing.assert_close(got, stream_linear_ref(x, w, b), rtol=1e-5, atol=1e-5 * K ** 0.5)
 
 
+@pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("N,K", [(1, 32), (33, 64), (96, 576), (576, 1536)])
+@pytest.mark.parametrize("M", [1, 2, 3, 13])
+@pytest.mark.parametrize("bias", [False, True])
+def test_bfloat16_products_equal_stream_linear_on_the_bfloat16_weight_bit_for_bit(fmt, N, K, M, bias):
+    """A bfloat16 x takes the weight as a bfloat16 model holds it (the float32 weight cast,
+    rounded to nearest even): the codes give stream_linear's bfloat16 bits from 4 or 8 bits a
+    weight, and the pure-PyTorch reference within bfloat16 rounding."""
+    w = (_q4 if fmt == "q4_1" else _q8)(N, K, seed=N + 5 * K)[0]
+    g = torch.Generator().manual_seed(M + N + 1)
+    x = torch.randn(M, K, generator=g).bfloat16()
+    b = torch.randn(N, generator=g).bfloat16() if bias else None
+    _, codes, scales = ops.stream_linear_pack_blocks(w)
+    got = ops.stream_linear_blocks(x, codes, scales, b, N)
+    assert got.dtype == torch.bfloat16 and got.shape == (M, N)
+    wb = w.bfloat16()
+    assert torch.equal(got, ops.stream_linear(x, ops.stream_linear_pack(wb), b, N))
+    want = stream_linear_ref(x.float(), wb.float(), None if b is None else b.float())
+    torch.testing.assert_close(got.float(), want, rtol=1e-2, atol=1e-2)
+    # weights off their bfloat16 values would show: the float32 weight's products differ
+    assert not torch.equal(got, ops.stream_linear_blocks(x.float(), codes, scales, None if b is None else b.float(),
+                                                         N).bfloat16()) or N * K < 64
+
+
 @pytest.mark.parametrize("shape", [(0, 64), (2, 3, 64), (64,)])
 def test_leading_dimensions_are_kept(shape):
     w = _q4(40, 64)[0]
@@ -93,12 +118,13 @@ def test_leading_dimensions_are_kept(shape):
 
 @pytest.mark.parametrize("quant", ["q4_1", "q8_0"])
 @pytest.mark.parametrize("N", [96, 40, 56])   # whole blocks; a last block of 8 and of 24 outputs
-def test_a_row_gets_the_same_bits_whatever_rows_share_its_call(quant, N):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_row_gets_the_same_bits_whatever_rows_share_its_call(quant, N, dtype):
     """1-2 rows take the whole block in one pass on AVX2, more rows half a block per pass: the
     same chains, the same bits."""
     w = (_q4 if quant == "q4_1" else _q8)(N, 576, seed=5)[0]
     _, codes, scales = ops.stream_linear_pack_blocks(w)
-    x = torch.randn(24, 576)
+    x = torch.randn(24, 576).to(dtype)
     alone = torch.cat([ops.stream_linear_blocks(x[i:i + 1], codes, scales, None, N) for i in range(24)])
     for M in (2, 3, 7, 12, 13, 24):
         assert torch.equal(ops.stream_linear_blocks(x[:M], codes, scales, None, N), alone[:M]), M
@@ -122,6 +148,9 @@ for N, K in ((33, 64), (576, 576), (100, 1536)):
         x, b = torch.randn(11, K, generator=g), torch.randn(N, generator=g)
         _, codes, scales = ops.stream_linear_pack_blocks(w)
         out.append((ops.stream_linear_blocks(x, codes, scales, b, N), ops.stream_linear(x, ops.stream_linear_pack(w), b, N)))
+        xb, bb = x.bfloat16(), b.bfloat16()
+        out.append((ops.stream_linear_blocks(xb, codes, scales, bb, N),
+                    ops.stream_linear(xb, ops.stream_linear_pack(w.bfloat16()), bb, N)))
 torch.save(out, sys.argv[1])
 """
 
@@ -150,6 +179,7 @@ for N, K in ((33, 64), (100, 1536)):
         x, b = torch.randn(5, K, generator=g), torch.randn(N, generator=g)
         _, codes, scales = ops.stream_linear_pack_blocks(w)
         out.append([ops.stream_linear_blocks(x[:m], codes, scales, b, N) for m in (1, 2, 5)])
+        out.append([ops.stream_linear_blocks(x[:m].bfloat16(), codes, scales, b.bfloat16(), N) for m in (1, 2, 5)])
 torch.save(out, sys.argv[1])
 """
 
@@ -199,7 +229,7 @@ def test_bad_input_gets_a_clear_error(call):
     _, codes, scales = ops.stream_linear_pack_blocks(_q4(40, 64)[0])
     _, codes8, scales8 = ops.stream_linear_pack_blocks(_q8(40, 64)[0])
     x = torch.randn(3, 64)
-    assert "x" in _errors(lambda: lin(x.bfloat16(), codes, scales, None, 40))
+    assert "x" in _errors(lambda: lin(x.half(), codes, scales, None, 40))
     assert "x" in _errors(lambda: lin(torch.tensor(1.0), codes, scales, None, 40))
     assert "codes" in _errors(lambda: lin(x, codes.to(torch.int16), scales, None, 40))
     assert "codes" in _errors(lambda: lin(x, codes[:, :, :8], scales, None, 40))
@@ -212,6 +242,7 @@ def test_bad_input_gets_a_clear_error(call):
     assert "out_features" in msg and "32 < out_features <= 64" in msg
     assert "bias" in _errors(lambda: lin(x, codes, scales, torch.randn(39), 40))
     assert "bias" in _errors(lambda: lin(x, codes, scales, torch.randn(40).double(), 40))
+    assert "bias" in _errors(lambda: lin(x.bfloat16(), codes, scales, torch.randn(40), 40))   # not x's dtype
     odd = torch.zeros(2, 48, 16, dtype=torch.uint8)
     assert "multiple of 32" in _errors(lambda: raw.stream_linear_blocks(torch.randn(1, 48), odd,
                                                                        torch.zeros(2, 1, 2, 32), None, 40))

@@ -2128,17 +2128,23 @@ def test_shortlist_shared_across_batch_sizes_gives_the_same_plans():
     assert len(shortlist) == 4      # the batch-1 ranking once, and one shortlist per batch size
 
 
+def _saved_cost_model(engine):
+    """A small cost model of ``engine``'s device, saved where `heterospec costs` leaves one."""
+    cm = costmodel.CostModel(
+        fingerprint=costmodel.fingerprint(engine), tokens=[1, 64], contexts=[128], target=[[10.0, 12.0]],
+        batch_sizes=[1], plain=[10.0], draft=[[0.01, 0.01, 0.0]], nodes=[1, 64], verify=[[10.0, 12.0]],
+        tree_top_k=3)
+    cm.save(costmodel.cache_path(cm.fingerprint))
+    return cm
+
+
 def test_online_corrections_persist_for_the_next_engine(tmp_path, monkeypatch):
     """What the fitted policy learned is saved next to this device's cached cost model and picked
     up by the next engine (process) on the same device, draft and tree."""
     monkeypatch.setenv("HETEROSPEC_CACHE", str(tmp_path))
     engine, draft, hf = _tiny_engine(seed=23)
     engine.tables = _tables_for(engine)
-    cm = costmodel.CostModel(
-        fingerprint=costmodel.fingerprint(engine), tokens=[1, 64], contexts=[128], target=[[10.0, 12.0]],
-        batch_sizes=[1], plain=[10.0], draft=[[0.01, 0.01, 0.0]], nodes=[1, 64], verify=[[10.0, 12.0]],
-        tree_top_k=3)
-    cm.save(costmodel.cache_path(cm.fingerprint))          # as `heterospec costs` leaves it
+    cm = _saved_cost_model(engine)                         # as `heterospec costs` leaves it
     prompt = [5, 9, 17, 33]
     draft.set_prompts([prompt])
     engine.generate(prompt, max_new_tokens=12, method="heterospec", chat=False)
@@ -2159,6 +2165,69 @@ def test_online_corrections_persist_for_the_next_engine(tmp_path, monkeypatch):
     other.tables, other.cost_model = engine.tables, cm
     other._policy("heterospec", other.config, "fitted")
     assert other._online_state_path(other.tables, other.config) is None
+
+
+def test_learned_state_is_written_at_most_once_per_interval_and_at_exit(tmp_path, monkeypatch):
+    """An engine's learned state (policy, lookup gate) is written by its first call, then at most
+    once per SAVE_EVERY_S seconds a file; the newest held-back state is written by flush_saves
+    (registered at exit), and nothing is written into a directory removed since."""
+    from heterospec import _io
+    monkeypatch.setattr(_io, "_last_save", {})
+    monkeypatch.setattr(_io, "_held_saves", {})
+    clock = [100.0]
+    monkeypatch.setattr(_io.time, "monotonic", lambda: clock[0])
+    writes = []
+    path = str(tmp_path / "state.json")
+
+    def save(tag):
+        return lambda: writes.append(tag)
+
+    assert _io.save_throttled(path, save("a")) and writes == ["a"]       # first: at once
+    clock[0] += _io.SAVE_EVERY_S / 2
+    assert not _io.save_throttled(path, save("b")) and writes == ["a"]   # held back ...
+    assert not _io.save_throttled(path, save("c"))                        # ... the newest replaces it
+    assert _io.save_throttled(str(tmp_path / "other.json"), save("x"))   # per file
+    clock[0] += _io.SAVE_EVERY_S
+    assert _io.save_throttled(path, save("d")) and writes == ["a", "x", "d"]   # due: the newest, "c" dropped
+    clock[0] += 1.0
+    assert not _io.save_throttled(path, save("e"))
+    _io.flush_saves()
+    assert writes == ["a", "x", "d", "e"]
+    _io.flush_saves()                                                      # nothing held: nothing runs
+    assert writes == ["a", "x", "d", "e"]
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    assert _io.save_throttled(str(gone / "s.json"), save("f"))
+    assert not _io.save_throttled(str(gone / "s.json"), save("g"))
+    gone.rmdir()
+    _io.flush_saves()
+    assert writes[-1] == "f"
+
+
+def test_an_engine_writes_its_learned_state_after_the_interval(tmp_path, monkeypatch):
+    """The engine's calls go through save_throttled: a second call inside the interval leaves the
+    file as the first call wrote it; flush_saves writes the second call's state."""
+    from heterospec import _io
+    monkeypatch.setenv("HETEROSPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(_io, "_last_save", {})
+    monkeypatch.setattr(_io, "_held_saves", {})
+    monkeypatch.setattr(_io, "SAVE_EVERY_S", 3600.0)
+    engine, draft, _ = _tiny_engine(seed=23)
+    engine.tables = _tables_for(engine)
+    _saved_cost_model(engine)
+    prompt = [5, 9, 17, 33]
+    draft.set_prompts([prompt])
+    engine.generate(prompt, max_new_tokens=6, method="heterospec", chat=False)
+    pol = engine._policy("heterospec", engine.config, "fitted")
+    with open(pol.state_path) as f:
+        first = json.load(f)
+    engine.generate(prompt, max_new_tokens=6, method="heterospec", chat=False)
+    with open(pol.state_path) as f:
+        assert json.load(f) == first                  # held back
+    assert pol.state() != first                       # (the second call did learn)
+    _io.flush_saves()
+    with open(pol.state_path) as f:
+        assert json.load(f) == json.loads(json.dumps(pol.state()))
 
 
 def _in_use_model(engine, plain=(20.0, 40.0)):

@@ -49,11 +49,17 @@
 //       or [P, K, 32] int8  (Q8_0: byte j = output j),
 //   scales [P, K / 32, 2, 32] float32: per block and group of 32 inputs, d of the 32 outputs, then m
 //       (0 for Q8_0). heterospec.ops.stream_linear_pack_blocks finds the codes of a float32 weight.
+// A bfloat16 x takes the bfloat16 weight those codes give when rounded (a model converted from the
+// file in float32 and cast to bfloat16): each widened weight is rounded to bfloat16 in registers
+// (round to nearest even, as torch's cast), then the same float32 chain, the result rounded once.
+// So the outputs equal stream_linear's on that bfloat16 weight bit for bit, from 4 or 8 bits a
+// weight instead of 16.
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
+#include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
@@ -276,7 +282,20 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 q16_avx512_q8(co
   return _mm512_maskz_cvtepi32_ps(all, _mm512_maskz_cvtepi8_epi32(all, _mm_loadu_si128(reinterpret_cast<const __m128i*>(c))));
 }
 
-template <bool kQ4, int MR>
+// Round 16 float32 weights to bfloat16 values (nearest even; the weights are finite), as float32.
+__attribute__((target("avx512f"), always_inline)) inline __m512 round_bf16_avx512(__m512 w) {
+  const __mmask16 all = static_cast<__mmask16>(0xFFFF);
+  const __m512i bits = _mm512_castps_si512(w);
+  const __m512i odd = _mm512_maskz_and_epi32(all, _mm512_maskz_srli_epi32(all, bits, 16), _mm512_set1_epi32(1));
+  const __m512i up = _mm512_maskz_add_epi32(all, bits, _mm512_maskz_add_epi32(all, odd, _mm512_set1_epi32(0x7FFF)));
+  return _mm512_castsi512_ps(_mm512_maskz_and_epi32(all, up, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+template <bool kBf16>
+__attribute__((target("avx512f"), always_inline)) inline __m512 held_avx512(__m512 w) {
+  return kBf16 ? round_bf16_avx512(w) : w;
+}
+
+template <bool kQ4, bool kBf16, int MR>
 __attribute__((target("avx512f,fma"))) void blocks_avx512(const float* x, int64_t ldx, const uint8_t* codes,
                                                           const float* scales, int64_t K, float* y, int64_t ldy,
                                                           int64_t valid) {
@@ -293,7 +312,8 @@ __attribute__((target("avx512f,fma"))) void blocks_avx512(const float* x, int64_
       _mm_prefetch(reinterpret_cast<const char*>(c + 4 * kPrefetch * cb), _MM_HINT_T0);
       const __m512 q0 = kQ4 ? q16_avx512_q4(c, false) : q16_avx512_q8(c);
       const __m512 q1 = kQ4 ? q16_avx512_q4(c, true) : q16_avx512_q8(c + 16);
-      rows_fma_avx512<MR>(acc, x, ldx, k, _mm512_fmadd_ps(q0, d0, m0), _mm512_fmadd_ps(q1, d1, m1));
+      rows_fma_avx512<MR>(acc, x, ldx, k, held_avx512<kBf16>(_mm512_fmadd_ps(q0, d0, m0)),
+                          held_avx512<kBf16>(_mm512_fmadd_ps(q1, d1, m1)));
     }
   }
   store_avx512<MR>(acc, y, ldy, valid);
@@ -308,8 +328,20 @@ __attribute__((target("avx2"), always_inline)) inline __m256 q8_avx2_q8(const ui
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c))));
 }
 
+// Round 8 float32 weights to bfloat16 values (as round_bf16_avx512).
+__attribute__((target("avx2"), always_inline)) inline __m256 round_bf16_avx2(__m256 w) {
+  const __m256i bits = _mm256_castps_si256(w);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i up = _mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF)));
+  return _mm256_castsi256_ps(_mm256_and_si256(up, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+template <bool kBf16>
+__attribute__((target("avx2"), always_inline)) inline __m256 held_avx2(__m256 w) {
+  return kBf16 ? round_bf16_avx2(w) : w;
+}
+
 // AVX2: half a block (outputs 16 h .. 16 h + 15) at a time, as micro_avx2.
-template <bool kQ4, int MR>
+template <bool kQ4, bool kBf16, int MR>
 __attribute__((target("avx2,fma"))) void blocks_avx2(const float* x, int64_t ldx, const uint8_t* codes,
                                                      const float* scales, int64_t K, float* y, int64_t ldy,
                                                      int64_t valid) {
@@ -329,7 +361,8 @@ __attribute__((target("avx2,fma"))) void blocks_avx2(const float* x, int64_t ldx
         // Q8_0: outputs 16 h + i are bytes 16 h + i.
         const __m256 q0 = kQ4 ? q8_avx2_q4(c, h == 1) : q8_avx2_q8(c + 16 * h);
         const __m256 q1 = kQ4 ? q8_avx2_q4(c + 8, h == 1) : q8_avx2_q8(c + 16 * h + 8);
-        rows_fma_avx2<MR>(acc, x, ldx, k, _mm256_fmadd_ps(q0, d0, m0), _mm256_fmadd_ps(q1, d1, m1));
+        rows_fma_avx2<MR>(acc, x, ldx, k, held_avx2<kBf16>(_mm256_fmadd_ps(q0, d0, m0)),
+                          held_avx2<kBf16>(_mm256_fmadd_ps(q1, d1, m1)));
       }
     }
     const int64_t left = std::min<int64_t>(valid - 16 * h, 16);
@@ -343,7 +376,7 @@ __attribute__((target("avx2,fma"))) void blocks_avx2(const float* x, int64_t ldx
 // one-row call has two chains, each waiting on the FMA latency at every step, and streamed well
 // below the memory's speed (bench/RESULTS.md, sixtieth session). The chains, their order and the
 // weights' values are the half-block kernel's: the same bits.
-template <bool kQ4, int MR>
+template <bool kQ4, bool kBf16, int MR>
 __attribute__((target("avx2,fma"), always_inline)) inline void one_pass_step(__m256 (&acc)[MR][4], const float* x,
                                                                             int64_t ldx, int64_t k, const uint8_t* c,
                                                                             const float* s) {
@@ -353,8 +386,8 @@ __attribute__((target("avx2,fma"), always_inline)) inline void one_pass_step(__m
   for (int h = 0; h < 2; ++h) {
     const __m256 q0 = kQ4 ? q8_avx2_q4(c, h == 1) : q8_avx2_q8(c + 16 * h);
     const __m256 q1 = kQ4 ? q8_avx2_q4(c + 8, h == 1) : q8_avx2_q8(c + 16 * h + 8);
-    const __m256 w0 = _mm256_fmadd_ps(q0, _mm256_loadu_ps(s + 16 * h), _mm256_loadu_ps(s + 32 + 16 * h));
-    const __m256 w1 = _mm256_fmadd_ps(q1, _mm256_loadu_ps(s + 16 * h + 8), _mm256_loadu_ps(s + 40 + 16 * h));
+    const __m256 w0 = held_avx2<kBf16>(_mm256_fmadd_ps(q0, _mm256_loadu_ps(s + 16 * h), _mm256_loadu_ps(s + 32 + 16 * h)));
+    const __m256 w1 = held_avx2<kBf16>(_mm256_fmadd_ps(q1, _mm256_loadu_ps(s + 16 * h + 8), _mm256_loadu_ps(s + 40 + 16 * h)));
     for (int m = 0; m < MR; ++m) {
       acc[m][2 * h] = _mm256_fmadd_ps(b[m], w0, acc[m][2 * h]);
       acc[m][2 * h + 1] = _mm256_fmadd_ps(b[m], w1, acc[m][2 * h + 1]);
@@ -362,7 +395,7 @@ __attribute__((target("avx2,fma"), always_inline)) inline void one_pass_step(__m
   }
 }
 
-template <bool kQ4, int MR>
+template <bool kQ4, bool kBf16, int MR>
 __attribute__((target("avx2,fma"))) void blocks_avx2_one_pass(const float* x, int64_t ldx, const uint8_t* codes,
                                                               const float* scales, int64_t K, float* y, int64_t ldy,
                                                               int64_t valid) {
@@ -373,19 +406,29 @@ __attribute__((target("avx2,fma"))) void blocks_avx2_one_pass(const float* x, in
     // a group's 8 scale vectors stay in registers beside one row's 4 accumulators
     for (int64_t g = 0; g < K / kGroup; ++g)
       for (int64_t kk = 0; kk < kGroup; ++kk)
-        one_pass_step<kQ4, MR>(acc, x, ldx, g * kGroup + kk, codes + (g * kGroup + kk) * cb, scales + g * 2 * kBlock);
+        one_pass_step<kQ4, kBf16, MR>(acc, x, ldx, g * kGroup + kk, codes + (g * kGroup + kk) * cb,
+                                      scales + g * 2 * kBlock);
   } else {
     // one flat k loop, the scales read from L1 at each step: held for a group they pushed an
     // accumulator of two Q4_1 rows onto the stack (a store-to-load wait in its chain)
     for (int64_t k = 0; k < K; ++k)
-      one_pass_step<kQ4, MR>(acc, x, ldx, k, codes + k * cb, scales + (k / kGroup) * 2 * kBlock);
+      one_pass_step<kQ4, kBf16, MR>(acc, x, ldx, k, codes + k * cb, scales + (k / kGroup) * 2 * kBlock);
   }
   store_one_pass_avx2<MR>(acc, y, ldy, valid);
 }
 #endif  // HS_HAVE_X86_SIMD
 
+// A float32 weight rounded to its bfloat16 value (nearest even; finite), as float32.
+inline float round_bf16(float w) {
+  uint32_t bits;
+  std::memcpy(&bits, &w, sizeof bits);
+  bits = (bits + 0x7FFFu + ((bits >> 16) & 1u)) & 0xFFFF0000u;
+  std::memcpy(&w, &bits, sizeof w);
+  return w;
+}
+
 // The portable loop: the same q, the same fma to the weight, the same chain.
-template <bool kQ4, int MR>
+template <bool kQ4, bool kBf16, int MR>
 void blocks_scalar(const float* x, int64_t ldx, const uint8_t* codes, const float* scales, int64_t K, float* y,
                    int64_t ldy, int64_t valid) {
   constexpr int64_t cb = code_bytes<kQ4>();
@@ -398,6 +441,7 @@ void blocks_scalar(const float* x, int64_t ldx, const uint8_t* codes, const floa
       const float q = kQ4 ? static_cast<float>(j < 16 ? (c[j] & 15) : (c[j - 16] >> 4))
                           : static_cast<float>(static_cast<int8_t>(c[j]));
       w[j] = std::fma(q, s[j], s[kBlock + j]);
+      if (kBf16) w[j] = round_bf16(w[j]);
     }
     for (int m = 0; m < MR; ++m) {
       const float xv = x[m * ldx + k];
@@ -414,35 +458,37 @@ struct BlockKernels {
   int mr_max;
 };
 
-template <bool kQ4, template <bool, int> class Wrap>
+template <bool kQ4, bool kBf16, template <bool, bool, int> class Wrap>
 BlockKernels make_block_kernels(int mr_max) {
-  return {{nullptr, Wrap<kQ4, 1>::fn, Wrap<kQ4, 2>::fn, Wrap<kQ4, 3>::fn, Wrap<kQ4, 4>::fn, Wrap<kQ4, 5>::fn,
-           Wrap<kQ4, 6>::fn, Wrap<kQ4, 7>::fn, Wrap<kQ4, 8>::fn, Wrap<kQ4, 9>::fn, Wrap<kQ4, 10>::fn,
-           Wrap<kQ4, 11>::fn, Wrap<kQ4, 12>::fn},
+  return {{nullptr, Wrap<kQ4, kBf16, 1>::fn, Wrap<kQ4, kBf16, 2>::fn, Wrap<kQ4, kBf16, 3>::fn, Wrap<kQ4, kBf16, 4>::fn,
+           Wrap<kQ4, kBf16, 5>::fn, Wrap<kQ4, kBf16, 6>::fn, Wrap<kQ4, kBf16, 7>::fn, Wrap<kQ4, kBf16, 8>::fn,
+           Wrap<kQ4, kBf16, 9>::fn, Wrap<kQ4, kBf16, 10>::fn, Wrap<kQ4, kBf16, 11>::fn, Wrap<kQ4, kBf16, 12>::fn},
           mr_max};
 }
-template <bool kQ4, int MR>
+template <bool kQ4, bool kBf16, int MR>
 struct BlocksScalarK {
-  static constexpr BlocksFn fn = blocks_scalar<kQ4, MR>;
+  static constexpr BlocksFn fn = blocks_scalar<kQ4, kBf16, MR>;
 };
 #ifdef HS_HAVE_X86_SIMD
-template <bool kQ4, int MR>
+template <bool kQ4, bool kBf16, int MR>
 struct BlocksAvx512K {
-  static constexpr BlocksFn fn = blocks_avx512<kQ4, MR>;
+  static constexpr BlocksFn fn = blocks_avx512<kQ4, kBf16, MR>;
 };
-template <bool kQ4, int MR>
+template <bool kQ4, bool kBf16, int MR>
 struct BlocksAvx2K {   // one pass over the block where its accumulators fit, else halves
-  static constexpr BlocksFn fn = MR <= kOnePassRows ? blocks_avx2_one_pass<kQ4, (MR <= kOnePassRows ? MR : 1)>
-                                                    : blocks_avx2<kQ4, MR>;
+  static constexpr BlocksFn fn = MR <= kOnePassRows
+                                     ? blocks_avx2_one_pass<kQ4, kBf16, (MR <= kOnePassRows ? MR : 1)>
+                                     : blocks_avx2<kQ4, kBf16, MR>;
 };
 #endif
 
-template <bool kQ4>
+// kBf16: the weights rounded to bfloat16 (a bfloat16 x).
+template <bool kQ4, bool kBf16 = false>
 const BlockKernels& block_kernels_for(Isa isa) {
-  static const BlockKernels scalar = make_block_kernels<kQ4, BlocksScalarK>(4);
+  static const BlockKernels scalar = make_block_kernels<kQ4, kBf16, BlocksScalarK>(4);
 #ifdef HS_HAVE_X86_SIMD
-  static const BlockKernels avx512 = make_block_kernels<kQ4, BlocksAvx512K>(12);
-  static const BlockKernels avx2 = make_block_kernels<kQ4, BlocksAvx2K>(6);
+  static const BlockKernels avx512 = make_block_kernels<kQ4, kBf16, BlocksAvx512K>(12);
+  static const BlockKernels avx2 = make_block_kernels<kQ4, kBf16, BlocksAvx2K>(6);
   if (isa == Isa::Avx512) return avx512;
   if (isa == Isa::Avx2) return avx2;
 #endif
@@ -563,10 +609,11 @@ void stream_rows(const float* xp, int64_t M, int64_t K, const W* pp, int64_t P, 
 }
 
 // y [M, N] = x [M, K] times the block-coded weights (phases 1-3 of stream_rows, with codes).
-template <bool kQ4>
+// kBf16: the weights rounded to bfloat16 (the small-row instruction set as the float32 kernels').
+template <bool kQ4, bool kBf16>
 void stream_blocks_rows(const float* xp, int64_t M, int64_t K, const uint8_t* codes, const float* scales, int64_t P,
                         int64_t N, float* yp) {
-  const BlockKernels& ks = block_kernels_for<kQ4>(block_isa<kQ4>(M));
+  const BlockKernels& ks = block_kernels_for<kQ4, kBf16>(block_isa<kQ4>(M));
   const int64_t block_codes = K * code_bytes<kQ4>(), block_scales = (K / kGroup) * 2 * kBlock;
   // As stream_rows, by weights per task (a code stands for one weight's work).
   const int64_t min_blocks = grain_for(K * kBlock, kGrainWork / 16);
@@ -584,6 +631,46 @@ void stream_blocks_rows(const float* xp, int64_t M, int64_t K, const uint8_t* co
       }
     }
   });
+}
+
+// y [..., N] of x's dtype for x [..., K]; *M = the rows (the product of x's leading sizes).
+Tensor empty_rows(const Tensor& x, int64_t N, int64_t* M) {
+  *M = 1;
+  for (int64_t d = 0; d + 1 < x.dim(); ++d) *M *= x.size(d);
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = N;
+  return at::empty(shape, x.options());
+}
+
+// A bfloat16 call: x widened into a float32 buffer, y [M, N] summed in float32 by `rows` (x, M,
+// y), the bias added in float32, then rounded to bfloat16 once (nearest even, as ATen's cast).
+// Plain loops, not ATen ops: three dispatched ops per call (cast x, allocate y, cast y), a few
+// hundred a bfloat16 step of the built-in target (bench/RESULTS.md, seventy-third session).
+template <typename Rows>
+Tensor bf16_rows(const Tensor& x_in, int64_t K, int64_t N, const std::optional<Tensor>& bias, Rows rows) {
+  const Tensor x = x_in.contiguous();
+  int64_t M = 0;
+  Tensor y = empty_rows(x, N, &M);
+  if (M == 0 || N == 0) return y;
+  std::vector<float> xf(static_cast<size_t>(M * K)), yf(static_cast<size_t>(M * N), 0.0f);
+  const at::BFloat16* xs = x.const_data_ptr<at::BFloat16>();
+  constexpr int64_t kGrain = 1 << 15;     // elements a thread converts at least (a prefill's rows)
+  at::parallel_for(0, M * K, kGrain, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) xf[i] = static_cast<float>(xs[i]);
+  });
+  if (K > 0) rows(xf.data(), M, yf.data());
+  Tensor b;
+  if (bias.has_value() && bias->defined()) b = bias->contiguous();
+  const at::BFloat16* bs = b.defined() ? b.const_data_ptr<at::BFloat16>() : nullptr;
+  at::BFloat16* ys = y.mutable_data_ptr<at::BFloat16>();
+  at::parallel_for(0, M, std::max<int64_t>(1, kGrain / N), [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        const float v = bs ? yf[m * N + n] + static_cast<float>(bs[n]) : yf[m * N + n];
+        ys[m * N + n] = at::BFloat16(v);
+      }
+  });
+  return y;
 }
 
 }  // namespace
@@ -618,14 +705,18 @@ Tensor stream_linear_cpu(const Tensor& x_in, const Tensor& packed_in, const std:
   check_stream_linear_inputs(op, x_in, packed_in, bias, out_features, kBlock);
   const bool bf16 = x_in.scalar_type() == at::kBFloat16;
   const bool f16_weight = packed_in.scalar_type() == at::kHalf;   // float32 x, float16 weights
-  const Tensor x = bf16 ? x_in.to(at::kFloat).contiguous() : x_in.contiguous();
   const Tensor packed = packed_in.contiguous();
+  if (bf16) {
+    const int64_t P = packed.size(0), K = packed.size(1);
+    const auto* w = reinterpret_cast<const uint16_t*>(packed.const_data_ptr<at::BFloat16>());
+    return bf16_rows(x_in, K, out_features, bias, [&](const float* xf, int64_t M, float* yf) {
+      stream_rows<uint16_t>(xf, M, K, w, P, out_features, yf);
+    });
+  }
+  const Tensor x = x_in.contiguous();
   const int64_t P = packed.size(0), K = packed.size(1), N = out_features;
-  int64_t M = 1;                                      // rows: the product of x's leading sizes
-  for (int64_t d = 0; d + 1 < x.dim(); ++d) M *= x.size(d);
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-  shape.back() = N;
-  Tensor y = at::empty(shape, x.options());           // float32
+  int64_t M = 0;
+  Tensor y = empty_rows(x, N, &M);                    // float32
   if (M > 0 && N > 0) {
     if (K == 0) {
       y.zero_();
@@ -633,41 +724,42 @@ Tensor stream_linear_cpu(const Tensor& x_in, const Tensor& packed_in, const std:
       stream_rows<F16Bits>(x.const_data_ptr<float>(), M, K,
                            reinterpret_cast<const F16Bits*>(packed.const_data_ptr<at::Half>()), P, N,
                            y.mutable_data_ptr<float>());
-    } else if (bf16) {
-      stream_rows<uint16_t>(x.const_data_ptr<float>(), M, K,
-                            reinterpret_cast<const uint16_t*>(packed.const_data_ptr<at::BFloat16>()), P, N,
-                            y.mutable_data_ptr<float>());
     } else {
       stream_rows<float>(x.const_data_ptr<float>(), M, K, packed.const_data_ptr<float>(), P, N,
                          y.mutable_data_ptr<float>());
     }
   }
-  if (bias.has_value() && bias->defined()) y.add_(bf16 ? bias->to(at::kFloat) : *bias);
-  return bf16 ? y.to(at::kBFloat16) : y;
+  if (bias.has_value() && bias->defined()) y.add_(*bias);
+  return y;
 }
 
-// x [..., K] float32, codes [P, K, 16] uint8 (Q4_1) or [P, K, 32] int8 (Q8_0), scales
-// [P, K / 32, 2, 32] float32, bias [N] float32 or none -> [..., N] float32 (layout at the top).
+// x [..., K] float32 or bfloat16, codes [P, K, 16] uint8 (Q4_1) or [P, K, 32] int8 (Q8_0), scales
+// [P, K / 32, 2, 32] float32, bias [N] of x's dtype or none -> [..., N] of x's dtype (layout at the
+// top; bfloat16: the weights rounded to bfloat16, accumulated in float32 with the bias, rounded once).
 Tensor stream_linear_blocks_cpu(const Tensor& x_in, const Tensor& codes_in, const Tensor& scales_in,
                                 const std::optional<Tensor>& bias, int64_t out_features) {
   constexpr const char* op = "stream_linear_blocks";
   check_stream_linear_blocks_inputs(op, x_in, codes_in, scales_in, bias, out_features, kBlock, kGroup);
   const bool q4 = codes_in.scalar_type() == at::kByte;
-  const Tensor x = x_in.contiguous(), codes = codes_in.contiguous(), scales = scales_in.contiguous();
+  const bool bf16 = x_in.scalar_type() == at::kBFloat16;
+  const Tensor codes = codes_in.contiguous(), scales = scales_in.contiguous();
   const int64_t P = codes.size(0), K = codes.size(1), N = out_features;
-  int64_t M = 1;
-  for (int64_t d = 0; d + 1 < x.dim(); ++d) M *= x.size(d);
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-  shape.back() = N;
-  Tensor y = at::empty(shape, x.options());
+  const auto* c = static_cast<const uint8_t*>(codes.const_data_ptr());
+  if (bf16) {
+    const auto run = q4 ? stream_blocks_rows<true, true> : stream_blocks_rows<false, true>;
+    return bf16_rows(x_in, K, N, bias, [&](const float* xf, int64_t M, float* yf) {
+      run(xf, M, K, c, scales.const_data_ptr<float>(), P, N, yf);
+    });
+  }
+  const Tensor x = x_in.contiguous();
+  int64_t M = 0;
+  Tensor y = empty_rows(x, N, &M);
   if (M > 0 && N > 0) {
     if (K == 0) {
       y.zero_();
     } else {
-      const auto* c = static_cast<const uint8_t*>(codes.const_data_ptr());
-      (q4 ? stream_blocks_rows<true> : stream_blocks_rows<false>)(x.const_data_ptr<float>(), M, K, c,
-                                                                  scales.const_data_ptr<float>(), P, N,
-                                                                  y.mutable_data_ptr<float>());
+      const auto run = q4 ? stream_blocks_rows<true, false> : stream_blocks_rows<false, false>;
+      run(x.const_data_ptr<float>(), M, K, c, scales.const_data_ptr<float>(), P, N, y.mutable_data_ptr<float>());
     }
   }
   if (bias.has_value() && bias->defined()) y.add_(*bias);

@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from .linear import keep_block_source
+
 
 # On the CPU a layer's glue - each RMSNorm, and the rotation of Q and K - runs as one op each
 # (``torch.ops.heterospec.rms_norm`` / ``rope``, csrc/cpu/norm_rope.cpp) instead of several
@@ -344,10 +346,14 @@ def assign_weights(module: nn.Module, tensors, dtype: torch.dtype, device, *, re
         t = tensors[name]
         if tuple(t.shape) != tuple(ref.shape):
             raise ValueError(f"{what}: weight {name} has shape {list(t.shape)}, expected {list(ref.shape)}")
+        source = t
         t = t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device=device)
         owner_name, _, attr = name.rpartition(".")
         owner = module.get_submodule(owner_name)
         if attr in owner._parameters:
-            setattr(owner, attr, nn.Parameter(t, requires_grad=requires_grad))
+            param = nn.Parameter(t, requires_grad=requires_grad)
+            if attr == "weight" and isinstance(owner, (nn.Linear, nn.Embedding)):
+                keep_block_source(param, source)      # (a float32 checkpoint's codes, for bfloat16)
+            setattr(owner, attr, param)
         else:
             owner._buffers[attr] = t

@@ -332,24 +332,50 @@ def block_codes_available() -> bool:
     return BLOCK_CODES and hasattr(torch.ops.heterospec, "stream_linear_blocks")
 
 
+def keep_block_source(weight: torch.Tensor, source: torch.Tensor) -> None:
+    """Remember on ``weight``, a bfloat16 CPU parameter cast from the float32 ``source`` (a model
+    loaded in bfloat16 from a float32 checkpoint), the block codes ``source`` holds exactly, if
+    any: a bfloat16 weight alone no longer tells its codes. :func:`block_codes` streams the
+    bfloat16 weight as them while rounding them gives its values (checked there)."""
+    if (weight.dtype != torch.bfloat16 or source.dtype != torch.float32 or source.dim() != 2
+            or weight.device.type != "cpu" or source.device.type != "cpu" or not block_codes_available()):
+        return
+    from ..ops import stream_linear_pack_blocks
+    with torch.no_grad():
+        found = stream_linear_pack_blocks(source)
+    if found is not None:
+        weight._block_source = (found[0], found[1:])
+
+
 def block_codes(layer: nn.Linear) -> Optional[Tuple[str, object]]:
-    """``(format, packed)`` of ``layer``'s float32 CPU weight where it holds values of a narrower
-    form exactly, else None: ``"q4_1"`` / ``"q8_0"`` with ``packed = (codes, scales)``
+    """``(format, packed)`` of ``layer``'s CPU weight where it holds values of a narrower form
+    exactly, else None: ``"q4_1"`` / ``"q8_0"`` with ``packed = (codes, scales)``
     (:func:`heterospec.ops.stream_linear_pack_blocks`), or ``"f16"`` with ``packed`` the float16
-    weight packed for ``stream_linear``. Found once per weight (kept on the layer while the weight
-    is unchanged)."""
+    weight packed for ``stream_linear``. A float32 weight is searched for them; a bfloat16 one
+    takes the codes its float32 source held (:func:`keep_block_source`) where rounding them to
+    bfloat16 gives its values (``stream_linear_blocks`` rounds them so for a bfloat16 input).
+    Found once per weight (kept on the layer while the weight is unchanged)."""
     w = layer.weight
-    if not block_codes_available() or w.dtype != torch.float32 or w.device.type != "cpu":
+    if not block_codes_available() or w.device.type != "cpu":
+        return None
+    source = getattr(w, "_block_source", None) if w.dtype == torch.bfloat16 else None
+    if source is not None and layer.__dict__.get("_bf16_codes_declined"):
+        source = None                 # measured slower here than its 16-bit stream (tune_linears)
+    if w.dtype != torch.float32 and source is None:
         return None
     seen = layer.__dict__.get("_block_codes_of")
     if seen is None or seen[0] != _weight_state(w):
         from ..ops import stream_linear_pack_blocks
         with torch.no_grad():
-            found = stream_linear_pack_blocks(w)
-            if found is not None:
-                found = (found[0], found[1:])
-            elif w.numel() and torch.equal(w.half().float(), w):
-                found = ("f16", _stream_pack(w.half()))
+            if source is not None:
+                codes, scales = source[1]
+                found = source if torch.equal(_dequantized(codes, scales, w.shape[0]).to(w.dtype), w) else None
+            else:
+                found = stream_linear_pack_blocks(w)
+                if found is not None:
+                    found = (found[0], found[1:])
+                elif w.numel() and torch.equal(w.half().float(), w):
+                    found = ("f16", _stream_pack(w.half()))
             seen = (_weight_state(w), found)
         layer.__dict__["_block_codes_of"] = seen
     return seen[1]
@@ -662,6 +688,8 @@ def time_shape(layer: nn.Linear, rows: Sequence[int] = TUNE_ROWS, budget_s: floa
     the other paths on the float32 weight those codes stand for."""
     N, K = layer.out_features, layer.in_features
     w, coded = _random_coded(N, K, fmt) if fmt else (torch.randn_like(layer.weight, dtype=layer.weight.dtype), None)
+    if fmt and fmt != "f16":
+        w = w.to(layer.weight.dtype)     # a bfloat16 layer's codes stand for their bfloat16 rounding
     b = None if layer.bias is None else torch.randn_like(layer.bias)
     tol = dict(rtol=1e-2, atol=1e-2) if w.dtype != torch.float32 else dict(rtol=1e-4, atol=1e-4)
     try:
@@ -810,6 +838,7 @@ def tune_linears(models: Iterable[Optional[nn.Module]], progress: bool = True, s
         except (OSError, ValueError):
             pass
         _MEMORY[path] = saved
+    _choose_bf16_codes([mod for _, mod in layers], saved, path, progress)
     shapes = {}
     for _, mod in layers:
         shapes.setdefault(_shape_key(mod), mod)
@@ -840,6 +869,49 @@ def tune_linears(models: Iterable[Optional[nn.Module]], progress: bool = True, s
     if stream and fuse:
         _tune_fused(models, saved, path, report, progress)
     return report
+
+
+# Row counts at which a bfloat16 layer's codes are timed against its 16-bit stream: a decode
+# step, a small tree, a large one.
+BF16_CODES_ROWS = (1, 4, 16)
+
+
+def _choose_bf16_codes(layers: Sequence[nn.Linear], saved: dict, path: str, progress: bool = False) -> None:
+    """Per shape of the bfloat16 layers that carry their float32 source's codes
+    (:func:`keep_block_source`): stream them as the codes (rounded to bfloat16 in registers) or
+    as 16-bit weights, whichever :func:`time_shape` measured faster here over
+    ``BF16_CODES_ROWS`` (cache-cold, as every path). The codes read a quarter of the bytes but
+    round every weight: at one row they ran slower than the 16-bit stream from cache on the
+    Emerald Rapids Xeon and won from memory (bench/RESULTS.md, seventy-third session), so
+    a CPU whose cache or bandwidth changes that trade decides for itself. A layer whose codes
+    lose streams as bfloat16 (``_bf16_codes_declined``); the verdicts are kept with the
+    machine's timings (keys ``bf16-codes:<shape>``)."""
+    coded = [m for m in layers if m.weight.dtype == torch.bfloat16 and getattr(m.weight, "_block_source", None)]
+    for m in coded:
+        m.__dict__.pop("_bf16_codes_declined", None)
+    groups: Dict[str, List[nn.Linear]] = {}
+    for m in coded:
+        fmt = _block_format(m)
+        if fmt is not None:
+            groups.setdefault(f"bf16-codes:{_shape_key(m)}", []).append(m)
+    todo = [k for k in groups if k not in saved]
+    if todo:
+        from tqdm.auto import tqdm
+        load = _timing_load()
+        with torch.inference_mode():
+            for k in tqdm(todo, desc="timing bfloat16 codes", disable=not progress, unit="shape"):
+                m = groups[k][0]
+                codes = time_shape(m, rows=BF16_CODES_ROWS, budget_s=0.2, fmt=_block_format(m))
+                plain = time_shape(m, rows=BF16_CODES_ROWS, budget_s=0.2)     # the 16-bit stream
+                saved[k] = {"rows": list(BF16_CODES_ROWS), "codes_ms": codes.get("stream_ms"),
+                            "stream16_ms": plain.get("stream_ms")}
+        _save_timings(path, saved, load, todo)
+    for k, members in groups.items():
+        t = saved[k]
+        if t.get("codes_ms") is None or (t.get("stream16_ms") is not None
+                                         and sum(t["codes_ms"]) > sum(t["stream16_ms"])):
+            for m in members:
+                m.__dict__["_bf16_codes_declined"] = True
 
 
 def _timing_load():
