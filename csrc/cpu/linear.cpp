@@ -418,15 +418,6 @@ __attribute__((target("avx2,fma"))) void blocks_avx2_one_pass(const float* x, in
 }
 #endif  // HS_HAVE_X86_SIMD
 
-// A float32 weight rounded to its bfloat16 value (nearest even; finite), as float32.
-inline float round_bf16(float w) {
-  uint32_t bits;
-  std::memcpy(&bits, &w, sizeof bits);
-  bits = (bits + 0x7FFFu + ((bits >> 16) & 1u)) & 0xFFFF0000u;
-  std::memcpy(&w, &bits, sizeof w);
-  return w;
-}
-
 // The portable loop: the same q, the same fma to the weight, the same chain.
 template <bool kQ4, bool kBf16, int MR>
 void blocks_scalar(const float* x, int64_t ldx, const uint8_t* codes, const float* scales, int64_t K, float* y,
@@ -441,7 +432,7 @@ void blocks_scalar(const float* x, int64_t ldx, const uint8_t* codes, const floa
       const float q = kQ4 ? static_cast<float>(j < 16 ? (c[j] & 15) : (c[j - 16] >> 4))
                           : static_cast<float>(static_cast<int8_t>(c[j]));
       w[j] = std::fma(q, s[j], s[kBlock + j]);
-      if (kBf16) w[j] = round_bf16(w[j]);
+      if (kBf16) w[j] = static_cast<float>(c10::BFloat16(w[j]));   // (c10's round to nearest even)
     }
     for (int m = 0; m < MR; ++m) {
       const float xv = x[m * ldx + k];

@@ -336,7 +336,8 @@ def keep_block_source(weight: torch.Tensor, source: torch.Tensor) -> None:
     """Remember on ``weight``, a bfloat16 CPU parameter cast from the float32 ``source`` (a model
     loaded in bfloat16 from a float32 checkpoint), the block codes ``source`` holds exactly, if
     any: a bfloat16 weight alone no longer tells its codes. :func:`block_codes` streams the
-    bfloat16 weight as them while rounding them gives its values (checked there)."""
+    bfloat16 weight as them while it is unchanged since (``weight`` is ``source`` cast: the
+    codes rounded give its values; a weight written since streams as bfloat16)."""
     if (weight.dtype != torch.bfloat16 or source.dtype != torch.float32 or source.dim() != 2
             or weight.device.type != "cpu" or source.device.type != "cpu" or not block_codes_available()):
         return
@@ -344,7 +345,7 @@ def keep_block_source(weight: torch.Tensor, source: torch.Tensor) -> None:
     with torch.no_grad():
         found = stream_linear_pack_blocks(source)
     if found is not None:
-        weight._block_source = (found[0], found[1:])
+        weight._block_source = (found[0], found[1:], _weight_state(weight))
 
 
 def block_codes(layer: nn.Linear) -> Optional[Tuple[str, object]]:
@@ -352,15 +353,15 @@ def block_codes(layer: nn.Linear) -> Optional[Tuple[str, object]]:
     exactly, else None: ``"q4_1"`` / ``"q8_0"`` with ``packed = (codes, scales)``
     (:func:`heterospec.ops.stream_linear_pack_blocks`), or ``"f16"`` with ``packed`` the float16
     weight packed for ``stream_linear``. A float32 weight is searched for them; a bfloat16 one
-    takes the codes its float32 source held (:func:`keep_block_source`) where rounding them to
-    bfloat16 gives its values (``stream_linear_blocks`` rounds them so for a bfloat16 input).
+    takes the codes its float32 source held (:func:`keep_block_source`) while it is unchanged
+    since the cast (``stream_linear_blocks`` rounds them to bfloat16 for a bfloat16 input).
     Found once per weight (kept on the layer while the weight is unchanged)."""
     w = layer.weight
     if not block_codes_available() or w.device.type != "cpu":
         return None
     source = getattr(w, "_block_source", None) if w.dtype == torch.bfloat16 else None
-    if source is not None and layer.__dict__.get("_bf16_codes_declined"):
-        source = None                 # measured slower here than its 16-bit stream (tune_linears)
+    if source is not None and (source[2] != _weight_state(w) or layer.__dict__.get("_bf16_codes_declined")):
+        source = None                 # written since the cast, or measured slower here than its 16-bit stream
     if w.dtype != torch.float32 and source is None:
         return None
     seen = layer.__dict__.get("_block_codes_of")
@@ -368,8 +369,7 @@ def block_codes(layer: nn.Linear) -> Optional[Tuple[str, object]]:
         from ..ops import stream_linear_pack_blocks
         with torch.no_grad():
             if source is not None:
-                codes, scales = source[1]
-                found = source if torch.equal(_dequantized(codes, scales, w.shape[0]).to(w.dtype), w) else None
+                found = source[:2]
             else:
                 found = stream_linear_pack_blocks(w)
                 if found is not None:
