@@ -14,7 +14,8 @@ for one model pair on one device:
                                  KV compaction, bookkeeping), per B and N
 
 A model is saved with the *fingerprint* of where it was measured (CPU model and ISA flags or GPU
-name, threads, the MKL / oneDNN ISA caps, torch version, dtypes, model shapes). The engine looks
+name, threads, the MKL / oneDNN ISA caps, torch version, dtypes, model shapes, a hash of the ops'
+library: a rebuilt or upgraded kernel times differently). The engine looks
 for the file of its own fingerprint in the user cache (``~/.cache/heterospec/costs``); a file
 measured elsewhere is reported and not used. With none, the engine measures a quick one (a few
 seconds: batch 1 only, larger batches scaled by the target's token curve) and caches it;
@@ -87,7 +88,8 @@ def fingerprint(engine) -> dict:
     target, draft = engine.target, engine.draft
     dev = engine.device
     w = target.lm_head.weight
-    fp = {"device": dev.type, "torch": torch.__version__.split("+")[0],
+    from ._ext import kernels_id
+    fp = {"device": dev.type, "torch": torch.__version__.split("+")[0], "kernels": kernels_id(),
           "target_dtype": str(w.dtype).removeprefix("torch."),
           "draft_dtype": draft_form(draft) if draft is not None else None}
     if dev.type == "cuda":

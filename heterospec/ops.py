@@ -1081,7 +1081,9 @@ def tree_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, prefix_lens: Ten
     ``sdpa`` of :func:`dense_tree_attention_mask`'s mask, without the mask. Only the visible
     slots are read. A row's result depends only on its query and the keys and values it sees,
     in slot order (not on the other rows, the batch or the threads), so a tree node gets what a
-    one-token step gives the same token. float16 / bfloat16 run in float32, rounded once.
+    one-token step gives the same token. float16 / bfloat16 run in float32, rounded once: their K/V
+    are widened as they are read (exactly), so the result is the float32 call's on the widened
+    tensors, without a float32 copy of the cache.
 
     Parameters
     ----------

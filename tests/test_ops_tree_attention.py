@@ -46,6 +46,20 @@ def test_tree_attention_matches_reference(shape, dtype):
     torch.testing.assert_close(got, ref, **tol)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_a_16_bit_cache_is_read_as_its_float32_widening(shape, dtype):
+    """float16 / bfloat16 K/V are widened as the kernel reads them: the result is, bit for bit,
+    the float32 call on the widened tensors, rounded once to q's dtype. Also for a cache stored
+    head-major (slot rows strided)."""
+    q, k, v, lens, mask = _case(*shape, dtype=dtype)
+    got = ops.tree_attention(q, k, v, lens, mask, shape[4] ** -0.5)
+    want = ops.tree_attention(q.float(), k.float(), v.float(), lens, mask, shape[4] ** -0.5).to(dtype)
+    assert torch.equal(got, want)
+    head_major = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in (k, v)]   # [B, S, H, D], S not outer
+    assert torch.equal(ops.tree_attention(q, *head_major, lens, mask, shape[4] ** -0.5), want)
+
+
 def test_tree_attention_is_sdpa_with_the_dense_mask():
     from heterospec.models.layers import sdpa
 
@@ -138,6 +152,10 @@ for shape in SHAPES:
     q, k, v, lens, mask = _case(*shape)
     torch.testing.assert_close(ops.tree_attention(q, k, v, lens, mask, 0.3), tree_attention_ref(q, k, v, lens, mask, 0.3),
                                rtol=2e-5, atol=2e-6)
+    for dtype in (torch.bfloat16, torch.float16):   # 16-bit K/V widened in the kernel: the float32 call's bits
+        h = [t.to(dtype) for t in (q, k, v)]
+        assert torch.equal(ops.tree_attention(*h, lens, mask, 0.3),
+                           ops.tree_attention(*[t.float() for t in h], lens, mask, 0.3).to(dtype)), (shape, dtype)
 print("ok")
 """
 

@@ -187,6 +187,22 @@ def test_cost_model_from_another_device_is_reported_not_used(tmp_path):
         assert costmodel.load_for(engine, str(there)) is None
 
 
+def test_a_cost_model_measured_with_other_kernels_is_reported_not_used(tmp_path):
+    """The fingerprint names the ops' library (a hash of it): costs timed with an older or rebuilt
+    build of the kernels are not this build's."""
+    from heterospec import _ext
+    engine, _, _ = _tiny_engine()
+    fp = costmodel.fingerprint(engine)
+    assert fp["kernels"] == _ext.kernels_id() and len(fp["kernels"]) == 12
+    cm = costmodel.CostModel(fingerprint=dict(fp, kernels="0" * 12), tokens=[1, 8], contexts=[128],
+                             target=[[5.0, 9.0]], batch_sizes=[1], plain=[5.0], draft=[[1.0, 1.0, 0.1]],
+                             nodes=[1, 8], verify=[[5.5, 10.0]], tree_top_k=3)
+    cm.save(str(tmp_path / "old.json"))
+    with pytest.warns(UserWarning, match=r"measured elsewhere.*kernels: '000000000000'"):
+        assert costmodel.load_for(engine, str(tmp_path / "old.json")) is None
+    assert costmodel.cache_path(fp) != costmodel.cache_path(cm.fingerprint)
+
+
 def test_cost_model_measures_the_engines_phases_in_steady_state(monkeypatch):
     """``measure`` runs the engine's own phases and returns a usable model; its plain steps run
     as between rounds (one token pending for the draft), not with the whole prompt pending."""

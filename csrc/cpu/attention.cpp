@@ -16,7 +16,9 @@
 // (b, t, h) attends to slots s < L_b and to slots L_b + j where tree_mask[b, t, j], with KV head
 // h / (Hq / Hkv).
 // -> o [B, T, Hq, D] contiguous, q's dtype. float16 / bfloat16 inputs are computed in float32
-// (as the models' sdpa does on the CPU) and rounded once.
+// (as the models' sdpa does on the CPU) and rounded once. Their K/V rows are widened to float32
+// as the phases load them (exactly: the bits a float32 copy of the cache would hold), so a step
+// reads the 16-bit cache once instead of writing and reading a float32 copy of it per layer.
 //
 // Phases, per query row:
 //   1. scores: scale * (q . k) of each visible key, in slot order (one FMA chain per key);
@@ -36,6 +38,8 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -66,21 +70,25 @@ struct Visible {
   int64_t slot(int64_t i) const { return i < prefix ? i : tree[i - prefix]; }
 };
 
-// K or V rows of one KV head: row of slot s at base + s * stride (D contiguous floats).
+// K or V rows of one KV head: row of slot s at base + s * stride (D contiguous elements E: float,
+// or the cache's c10::BFloat16 / c10::Half, widened to float as they are read).
+template <class E>
 struct Rows {
-  const float* base;
+  const E* base;
   int64_t stride;
-  const float* at(int64_t s) const { return base + s * stride; }
+  const E* at(int64_t s) const { return base + s * stride; }
 };
 
 // ---- portable ----------------------------------------------------------------------------------
-void row_scalar(const float* q, Rows k, Rows v, const Visible& vis, int64_t D, float scale, float* p, float* out) {
+template <class E>
+void row_scalar(const float* q, Rows<E> k, Rows<E> v, const Visible& vis, int64_t D, float scale, float* p,
+                float* out) {
   const int64_t n = vis.count();
   float mx = -std::numeric_limits<float>::infinity();
   for (int64_t i = 0; i < n; ++i) {                         // 1. scores
-    const float* kr = k.at(vis.slot(i));
+    const E* kr = k.at(vis.slot(i));
     float acc = 0.f;
-    for (int64_t d = 0; d < D; ++d) acc += q[d] * kr[d];
+    for (int64_t d = 0; d < D; ++d) acc += q[d] * static_cast<float>(kr[d]);
     p[i] = acc * scale;
     mx = std::max(mx, p[i]);
   }
@@ -91,8 +99,8 @@ void row_scalar(const float* q, Rows k, Rows v, const Visible& vis, int64_t D, f
   }
   for (int64_t d = 0; d < D; ++d) out[d] = 0.f;             // 3. output
   for (int64_t i = 0; i < n; ++i) {
-    const float* vr = v.at(vis.slot(i));
-    for (int64_t d = 0; d < D; ++d) out[d] += p[i] * vr[d];
+    const E* vr = v.at(vis.slot(i));
+    for (int64_t d = 0; d < D; ++d) out[d] += p[i] * static_cast<float>(vr[d]);
   }
   const float inv = 1.f / sum;
   for (int64_t d = 0; d < D; ++d) out[d] *= inv;
@@ -183,7 +191,27 @@ __attribute__((target("avx512f,avx2,fma"))) inline __m512 sum16_avx512(const __m
                        _mm512_maskz_shuffle_f32x4(kAll, d0, d1, kOdd));
 }
 
-// The widest head a SIMD kernel takes; a zero row of it stands in for the missing keys of a block.
+// Loads of 16 (AVX-512) or 8 (AVX2) K/V elements as floats. A bfloat16 is the top half of its
+// float32 (widened by a shift); a float16 is widened by F16C. Both are exact.
+__attribute__((target("avx512f,avx2,fma"))) inline __m512 load16(const float* x) { return _mm512_loadu_ps(x); }
+__attribute__((target("avx512f,avx2,fma"))) inline __m512 load16(const c10::BFloat16* x) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(kAll, _mm512_maskz_cvtepu16_epi32(kAll, h), 16));
+}
+__attribute__((target("avx512f,avx2,fma"))) inline __m512 load16(const c10::Half* x) {
+  return _mm512_maskz_cvtph_ps(kAll, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
+}
+__attribute__((target("avx2,fma"))) inline __m256 load8(const float* x) { return _mm256_loadu_ps(x); }
+__attribute__((target("avx2,fma"))) inline __m256 load8(const c10::BFloat16* x) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+__attribute__((target("avx2,fma,f16c"))) inline __m256 load8(const c10::Half* x) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
+}
+
+// The widest head a SIMD kernel takes; a zero row of it stands in for the missing keys of a block
+// (all bits zero: 0.0 as float, bfloat16 and float16 alike).
 constexpr int64_t kMaxD = 128;
 
 // Keys ahead whose K (phase 1) or V (phase 3) row a SIMD kernel asks the cache for. One KV head's
@@ -193,7 +221,8 @@ constexpr int64_t kMaxD = 128;
 constexpr int64_t kPrefetchKeys = 16;
 
 // Asks for the row of visible key idx (if there is one): `bytes` from its start.
-inline void prefetch_row(Rows r, const Visible& vis, int64_t idx, int64_t n, int64_t bytes) {
+template <class E>
+inline void prefetch_row(Rows<E> r, const Visible& vis, int64_t idx, int64_t n, int64_t bytes) {
   if (idx < n) {
     const char* row = reinterpret_cast<const char*>(r.at(vis.slot(idx)));
     for (int64_t c = 0; c < bytes; c += 64) _mm_prefetch(row + c, _MM_HINT_T0);
@@ -205,14 +234,20 @@ inline void prefetch_row(Rows r, const Visible& vis, int64_t idx, int64_t n, int
 // Phase 1 for keys i .. min(i + 16, n) - 1 of one row: one FMA chain over D per key, then the
 // sixteen partial vectors summed in one transpose-and-add tree (missing keys are zero vectors).
 alignas(64) const float kZeroRow[kMaxD] = {};
+template <class E>
+const E* zero_row() {
+  return reinterpret_cast<const E*>(kZeroRow);
+}
 
-template <int C>
-__attribute__((target("avx512f,avx2,fma"))) inline void scores_block_avx512(const float* q, Rows k, const Visible& vis,
-                                                                           int64_t i, int64_t n, float scale, float* p) {
+template <int C, class E>
+__attribute__((target("avx512f,avx2,fma"))) inline void scores_block_avx512(const float* q, Rows<E> k,
+                                                                           const Visible& vis, int64_t i, int64_t n,
+                                                                           float scale, float* p, bool hint) {
   const int64_t m = std::min<int64_t>(16, n - i);
-  const float* kr[16];
-  for (int64_t j = 0; j < 16; ++j) kr[j] = j < m ? k.at(vis.slot(i + j)) : kZeroRow;
-  for (int64_t j = 0; j < 16; ++j) prefetch_row(k, vis, i + j + kPrefetchKeys, n, 64 * C);
+  const E* kr[16];
+  for (int64_t j = 0; j < 16; ++j) kr[j] = j < m ? k.at(vis.slot(i + j)) : zero_row<E>();
+  if (hint)
+    for (int64_t j = 0; j < 16; ++j) prefetch_row(k, vis, i + j + kPrefetchKeys, n, 16 * C * sizeof(E));
   __m512 qv[C], acc[16];
 #pragma GCC unroll 4
   for (int c = 0; c < C; ++c) qv[c] = _mm512_loadu_ps(q + 16 * c);
@@ -220,7 +255,7 @@ __attribute__((target("avx512f,avx2,fma"))) inline void scores_block_avx512(cons
   for (int j = 0; j < 16; ++j) {
     acc[j] = _mm512_setzero_ps();
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) acc[j] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kr[j] + 16 * c), acc[j]);
+    for (int c = 0; c < C; ++c) acc[j] = _mm512_fmadd_ps(qv[c], load16(kr[j] + 16 * c), acc[j]);
   }
   const __m512 sc = _mm512_mul_ps(sum16_avx512(acc), _mm512_set1_ps(scale));
   _mm512_mask_storeu_ps(p + i, m == 16 ? kAll : __mmask16((1u << m) - 1), sc);
@@ -244,23 +279,37 @@ __attribute__((target("avx512f,avx2,fma"))) inline float softmax_avx512(float* p
   return 1.f / hsum_avx512(sv);
 }
 
-// Phase 3 for keys i .. min(i + 16, n) - 1 of one row: acc[0, D) += p[j] * v_j, in index order.
-template <int C>
-__attribute__((target("avx512f,avx2,fma"))) inline void values_block_avx512(const float* p, Rows v, const Visible& vis,
-                                                                           int64_t i, int64_t n, float* acc_mem) {
-  __m512 acc[C];
+// Phase 3 for keys i .. min(i + 16, n) - 1 of G rows that see the same keys (G = 1: any row;
+// G > 1: a block of the rows' common prefix): acc_g[0, D) += p_g[j] * v_j, in index order. Each
+// V row is loaded once for the G rows, and their FMA chains interleave (one row's C chains wait
+// on the FMA latency); a row's chain, and so its bits, is the one it runs alone.
+template <int C, int G, class E>
+__attribute__((target("avx512f,avx2,fma"))) inline void values_block_avx512(const float* const* p, Rows<E> v,
+                                                                           const Visible& vis, int64_t i, int64_t n,
+                                                                           float* const* acc_mem, bool hint) {
+  __m512 acc[G][C];
+#pragma GCC unroll 2
+  for (int g = 0; g < G; ++g)
 #pragma GCC unroll 8
-  for (int c = 0; c < C; ++c) acc[c] = _mm512_loadu_ps(acc_mem + 16 * c);
+    for (int c = 0; c < C; ++c) acc[g][c] = _mm512_loadu_ps(acc_mem[g] + 16 * c);
   const int64_t e = std::min<int64_t>(i + 16, n);
   for (int64_t j = i; j < e; ++j) {
-    const float* vr = v.at(vis.slot(j));
-    prefetch_row(v, vis, j + kPrefetchKeys, n, 64 * C);
-    const __m512 w = _mm512_set1_ps(p[j]);
+    const E* vr = v.at(vis.slot(j));
+    if (hint) prefetch_row(v, vis, j + kPrefetchKeys, n, 16 * C * sizeof(E));
+    __m512 w[G];
+#pragma GCC unroll 2
+    for (int g = 0; g < G; ++g) w[g] = _mm512_set1_ps(p[g][j]);
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) acc[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(vr + 16 * c), acc[c]);
+    for (int c = 0; c < C; ++c) {
+      const __m512 x = load16(vr + 16 * c);
+#pragma GCC unroll 2
+      for (int g = 0; g < G; ++g) acc[g][c] = _mm512_fmadd_ps(w[g], x, acc[g][c]);
+    }
   }
+#pragma GCC unroll 2
+  for (int g = 0; g < G; ++g)
 #pragma GCC unroll 8
-  for (int c = 0; c < C; ++c) _mm512_storeu_ps(acc_mem + 16 * c, acc[c]);
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(acc_mem[g] + 16 * c, acc[g][c]);
 }
 
 // ---- AVX2 phases: keys in quads (one FMA chain over D per key, the four partial vectors summed
@@ -275,15 +324,17 @@ __attribute__((target("avx2,fma"), always_inline)) inline __m128 quad_scores_avx
 // FMA chains keep both FMA pipes busy (one quad's four chains wait on the FMA latency); each key
 // still gets its own chain over D and the quad's reduction tree, so its score's bits are those of
 // a quad alone.
-template <int C>
-__attribute__((target("avx2,fma"))) inline void scores_block_avx2(const float* q, Rows k, const Visible& vis, int64_t i,
-                                                                 int64_t n, float scale, float* p) {
+template <int C, class E>
+__attribute__((target("avx2,fma,f16c"))) inline void scores_block_avx2(const float* q, Rows<E> k, const Visible& vis,
+                                                                      int64_t i, int64_t n, float scale, float* p,
+                                                                      bool hint) {
   const int64_t e = std::min<int64_t>(i + 16, n);
   for (int64_t j = i; j < e; j += 8) {
     const int64_t m = std::min<int64_t>(8, e - j);
-    const float* kr[8];
-    for (int64_t u = 0; u < 8; ++u) kr[u] = u < m ? k.at(vis.slot(j + u)) : kZeroRow;
-    for (int64_t u = 0; u < 8; ++u) prefetch_row(k, vis, j + u + kPrefetchKeys, n, 32 * C);
+    const E* kr[8];
+    for (int64_t u = 0; u < 8; ++u) kr[u] = u < m ? k.at(vis.slot(j + u)) : zero_row<E>();
+    if (hint)
+      for (int64_t u = 0; u < 8; ++u) prefetch_row(k, vis, j + u + kPrefetchKeys, n, 8 * C * sizeof(E));
     __m256 a[8];
 #pragma GCC unroll 8
     for (int u = 0; u < 8; ++u) a[u] = _mm256_setzero_ps();
@@ -291,7 +342,7 @@ __attribute__((target("avx2,fma"))) inline void scores_block_avx2(const float* q
     for (int c = 0; c < C; ++c) {
       const __m256 qc = _mm256_loadu_ps(q + 8 * c);
 #pragma GCC unroll 8
-      for (int u = 0; u < 8; ++u) a[u] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(kr[u] + 8 * c), a[u]);
+      for (int u = 0; u < 8; ++u) a[u] = _mm256_fmadd_ps(qc, load8(kr[u] + 8 * c), a[u]);
     }
     alignas(32) float eight[8];
     _mm_store_ps(eight, quad_scores_avx2(a, scale));
@@ -319,97 +370,123 @@ __attribute__((target("avx2,fma"))) inline float softmax_avx2(float* p, int64_t 
   return 1.f / hsum_avx2(sv);
 }
 
-template <int C>
-__attribute__((target("avx2,fma"))) inline void values_block_avx2(const float* p, Rows v, const Visible& vis, int64_t i,
-                                                                 int64_t n, float* acc_mem) {
-  __m256 acc[C];
+// Phase 3 as values_block_avx512 (G rows that see the same keys), 8 lanes.
+template <int C, int G, class E>
+__attribute__((target("avx2,fma,f16c"))) inline void values_block_avx2(const float* const* p, Rows<E> v,
+                                                                      const Visible& vis, int64_t i, int64_t n,
+                                                                      float* const* acc_mem, bool hint) {
+  __m256 acc[G][C];
+#pragma GCC unroll 2
+  for (int g = 0; g < G; ++g)
 #pragma GCC unroll 16
-  for (int c = 0; c < C; ++c) acc[c] = _mm256_loadu_ps(acc_mem + 8 * c);
+    for (int c = 0; c < C; ++c) acc[g][c] = _mm256_loadu_ps(acc_mem[g] + 8 * c);
   const int64_t e = std::min<int64_t>(i + 16, n);
   for (int64_t j = i; j < e; ++j) {
-    const float* vr = v.at(vis.slot(j));
-    prefetch_row(v, vis, j + kPrefetchKeys, n, 32 * C);
-    const __m256 w = _mm256_set1_ps(p[j]);
+    const E* vr = v.at(vis.slot(j));
+    if (hint) prefetch_row(v, vis, j + kPrefetchKeys, n, 8 * C * sizeof(E));
+    __m256 w[G];
+#pragma GCC unroll 2
+    for (int g = 0; g < G; ++g) w[g] = _mm256_set1_ps(p[g][j]);
 #pragma GCC unroll 16
-    for (int c = 0; c < C; ++c) acc[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 8 * c), acc[c]);
+    for (int c = 0; c < C; ++c) {
+      const __m256 x = load8(vr + 8 * c);
+#pragma GCC unroll 2
+      for (int g = 0; g < G; ++g) acc[g][c] = _mm256_fmadd_ps(w[g], x, acc[g][c]);
+    }
   }
+#pragma GCC unroll 2
+  for (int g = 0; g < G; ++g)
 #pragma GCC unroll 16
-  for (int c = 0; c < C; ++c) _mm256_storeu_ps(acc_mem + 8 * c, acc[c]);
+    for (int c = 0; c < C; ++c) _mm256_storeu_ps(acc_mem[g] + 8 * c, acc[g][c]);
 }
 
 #endif  // HS_HAVE_X86_SIMD
 
-// A GQA group's rows (one request, so one prefix): query q[r], keys vis[r], scores at p + r * ps,
-// output out[r] (phase 3's accumulator). K: one instruction set's phases, with D = K::kD:
-//   K::scores(q, k, vis, i, n, scale, p)  phase 1 for a row's keys i .. min(i + 16, n) - 1;
-//   K::softmax(p, n) -> 1 / sum           phase 2 of a row;
-//   K::values(p, v, vis, i, n, acc)       phase 3 for the same keys, acc[0, D) += p[j] * v_j.
+// A GQA group's rows (one request, so one prefix): query q[r], keys vis[r], scores p[r], output
+// out[r] (phase 3's accumulator). K: one instruction set's phases for K/V elements E:
+//   K::scores(q, k, vis, i, n, scale, p, hint)  phase 1 for a row's keys i .. min(i + 16, n) - 1;
+//   K::softmax(p, n) -> 1 / sum                 phase 2 of a row;
+//   K::values<G>(p, v, vis, i, n, acc, hint)    phase 3 for the same keys of G rows that see them
+//                                               all, acc_g[0, D) += p_g[j] * v_j; K::kPair: the
+//                                               G it takes for a common-prefix block;
+// hint: prefetch the rows of the keys ahead (only the first row of a shared block asks: the rows
+// after it would ask for the same lines, and at 8-16 tree rows the repeated prefetches were as
+// many instructions as the FMAs).
 // Blocks of 16 keys of the common prefix are taken for every row in turn (read from L2 once,
 // then from L1); the rest of each row's keys (the prefix's tail and its tree) row by row. Each
 // row still runs exactly its own sequence of blocks, so the grouping changes no row's bits.
-template <class K>
-void group_rows(const float* const* q, int64_t R, Rows k, Rows v, const Visible* vis, int64_t D, float scale,
-                float* p, int64_t ps, float* const* out) {
+template <class K, class E>
+void group_rows(const float* const* q, int64_t R, Rows<E> k, Rows<E> v, const Visible* vis, int64_t D, float scale,
+                float* const* p, float* const* out) {
   const int64_t shared = vis[0].prefix / 16 * 16;   // whole blocks of the common prefix
   for (int64_t i = 0; i < shared; i += 16)                      // 1. scores
-    for (int64_t r = 0; r < R; ++r) K::scores(q[r], k, vis[r], i, vis[r].count(), scale, p + r * ps);
+    for (int64_t r = 0; r < R; ++r) K::scores(q[r], k, vis[r], i, vis[r].count(), scale, p[r], r == 0);
   for (int64_t r = 0; r < R; ++r)
-    for (int64_t i = shared; i < vis[r].count(); i += 16) K::scores(q[r], k, vis[r], i, vis[r].count(), scale, p + r * ps);
+    for (int64_t i = shared; i < vis[r].count(); i += 16) K::scores(q[r], k, vis[r], i, vis[r].count(), scale, p[r], true);
   std::vector<float> inv(static_cast<size_t>(R));
   for (int64_t r = 0; r < R; ++r) {                             // 2. softmax
-    inv[r] = K::softmax(p + r * ps, vis[r].count());
+    inv[r] = K::softmax(p[r], vis[r].count());
     std::fill(out[r], out[r] + D, 0.f);
   }
-  for (int64_t i = 0; i < shared; i += 16)                      // 3. output
-    for (int64_t r = 0; r < R; ++r) K::values(p + r * ps, v, vis[r], i, vis[r].count(), out[r]);
+  constexpr int G = K::kPair;
+  for (int64_t i = 0; i < shared; i += 16) {                    // 3. output
+    int64_t r = 0;
+    for (; r + G <= R; r += G) K::template values<G>(p + r, v, vis[r], i, vis[r].count(), out + r, r == 0);
+    for (; r < R; ++r) K::template values<1>(p + r, v, vis[r], i, vis[r].count(), out + r, r == 0);
+  }
   for (int64_t r = 0; r < R; ++r) {
-    for (int64_t i = shared; i < vis[r].count(); i += 16) K::values(p + r * ps, v, vis[r], i, vis[r].count(), out[r]);
+    for (int64_t i = shared; i < vis[r].count(); i += 16)
+      K::template values<1>(p + r, v, vis[r], i, vis[r].count(), out + r, true);
     for (int64_t d = 0; d < D; ++d) out[r][d] *= inv[r];
   }
 }
 
 #ifdef HS_HAVE_X86_SIMD
-template <int C>
+template <int C, class E>
 struct Avx512Phases {
-  static constexpr auto scores = scores_block_avx512<C>;
+  static constexpr auto scores = scores_block_avx512<C, E>;
   static constexpr auto softmax = softmax_avx512;
-  static constexpr auto values = values_block_avx512<C>;
+  template <int G>
+  static constexpr auto values = values_block_avx512<C, G, E>;
+  static constexpr int kPair = 2;            // 2 x C accumulators of 32 registers
 };
 
-template <int C>
+template <int C, class E>
 struct Avx2Phases {
-  static constexpr auto scores = scores_block_avx2<C>;
+  static constexpr auto scores = scores_block_avx2<C, E>;
   static constexpr auto softmax = softmax_avx2;
-  static constexpr auto values = values_block_avx2<C>;
+  template <int G>
+  static constexpr auto values = values_block_avx2<C, G, E>;
+  static constexpr int kPair = C <= 4 ? 2 : 1;   // 16 registers: C >= 8 chains are enough alone
 };
 #endif
 
-using GroupFn = void (*)(const float* const*, int64_t, Rows, Rows, const Visible*, int64_t, float, float*, int64_t,
-                         float* const*);
+template <class E>
+using GroupFn = void (*)(const float* const*, int64_t, Rows<E>, Rows<E>, const Visible*, int64_t, float,
+                         float* const*, float* const*);
 
 // The portable kernel takes a group's rows one at a time.
-void group_scalar(const float* const* q, int64_t R, Rows k, Rows v, const Visible* vis, int64_t D, float scale,
-                  float* p, int64_t ps, float* const* out) {
-  for (int64_t r = 0; r < R; ++r) row_scalar(q[r], k, v, vis[r], D, scale, p + r * ps, out[r]);
+template <class E>
+void group_scalar(const float* const* q, int64_t R, Rows<E> k, Rows<E> v, const Visible* vis, int64_t D, float scale,
+                  float* const* p, float* const* out) {
+  for (int64_t r = 0; r < R; ++r) row_scalar(q[r], k, v, vis[r], D, scale, p[r], out[r]);
 }
 
-GroupFn group_kernel(int64_t D) {
+template <class E>
+GroupFn<E> group_kernel(int64_t D) {
 #ifdef HS_HAVE_X86_SIMD
   const Isa isa = active_isa();
-  if (isa == Isa::Avx512 && D == 64) return group_rows<Avx512Phases<4>>;
-  if (isa == Isa::Avx512 && D == 128) return group_rows<Avx512Phases<8>>;
-  if (isa >= Isa::Avx2 && D == 32) return group_rows<Avx2Phases<4>>;
-  if (isa >= Isa::Avx2 && D == 64) return group_rows<Avx2Phases<8>>;
-  if (isa >= Isa::Avx2 && D == 128) return group_rows<Avx2Phases<16>>;
+  if (isa == Isa::Avx512 && D == 64) return group_rows<Avx512Phases<4, E>, E>;
+  if (isa == Isa::Avx512 && D == 128) return group_rows<Avx512Phases<8, E>, E>;
+  if (isa >= Isa::Avx2 && D == 32) return group_rows<Avx2Phases<4, E>, E>;
+  if (isa >= Isa::Avx2 && D == 64) return group_rows<Avx2Phases<8, E>, E>;
+  if (isa >= Isa::Avx2 && D == 128) return group_rows<Avx2Phases<16, E>, E>;
 #endif
-  return group_scalar;
+  return group_scalar<E>;
 }
 
-// A float32 view of t with a unit last stride (a copy only when needed).
-Tensor float_rows(const Tensor& t) {
-  Tensor f = t.scalar_type() == at::kFloat ? t : t.to(at::kFloat);
-  return f.size(-1) <= 1 || f.stride(-1) == 1 ? f : f.contiguous();
-}
+// t with a unit last stride (a copy only when needed).
+Tensor unit_rows(const Tensor& t) { return t.size(-1) <= 1 || t.stride(-1) == 1 ? t : t.contiguous(); }
 
 }  // namespace
 
@@ -437,16 +514,15 @@ Tensor tree_attention_cpu(const Tensor& q_in, const Tensor& k_in, const Tensor& 
   }
   Tensor out = at::empty({B, T, Hq, D}, q_in.options());
   if (out.numel() == 0) return out;
-  // Only the slots some row can see are read (and converted, for float16 / bfloat16).
-  const Tensor q = float_rows(q_in), k = float_rows(k_in.narrow(1, 0, width)), v = float_rows(v_in.narrow(1, 0, width));
+  // Only the slots some row can see are read; float16 / bfloat16 K/V stay in the cache's dtype
+  // (the phases widen them), q (a few rows) is widened here.
+  const Tensor q = unit_rows(q_in.to(at::kFloat));
+  const Tensor k = unit_rows(k_in.narrow(1, 0, width)), v = unit_rows(v_in.narrow(1, 0, width));
   const bool f32 = q_in.scalar_type() == at::kFloat;
   Tensor out32 = f32 ? out : at::empty({B, T, Hq, D}, q_in.options().dtype(at::kFloat));
   const float* qp = q.const_data_ptr<float>();
-  const float* kp = k.const_data_ptr<float>();
-  const float* vp = v.const_data_ptr<float>();
   float* op_ = out32.mutable_data_ptr<float>();
   const int64_t group = Hq / Hkv, R = T * group;   // one KV head's query rows: its query heads at every t
-  const GroupFn kernel = group_kernel(D);
   const float sc = static_cast<float>(scale);
   const int64_t ps = width + 16;                 // a row's scores, room for a masked last block
   // One item per (b, g, chunk): a chunk of the R rows of request b's KV head g, each row about
@@ -461,34 +537,47 @@ Tensor tree_attention_cpu(const Tensor& q_in, const Tensor& k_in, const Tensor& 
                              ? 1
                              : std::min<int64_t>(R, std::max<int64_t>(1, (4 * threads + B * Hkv - 1) / (B * Hkv)));
   const int64_t chunk_rows = (R + chunks - 1) / chunks;
-  at::parallel_for(0, B * Hkv * chunks, grain_for(chunk_rows * row_work, kAttnGrain), [&](int64_t i0, int64_t i1) {
-    std::vector<float> p(static_cast<size_t>(R * ps));
-    std::vector<int64_t> tree(static_cast<size_t>(T * C));
-    std::vector<Visible> vis(static_cast<size_t>(R));
-    std::vector<const float*> qr(static_cast<size_t>(R));
-    std::vector<float*> outs(static_cast<size_t>(R));
-    for (int64_t it = i0; it < i1; ++it) {
-      const int64_t bg = it / chunks, b = bg / Hkv, g = bg % Hkv;
-      const int64_t r0 = (it % chunks) * chunk_rows, r1 = std::min(R, r0 + chunk_rows);
-      if (r0 >= r1) continue;
-      for (int64_t t = r0 / group; t <= (r1 - 1) / group; ++t) {
-        int64_t* slots = tree.data() + t * C;
-        int64_t nt = 0;
-        const bool* mrow = mp + (b * T + t) * C;
-        for (int64_t j = 0; j < C; ++j)
-          if (mrow[j]) slots[nt++] = lp[b] + j;
-        for (int64_t hh = 0; hh < group; ++hh) {
-          const int64_t r = t * group + hh, h = g * group + hh;
-          vis[r] = Visible{lp[b], slots, nt};
-          qr[r] = qp + b * q.stride(0) + t * q.stride(1) + h * q.stride(2);
-          outs[r] = op_ + ((b * T + t) * Hq + h) * D;
+  auto attend = [&](auto elem) {   // elem: a value of the K/V element type
+    using E = decltype(elem);
+    const E* kp = k.const_data_ptr<E>();
+    const E* vp = v.const_data_ptr<E>();
+    const GroupFn<E> kernel = group_kernel<E>(D);
+    at::parallel_for(0, B * Hkv * chunks, grain_for(chunk_rows * row_work, kAttnGrain), [&](int64_t i0, int64_t i1) {
+      std::vector<float> p(static_cast<size_t>(R * ps));
+      std::vector<float*> pr(static_cast<size_t>(R));
+      for (int64_t r = 0; r < R; ++r) pr[r] = p.data() + r * ps;
+      std::vector<int64_t> tree(static_cast<size_t>(T * C));
+      std::vector<Visible> vis(static_cast<size_t>(R));
+      std::vector<const float*> qr(static_cast<size_t>(R));
+      std::vector<float*> outs(static_cast<size_t>(R));
+      for (int64_t it = i0; it < i1; ++it) {
+        const int64_t bg = it / chunks, b = bg / Hkv, g = bg % Hkv;
+        const int64_t r0 = (it % chunks) * chunk_rows, r1 = std::min(R, r0 + chunk_rows);
+        if (r0 >= r1) continue;
+        for (int64_t t = r0 / group; t <= (r1 - 1) / group; ++t) {
+          int64_t* slots = tree.data() + t * C;
+          int64_t nt = 0;
+          const bool* mrow = mp + (b * T + t) * C;
+          for (int64_t j = 0; j < C; ++j)
+            if (mrow[j]) slots[nt++] = lp[b] + j;
+          for (int64_t hh = 0; hh < group; ++hh) {
+            const int64_t r = t * group + hh, h = g * group + hh;
+            vis[r] = Visible{lp[b], slots, nt};
+            qr[r] = qp + b * q.stride(0) + t * q.stride(1) + h * q.stride(2);
+            outs[r] = op_ + ((b * T + t) * Hq + h) * D;
+          }
         }
+        const Rows<E> kr{kp + b * k.stride(0) + g * k.stride(2), k.stride(1)};
+        const Rows<E> vr{vp + b * v.stride(0) + g * v.stride(2), v.stride(1)};
+        kernel(qr.data() + r0, r1 - r0, kr, vr, vis.data() + r0, D, sc, pr.data(), outs.data() + r0);
       }
-      const Rows kr{kp + b * k.stride(0) + g * k.stride(2), k.stride(1)};
-      const Rows vr{vp + b * v.stride(0) + g * v.stride(2), v.stride(1)};
-      kernel(qr.data() + r0, r1 - r0, kr, vr, vis.data() + r0, D, sc, p.data(), ps, outs.data() + r0);
-    }
-  });
+    });
+  };
+  switch (k.scalar_type()) {
+    case at::kFloat: attend(float{}); break;
+    case at::kBFloat16: attend(c10::BFloat16{}); break;
+    default: attend(c10::Half{}); break;   // (check_tree_attention_inputs admits only these three)
+  }
   if (!f32) out.copy_(out32);
   return out;
 }
