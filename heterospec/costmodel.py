@@ -304,7 +304,11 @@ class CostModel:
 
 
 def cache_path(fp: dict) -> str:
+    """The cached model of fingerprint ``fp``. The ops' library is left out of the key: a rebuilt
+    or upgraded heterospec finds its predecessor's model (measured again by :func:`for_engine`),
+    and the online state beside it keeps what it learnt about the draft's acceptance."""
     from .defaults import cache_root
+    fp = {k: v for k, v in fp.items() if k != "kernels"}
     key = hashlib.sha1(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:16]
     return os.path.join(str(cache_root()), COSTS_DIR, f"{fp['device']}-{fp['target_dtype']}-{key}.json")
 
@@ -317,7 +321,8 @@ def online_state_path(model_path: str, key: str = "*") -> str:
 
 def load_for(engine, path: Optional[str] = None) -> Optional[CostModel]:
     """The cost model for ``engine`` on this device: ``path`` if given and measured here, else the
-    cached one of this fingerprint. A file measured elsewhere is reported (warning) and not used."""
+    cached one of this fingerprint (possibly timed with another build of the ops: see
+    :func:`for_engine`). A file measured elsewhere is reported (warning) and not used."""
     import warnings
     fp = fingerprint(engine)
     if path is not None:
@@ -692,10 +697,13 @@ def for_engine(engine, path: Optional[str] = None, progress: bool = True) -> Cos
     cm = load_for(engine, path)
     why = None
     if cm is not None and path is None:
-        # A quick model (measured here automatically) that was measured beside other work, or
-        # whose use found its times far off, is measured again; a full one is the user's: reported.
+        # A quick model (measured here automatically) that was timed with another build of the
+        # ops, measured beside other work, or whose use found its times far off, is measured
+        # again; a full one is the user's: reported.
         off = contradicted_by_use(cm, cache_path(cm.fingerprint))
-        why = (f"was measured while other processes kept {cm.busy:.1f} CPU cores busy" if cm.busy > BUSY_CORES else
+        other_ops = cm.fingerprint.get("kernels") != fingerprint(engine).get("kernels")
+        why = ("was timed with another build of heterospec's ops" if other_ops else
+               f"was measured while other processes kept {cm.busy:.1f} CPU cores busy" if cm.busy > BUSY_CORES else
                f"was found off in use (observed / predicted step time {off:.2f})" if off is not None else None)
         if why and not cm.quick:
             import warnings

@@ -187,20 +187,37 @@ def test_cost_model_from_another_device_is_reported_not_used(tmp_path):
         assert costmodel.load_for(engine, str(there)) is None
 
 
-def test_a_cost_model_measured_with_other_kernels_is_reported_not_used(tmp_path):
+def test_a_cost_model_timed_with_other_kernels_is_measured_again(tmp_path, monkeypatch):
     """The fingerprint names the ops' library (a hash of it): costs timed with an older or rebuilt
-    build of the kernels are not this build's."""
+    build of the kernels are not this build's. Given by path, such a file is reported and not
+    used; cached, it sits where this build looks (the library is not in the cache key), and a
+    quick one is measured again there (the online state beside it keeps its acceptance: the
+    stamp rule of FittedPolicy.load_state), a full one is used with a warning."""
     from heterospec import _ext
-    engine, _, _ = _tiny_engine()
+    monkeypatch.setenv("HETEROSPEC_CACHE", str(tmp_path))
+    engine, _, _ = _tiny_engine(seed=26)
     fp = costmodel.fingerprint(engine)
     assert fp["kernels"] == _ext.kernels_id() and len(fp["kernels"]) == 12
-    cm = costmodel.CostModel(fingerprint=dict(fp, kernels="0" * 12), tokens=[1, 8], contexts=[128],
-                             target=[[5.0, 9.0]], batch_sizes=[1], plain=[5.0], draft=[[1.0, 1.0, 0.1]],
-                             nodes=[1, 8], verify=[[5.5, 10.0]], tree_top_k=3)
-    cm.save(str(tmp_path / "old.json"))
+    old = _quick_model(engine, 0.0)
+    old.fingerprint = dict(fp, kernels="0" * 12)
+    old.save(str(tmp_path / "old.json"))
     with pytest.warns(UserWarning, match=r"measured elsewhere.*kernels: '000000000000'"):
         assert costmodel.load_for(engine, str(tmp_path / "old.json")) is None
-    assert costmodel.cache_path(fp) != costmodel.cache_path(cm.fingerprint)
+    path = costmodel.cache_path(fp)
+    assert costmodel.cache_path(old.fingerprint) == path
+    fresh = _quick_model(engine, 0.0)
+    fresh.provenance["date"] = "now"
+    calls = []
+    monkeypatch.setattr(costmodel, "measure", lambda eng, **kw: calls.append(kw) or fresh)
+    old.save(path)
+    assert costmodel.for_engine(engine, progress=False).provenance["date"] == "now" and len(calls) == 1
+    assert costmodel.CostModel.load(path).fingerprint == fp
+    assert costmodel.for_engine(engine, progress=False).provenance["date"] == "now" and len(calls) == 1
+    old.quick = False
+    old.save(path)
+    with pytest.warns(UserWarning, match=r"timed with another build of heterospec's ops.*heterospec costs"):
+        assert costmodel.for_engine(engine, progress=False).provenance["date"] == "then"
+    assert len(calls) == 1
 
 
 def test_cost_model_measures_the_engines_phases_in_steady_state(monkeypatch):
