@@ -364,20 +364,21 @@ def _jit(reason: str) -> str:
     return lib
 
 
-_KERNELS_ID: List[str] = []
+_KERNELS_ID: Optional[str] = None
 
 
 def kernels_id() -> Optional[str]:
     """A short hash of the library that registered the ops (None before ``ensure_ops()`` or if it
     cannot be read). Measured costs hold for the kernels they were measured with: a rebuilt or
     upgraded library (a faster attention, say) times differently."""
-    if not _KERNELS_ID and LIBRARY is not None:
+    global _KERNELS_ID
+    if _KERNELS_ID is None and LIBRARY is not None:
         try:
             with open(LIBRARY, "rb") as f:
-                _KERNELS_ID.append(hashlib.sha1(f.read()).hexdigest()[:12])
+                _KERNELS_ID = hashlib.sha1(f.read()).hexdigest()[:12]
         except OSError:
-            return None
-    return _KERNELS_ID[0] if _KERNELS_ID else None
+            pass
+    return _KERNELS_ID
 
 
 def ensure_ops() -> str:

@@ -52,6 +52,7 @@ from typing import Callable, List, Optional, Sequence
 
 import torch
 
+from ._ext import kernels_id
 from .models.linear import settled_weights
 
 COSTS_DIR = "costs"
@@ -88,7 +89,6 @@ def fingerprint(engine) -> dict:
     target, draft = engine.target, engine.draft
     dev = engine.device
     w = target.lm_head.weight
-    from ._ext import kernels_id
     fp = {"device": dev.type, "torch": torch.__version__.split("+")[0], "kernels": kernels_id(),
           "target_dtype": str(w.dtype).removeprefix("torch."),
           "draft_dtype": draft_form(draft) if draft is not None else None}
@@ -701,7 +701,7 @@ def for_engine(engine, path: Optional[str] = None, progress: bool = True) -> Cos
         # ops, measured beside other work, or whose use found its times far off, is measured
         # again; a full one is the user's: reported.
         off = contradicted_by_use(cm, cache_path(cm.fingerprint))
-        other_ops = cm.fingerprint.get("kernels") != fingerprint(engine).get("kernels")
+        other_ops = cm.fingerprint.get("kernels") != kernels_id()
         why = ("was timed with another build of heterospec's ops" if other_ops else
                f"was measured while other processes kept {cm.busy:.1f} CPU cores busy" if cm.busy > BUSY_CORES else
                f"was found off in use (observed / predicted step time {off:.2f})" if off is not None else None)
