@@ -120,13 +120,14 @@ def test_leading_dimensions_are_kept(shape):
 @pytest.mark.parametrize("N", [96, 40, 56])   # whole blocks; a last block of 8 and of 24 outputs
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_row_gets_the_same_bits_whatever_rows_share_its_call(quant, N, dtype):
-    """1-2 rows take the whole block in one pass on AVX2, more rows half a block per pass: the
-    same chains, the same bits."""
+    """1-2 rows take the whole block in one pass on AVX2, more rows half a block per pass, more
+    than one chunk of rows (AVX2: 6, AVX-512: 12) a buffer of widened codes, 96 rows at a time:
+    the same chains, the same bits."""
     w = (_q4 if quant == "q4_1" else _q8)(N, 576, seed=5)[0]
     _, codes, scales = ops.stream_linear_pack_blocks(w)
-    x = torch.randn(24, 576).to(dtype)
-    alone = torch.cat([ops.stream_linear_blocks(x[i:i + 1], codes, scales, None, N) for i in range(24)])
-    for M in (2, 3, 7, 12, 13, 24):
+    x = torch.randn(100, 576).to(dtype)
+    alone = torch.cat([ops.stream_linear_blocks(x[i:i + 1], codes, scales, None, N) for i in range(100)])
+    for M in (2, 3, 7, 12, 13, 24, 97):
         assert torch.equal(ops.stream_linear_blocks(x[:M], codes, scales, None, N), alone[:M]), M
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -145,7 +146,7 @@ out = []
 for N, K in ((33, 64), (576, 576), (100, 1536)):
     for quant in (quantize_q4_1_ref, quantize_q8_0_ref):
         w = quant(torch.randn(N, K, generator=g) * 0.05)[0]
-        x, b = torch.randn(11, K, generator=g), torch.randn(N, generator=g)
+        x, b = torch.randn(11 if K > 64 else 101, K, generator=g), torch.randn(N, generator=g)
         _, codes, scales = ops.stream_linear_pack_blocks(w)
         out.append((ops.stream_linear_blocks(x, codes, scales, b, N), ops.stream_linear(x, ops.stream_linear_pack(w), b, N)))
         xb, bb = x.bfloat16(), b.bfloat16()

@@ -44,7 +44,9 @@
 // instead of 32. Each code widens in registers to w = fma(q, d, m) - d * q is exact in float32
 // (an 11-bit by at most 8-bit product), so the one rounding of the fma gives the float32 weight
 // bit for bit - and joins the same FMA chain as above. The outputs therefore equal stream_linear's
-// on the float32 weight exactly (row-invariant too); only the bytes read differ.
+// on the float32 weight exactly (row-invariant too); only the bytes read differ. Rows beyond one
+// chunk (AVX2: > 6, AVX-512: > 12) widen each group of a block's codes once into an L1 buffer that
+// every chunk then reads (blocks_widened), instead of widening them again per chunk.
 //   codes  [P, K, 16] uint8 (Q4_1: byte j = output j in the low nibble, output j + 16 in the high)
 //       or [P, K, 32] int8  (Q8_0: byte j = output j),
 //   scales [P, K / 32, 2, 32] float32: per block and group of 32 inputs, d of the 32 outputs, then m
@@ -416,6 +418,113 @@ __attribute__((target("avx2,fma"))) void blocks_avx2_one_pass(const float* x, in
   }
   store_one_pass_avx2<MR>(acc, y, ldy, valid);
 }
+
+// More rows than one chunk (AVX2: > 6, AVX-512: > 12): widen once, then multiply. The kernels
+// above widen each code again for every chunk of rows (and on AVX2 for each half block), and the
+// widening's converts and fmas share the FMA ports with the rows' chains. Here a block's codes
+// are widened one group (kGroup inputs) at a time into a 4 KiB buffer of float32 weights in L1,
+// and every chunk of rows then runs over that buffer: per step two weight loads and 2 MR FMAs
+// (AVX2: half blocks, 15 registers). Between groups a chunk's partial sums wait in a scratch of
+// float32 (stored and reloaded exactly), so each output is still the one chain over
+// k = 0..K-1 of the kernels above: the same bits. Up to one chunk the in-register kernels stay
+// faster (no buffer's stores and reloads).
+constexpr int64_t kWidenRows = 96;   // rows of one widened pass (12 KiB of partial sums beside the buffer)
+
+// One group's codes -> wbuf [kGroup, kBlock] float32 (s: the group's d then m, 32 each).
+template <bool kQ4, bool kBf16>
+__attribute__((target("avx2,fma"))) void widen_group_avx2(const uint8_t* codes, const float* s, float* wbuf) {
+  constexpr int64_t cb = code_bytes<kQ4>();
+  __m256 d[4], m[4];
+  for (int v = 0; v < 4; ++v) d[v] = _mm256_loadu_ps(s + 8 * v), m[v] = _mm256_loadu_ps(s + 32 + 8 * v);
+  for (int64_t kk = 0; kk < kGroup; ++kk) {
+    const uint8_t* c = codes + kk * cb;
+    _mm_prefetch(reinterpret_cast<const char*>(c + kGroup * cb), _MM_HINT_T0);
+    for (int v = 0; v < 4; ++v) {   // outputs 8 v .. 8 v + 7 (Q4_1: nibble v / 2 of bytes 8 (v % 2) ..)
+      const __m256 q = kQ4 ? q8_avx2_q4(c + 8 * (v % 2), v >= 2) : q8_avx2_q8(c + 8 * v);
+      _mm256_store_ps(wbuf + kk * kBlock + 8 * v, held_avx2<kBf16>(_mm256_fmadd_ps(q, d[v], m[v])));
+    }
+  }
+}
+template <bool kQ4, bool kBf16>
+__attribute__((target("avx512f,fma"))) void widen_group_avx512(const uint8_t* codes, const float* s, float* wbuf) {
+  constexpr int64_t cb = code_bytes<kQ4>();
+  const __m512 d[2] = {_mm512_loadu_ps(s), _mm512_loadu_ps(s + 16)};
+  const __m512 m[2] = {_mm512_loadu_ps(s + 32), _mm512_loadu_ps(s + 48)};
+  for (int64_t kk = 0; kk < kGroup; ++kk) {
+    const uint8_t* c = codes + kk * cb;
+    _mm_prefetch(reinterpret_cast<const char*>(c + kGroup * cb), _MM_HINT_T0);
+    for (int v = 0; v < 2; ++v) {
+      const __m512 q = kQ4 ? q16_avx512_q4(c, v == 1) : q16_avx512_q8(c + 16 * v);
+      _mm512_store_ps(wbuf + kk * kBlock + 16 * v, held_avx512<kBf16>(_mm512_fmadd_ps(q, d[v], m[v])));
+    }
+  }
+}
+
+// MR rows' partial sums (part: rows of kBlock floats) += x's kGroup inputs times the buffer.
+template <int MR>
+__attribute__((target("avx2,fma"))) void group_rows_avx2(const float* x, int64_t ldx, const float* wbuf, float* part) {
+  for (int h = 0; h < 2; ++h) {
+    __m256 acc[MR][2];
+    for (int m = 0; m < MR; ++m)
+      for (int v = 0; v < 2; ++v) acc[m][v] = _mm256_load_ps(part + m * kBlock + 16 * h + 8 * v);
+    for (int64_t kk = 0; kk < kGroup; ++kk)
+      rows_fma_avx2<MR>(acc, x, ldx, kk, _mm256_load_ps(wbuf + kk * kBlock + 16 * h),
+                        _mm256_load_ps(wbuf + kk * kBlock + 16 * h + 8));
+    for (int m = 0; m < MR; ++m)
+      for (int v = 0; v < 2; ++v) _mm256_store_ps(part + m * kBlock + 16 * h + 8 * v, acc[m][v]);
+  }
+}
+template <int MR>
+__attribute__((target("avx512f,fma"))) void group_rows_avx512(const float* x, int64_t ldx, const float* wbuf,
+                                                             float* part) {
+  __m512 acc[MR][2];
+  for (int m = 0; m < MR; ++m)
+    for (int v = 0; v < 2; ++v) acc[m][v] = _mm512_load_ps(part + m * kBlock + 16 * v);
+  for (int64_t kk = 0; kk < kGroup; ++kk)
+    rows_fma_avx512<MR>(acc, x, ldx, kk, _mm512_load_ps(wbuf + kk * kBlock), _mm512_load_ps(wbuf + kk * kBlock + 16));
+  for (int m = 0; m < MR; ++m)
+    for (int v = 0; v < 2; ++v) _mm512_store_ps(part + m * kBlock + 16 * v, acc[m][v]);
+}
+
+using WidenFn = void (*)(const uint8_t*, const float*, float*);
+using GroupRowsFn = void (*)(const float*, int64_t, const float*, float*);
+struct WidenedKernels {
+  WidenFn widen;
+  GroupRowsFn rows[13];   // by chunk rows 1 .. chunk
+  int chunk;
+};
+template <bool kQ4, bool kBf16>
+const WidenedKernels& widened_kernels(Isa isa) {
+  static const WidenedKernels avx2 = {widen_group_avx2<kQ4, kBf16>,
+                                      {nullptr, group_rows_avx2<1>, group_rows_avx2<2>, group_rows_avx2<3>,
+                                       group_rows_avx2<4>, group_rows_avx2<5>, group_rows_avx2<6>},
+                                      6};
+  static const WidenedKernels avx512 = {
+      widen_group_avx512<kQ4, kBf16>,
+      {nullptr, group_rows_avx512<1>, group_rows_avx512<2>, group_rows_avx512<3>, group_rows_avx512<4>,
+       group_rows_avx512<5>, group_rows_avx512<6>, group_rows_avx512<7>, group_rows_avx512<8>, group_rows_avx512<9>,
+       group_rows_avx512<10>, group_rows_avx512<11>, group_rows_avx512<12>},
+      12};
+  return isa == Isa::Avx512 ? avx512 : avx2;
+}
+
+// M (<= kWidenRows) rows times one block of codes: widen a group, run every chunk of rows over it.
+inline void blocks_widened(const WidenedKernels& ks, const float* x, int64_t ldx, int64_t M, const uint8_t* codes,
+                           int64_t code_bytes, const float* scales, int64_t K, float* y, int64_t ldy, int64_t valid) {
+  alignas(64) float wbuf[kGroup * kBlock];
+  alignas(64) float part[kWidenRows * kBlock];
+  std::memset(part, 0, sizeof(float) * M * kBlock);
+  for (int64_t g = 0; g < K / kGroup; ++g) {
+    ks.widen(codes + g * kGroup * code_bytes, scales + g * 2 * kBlock, wbuf);
+    for (int64_t m0 = 0; m0 < M;) {
+      const int64_t chunks = (M - m0 + ks.chunk - 1) / ks.chunk;
+      const int64_t mr = (M - m0 + chunks - 1) / chunks;    // balanced chunks of <= ks.chunk rows
+      ks.rows[mr](x + m0 * ldx + g * kGroup, ldx, wbuf, part + m0 * kBlock);
+      m0 += mr;
+    }
+  }
+  for (int64_t m = 0; m < M; ++m) std::memcpy(y + m * ldy, part + m * kBlock, sizeof(float) * valid);
+}
 #endif  // HS_HAVE_X86_SIMD
 
 // The portable loop: the same q, the same fma to the weight, the same chain.
@@ -604,8 +713,16 @@ void stream_rows(const float* xp, int64_t M, int64_t K, const W* pp, int64_t P, 
 template <bool kQ4, bool kBf16>
 void stream_blocks_rows(const float* xp, int64_t M, int64_t K, const uint8_t* codes, const float* scales, int64_t P,
                         int64_t N, float* yp) {
-  const BlockKernels& ks = block_kernels_for<kQ4, kBf16>(block_isa<kQ4>(M));
+  const Isa isa = block_isa<kQ4>(M);
+  const BlockKernels& ks = block_kernels_for<kQ4, kBf16>(isa);
   const int64_t block_codes = K * code_bytes<kQ4>(), block_scales = (K / kGroup) * 2 * kBlock;
+#ifdef HS_HAVE_X86_SIMD
+  // (up to one chunk of rows the codes are widened once anyway, in registers, with no buffer)
+  const bool widened = isa != Isa::Scalar && M > ks.mr_max;
+  const WidenedKernels& wk = widened_kernels<kQ4, kBf16>(isa);
+#else
+  const bool widened = false;
+#endif
   // As stream_rows, by weights per task (a code stands for one weight's work).
   const int64_t min_blocks = grain_for(K * kBlock, kGrainWork / 16);
   const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), P / min_blocks));
@@ -613,6 +730,14 @@ void stream_blocks_rows(const float* xp, int64_t M, int64_t K, const uint8_t* co
   at::parallel_for(0, P, grain, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t valid = std::min<int64_t>(kBlock, N - p * kBlock);
+#ifdef HS_HAVE_X86_SIMD
+      if (widened) {
+        for (int64_t m0 = 0; m0 < M; m0 += kWidenRows)
+          blocks_widened(wk, xp + m0 * K, K, std::min(kWidenRows, M - m0), codes + p * block_codes,
+                         code_bytes<kQ4>(), scales + p * block_scales, K, yp + m0 * N + p * kBlock, N, valid);
+        continue;
+      }
+#endif
       for (int64_t m0 = 0; m0 < M;) {
         const int64_t chunks = (M - m0 + ks.mr_max - 1) / ks.mr_max;
         const int64_t mr = (M - m0 + chunks - 1) / chunks;
