@@ -1,3 +1,7 @@
+"""stream_linear_blocks with and without the widened kernels, interleaved per call in one process (best of
+REPS alternating passes per shape and row count; 30 weight copies per layer shape, 2 for lm_head). Needs a
+build with the temporary per-call switch HS_EXP_NO_WIDEN (set: the kernels before; not in the product).
+Usage: python blocks_inproc.py REPS [ROWS,ROWS,...]"""
 import os, sys, time, json, torch, heterospec
 from heterospec.models.linear import _random_codes
 SHAPES = [("qkv", 960, 576, "q4_1", 30), ("o", 576, 576, "q4_1", 30), ("gate_up", 3072, 576, "q4_1", 30),
