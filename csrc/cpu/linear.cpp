@@ -86,6 +86,13 @@ constexpr int64_t kBlock = 32;      // outputs per packed block (two AVX-512 / f
 constexpr int64_t kPrefetch = 16;   // k steps ahead the micro-kernel prefetches (2 KiB of a block)
 constexpr int kOnePassRows = 2;     // AVX2: rows a whole-block pass serves (4 MR accumulators of 16 registers)
 
+// Rows of the next chunk when `left` rows remain and a chunk holds at most `most`: the remaining
+// rows in balanced chunks (13 rows at 12: 7 + 6, not 12 + 1).
+inline int64_t chunk_rows(int64_t left, int64_t most) {
+  const int64_t chunks = (left + most - 1) / most;
+  return (left + chunks - 1) / chunks;
+}
+
 // ---- micro-kernels -----------------------------------------------------------------------------
 // One call: MR rows of x (row stride ldx) times one packed block (K x kBlock) of weights of type W
 // (float, or bfloat16 held as uint16_t) -> y's columns n0 .. n0 + kBlock - 1 (stride ldy), only
@@ -517,8 +524,7 @@ inline void blocks_widened(const WidenedKernels& ks, const float* x, int64_t ldx
   for (int64_t g = 0; g < K / kGroup; ++g) {
     ks.widen(codes + g * kGroup * code_bytes, scales + g * 2 * kBlock, wbuf);
     for (int64_t m0 = 0; m0 < M;) {
-      const int64_t chunks = (M - m0 + ks.chunk - 1) / ks.chunk;
-      const int64_t mr = (M - m0 + chunks - 1) / chunks;    // balanced chunks of <= ks.chunk rows
+      const int64_t mr = chunk_rows(M - m0, ks.chunk);
       ks.rows[mr](x + m0 * ldx + g * kGroup, ldx, wbuf, part + m0 * kBlock);
       m0 += mr;
     }
@@ -699,8 +705,7 @@ void stream_rows(const float* xp, int64_t M, int64_t K, const W* pp, int64_t P, 
       const W* blk = pp + p * K * kBlock;
       const int64_t valid = std::min<int64_t>(kBlock, N - p * kBlock);
       for (int64_t m0 = 0; m0 < M;) {
-        const int64_t chunks = (M - m0 + ks.mr_max - 1) / ks.mr_max;
-        const int64_t mr = (M - m0 + chunks - 1) / chunks;    // balanced chunks of <= mr_max rows
+        const int64_t mr = chunk_rows(M - m0, ks.mr_max);
         ks.fn[mr](xp + m0 * K, K, blk, K, yp + m0 * N + p * kBlock, N, valid);
         m0 += mr;
       }
@@ -739,8 +744,7 @@ void stream_blocks_rows(const float* xp, int64_t M, int64_t K, const uint8_t* co
       }
 #endif
       for (int64_t m0 = 0; m0 < M;) {
-        const int64_t chunks = (M - m0 + ks.mr_max - 1) / ks.mr_max;
-        const int64_t mr = (M - m0 + chunks - 1) / chunks;
+        const int64_t mr = chunk_rows(M - m0, ks.mr_max);
         ks.fn[mr](xp + m0 * K, K, codes + p * block_codes, scales + p * block_scales, K, yp + m0 * N + p * kBlock,
                   N, valid);
         m0 += mr;
