@@ -376,6 +376,51 @@ def calibrate_policy(engine, prompts: Sequence, max_new_tokens: int = 128, sourc
 
 
 # ---------------------------------------------------------------------------------------------
+# Held-out check of the tables: what their plans accept on prompts they were not fitted on
+# ---------------------------------------------------------------------------------------------
+def measure_held_out(engine, tables, prompts: Sequence, max_new_tokens: int = 128, source: str = "user prompts",
+                     progress: bool = True, chat: bool = True) -> dict:
+    """Decode ``prompts`` with every round the fitted policy's speculative plan (no context
+    lookup) and return, per draft position ``j = 1..``, observed / predicted ``P(accepted >= j)``
+    of ``tables`` (:attr:`heterospec.policy.AcceptanceTables.held_out`): the ratio a fresh workload's
+    online correction starts from. Positions the plans predicted fewer than ``MIN_OBSERVED``
+    acceptances for are left out. The prompts must not be the calibration prompts (the point is
+    prompts the tables were not fitted on)."""
+    import dataclasses
+
+    from tqdm.auto import tqdm
+
+    from .policy import ForcedPolicy
+
+    if not prompts:
+        raise ValueError("measure_held_out: no held-out prompts given")
+    cfg = engine.config
+    if tables.top_k != cfg.top_k:
+        raise ValueError(f"measure_held_out: the tables were measured with tree top_k {tables.top_k}, "
+                         f"the engine drafts with top_k {cfg.top_k}")
+    # The tables as fitted (no earlier held-out start), every round speculative, sums never forgotten.
+    policy = ForcedPolicy(dataclasses.replace(tables, held_out=None), engine.cost_model, cfg, speculate=True,
+                          ragged=engine.ragged_verify)
+    policy.FORGET = 1.0
+    for p in tqdm(prompts, desc="held-out check", disable=not progress, unit="prompt"):
+        engine.generate(p, max_new_tokens=max_new_tokens, method="heterospec", policy=policy, lookup=False,
+                        corpus=False, chat=chat)
+    scale, predicted = [], []
+    for obs, pred in zip(policy._pos_obs, policy._pos_pred):
+        if pred < policy.MIN_OBSERVED:
+            break
+        scale.append(round(obs / pred, 4))
+        predicted.append(round(pred, 1))
+    if not scale:
+        raise ValueError(f"measure_held_out: the plans predicted fewer than {policy.MIN_OBSERVED} acceptances "
+                         f"over {len(prompts)} prompts: too few prompts or tokens to measure")
+    return {"position_scale": scale, "predicted": predicted, "prompt_source": source, "prompts": len(prompts),
+            "max_new_tokens": max_new_tokens, "cost_model": getattr(engine.cost_model, "stamp", None),
+            "target_dtype": str(engine.target.lm_head.weight.dtype).removeprefix("torch."),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+# ---------------------------------------------------------------------------------------------
 # Chain tables: the same traces for engines that draft a chain (vLLM's EAGLE-3 proposer)
 # ---------------------------------------------------------------------------------------------
 CHAIN_ENTROPY_KS = (4, 8)

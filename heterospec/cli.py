@@ -170,6 +170,16 @@ def _validate(parser: argparse.ArgumentParser, args) -> None:
                 args.prompts = read_prompts_file(args.prompts_file)
             except ValueError as e:
                 parser.error(f"argument --prompts-file: {e}")
+        if args.held_out_only and not args.held_out:
+            parser.error("argument --held-out-only: needs --held-out N (the held-out prompts to check on)")
+        if (args.held_out or args.held_out_only) and args.label != "tcr":
+            parser.error("argument --held-out: checks the fitted policy's acceptance tables; not with "
+                         "--label pstar_rank")
+        if args.prompts is not None and args.held_out:
+            first = 0 if args.held_out_only else args.n
+            if len(args.prompts) < first + args.held_out:
+                parser.error(f"argument --held-out: --prompts-file has {len(args.prompts)} prompts; the held-out "
+                             f"check takes {args.held_out} after the {first} calibration prompts")
         if out_dir is None:                       # the bins go next to the draft
             if args.draft is not None:
                 out_dir = args.draft
@@ -231,7 +241,48 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def _held_out_prompts(args):
+    """The held-out check's prompts: the --prompts-file lines after the calibration's (all of them
+    with --held-out-only), else the held-out split of heterospec.train.prompts."""
+    if args.prompts is not None:
+        first = 0 if args.held_out_only else args.n
+        return args.prompts[first:first + args.held_out], os.path.abspath(args.prompts_file) + f" (lines after {first})"
+    from .train.prompts import held_out_prompts
+    return held_out_prompts(args.held_out, seed=args.seed)
+
+
+def _check_held_out(args, engine, tables, path: Optional[str]) -> None:
+    """Measure ``tables`` on held-out prompts (heterospec.calibrate.measure_held_out) and save the
+    result in the tables file at ``path``."""
+    from .calibrate import measure_held_out
+
+    prompts, source = _held_out_prompts(args)
+    tables.held_out = measure_held_out(engine, tables, prompts, max_new_tokens=args.max_new_tokens, source=source)
+    if path:
+        tables.save(path)
+        print(f"wrote the held-out check into {path}")
+    print(json.dumps({"held_out": tables.held_out}))
+
+
 def cmd_calibrate(args) -> int:
+    if args.chain:
+        from .config import SpecConfig
+        args.tree_config = SpecConfig(top_k=1, depth=3, total_tokens=5)   # the chains vLLM's proposer drafts
+    if args.held_out_only:
+        from ._io import find_tree_file
+        from .policy import CHAIN_TABLES_FILENAME, TABLES_FILENAME, AcceptanceTables
+
+        engine = _engine(args)
+        out_dir = args.out if args.out is not None else engine.draft_dir
+        path = (os.path.join(out_dir, CHAIN_TABLES_FILENAME) if args.chain and out_dir else
+                find_tree_file(out_dir, TABLES_FILENAME, f"k{engine.config.top_k}"))
+        tables = AcceptanceTables.load(path) if path and os.path.exists(path) else None
+        if tables is None or tables.top_k != engine.config.top_k:
+            raise ValueError(f"calibrate --held-out-only: no acceptance tables for tree top_k "
+                             f"{engine.config.top_k} in {out_dir}; run heterospec calibrate"
+                             f"{' --chain' if args.chain else ''} first")
+        _check_held_out(args, engine, tables, path)
+        return 0
     if args.prompts is not None:
         prompts, source = args.prompts[:args.n], os.path.abspath(args.prompts_file)
     else:
@@ -241,9 +292,7 @@ def cmd_calibrate(args) -> int:
     if args.chain:
         # vLLM's proposer drafts chains: the same traces with top_k = 1 (heterospec.vllm_plugin).
         from .calibrate import calibrate_chain_tables
-        from .config import SpecConfig
         from .policy import CHAIN_TABLES_FILENAME
-        args.tree_config = SpecConfig(top_k=1, depth=3, total_tokens=5)
         engine = _engine(args)
         out_dir = args.out if args.out is not None else engine.draft_dir
         tables = calibrate_chain_tables(engine, prompts, max_new_tokens=args.max_new_tokens,
@@ -252,6 +301,8 @@ def cmd_calibrate(args) -> int:
             print(f"wrote {os.path.join(out_dir, CHAIN_TABLES_FILENAME)}")
         for o in tables.provenance["options"]:
             print(json.dumps(o))
+        if args.held_out:
+            _check_held_out(args, engine, tables, os.path.join(out_dir, CHAIN_TABLES_FILENAME) if out_dir else None)
         return 0
     engine = _engine(args)
     out_dir = args.out if args.out is not None else engine.draft_dir
@@ -260,6 +311,8 @@ def cmd_calibrate(args) -> int:
         from .calibrate import calibrate_policy
         tables, bins = calibrate_policy(engine, prompts, max_new_tokens=args.max_new_tokens, source=source,
                                         out_dir=out_dir or None)
+        if args.held_out:
+            _check_held_out(args, engine, tables, getattr(tables, "path", None) if out_dir else None)
         if out_dir:
             print(f"wrote {getattr(tables, 'path', None) or os.path.join(out_dir, 'acceptance_tables.json')}")
             if bins is not None:
@@ -450,6 +503,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="acceptance tables for chain drafting (vLLM's EAGLE-3 proposer, heterospec.vllm_plugin): "
                         "writes acceptance_tables_chain.json instead")
     c.add_argument("--chain-max", type=_positive_int, default=8, help="with --chain: the longest chain measured")
+    c.add_argument("--held-out", type=_nonneg_int, default=0, metavar="N",
+                   help="then check the acceptance tables on N prompts they were not fitted on (user turns of a "
+                        "real chat corpus, or the --prompts-file lines after the first --n) and save what their "
+                        "plans accepted against their prediction in the tables: the fitted policy starts from it")
+    c.add_argument("--held-out-only", action="store_true",
+                   help="with --held-out N: check the tables already next to the draft (or in --out), fit nothing")
     _add_model_args(c)
     c.set_defaults(func=cmd_calibrate)
 

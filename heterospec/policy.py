@@ -258,11 +258,22 @@ class AcceptanceTables:
     nodes: List[int]                     # verified nodes, root included, of the action grid
     options: List[BinningOption]
     provenance: dict = field(default_factory=dict)
+    # Observed / predicted P(accepted >= j), j = 1.., of the fitted plans on prompts held out from
+    # the calibration (:func:`heterospec.calibrate.measure_held_out`): {"position_scale": [...],
+    # "predicted": [...] (the predicted acceptances behind each ratio), "prompts", "source", ...}.
+    # None: not measured (the online correction starts from the tables as they are).
+    held_out: Optional[dict] = None
 
     def __post_init__(self) -> None:
         self._survival_cache: dict = {}       # (option, actions) -> survival curves (_survival_matrix)
         if not self.options:
             raise ValueError("AcceptanceTables: no binning options")
+        if self.held_out is not None:
+            scale = self.held_out.get("position_scale") if isinstance(self.held_out, dict) else None
+            if not isinstance(scale, list) or not scale or not all(
+                    isinstance(x, (int, float)) and not isinstance(x, bool) and 0.0 < x <= 4.0 for x in scale):
+                raise ValueError("AcceptanceTables: held_out.position_scale must be a non-empty list of "
+                                 f"ratios in (0, 4], got {scale!r}")
         if sorted(self.depths) != self.depths or sorted(self.nodes) != self.nodes or self.nodes[0] != 1:
             raise ValueError("AcceptanceTables: depths and nodes must ascend, and nodes must start at 1")
         for o in self.options:
@@ -273,13 +284,16 @@ class AcceptanceTables:
                     raise ValueError("AcceptanceTables: accept tables must be [depths][nodes]")
 
     def to_dict(self) -> dict:
-        return {"top_k": self.top_k, "depths": self.depths, "nodes": self.nodes,
-                "options": [o.__dict__ for o in self.options], "provenance": self.provenance}
+        d = {"top_k": self.top_k, "depths": self.depths, "nodes": self.nodes,
+             "options": [o.__dict__ for o in self.options], "provenance": self.provenance}
+        if self.held_out is not None:
+            d["held_out"] = self.held_out
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "AcceptanceTables":
         return cls(int(d["top_k"]), [int(x) for x in d["depths"]], [int(x) for x in d["nodes"]],
-                   [BinningOption(**o) for o in d["options"]], d.get("provenance") or {})
+                   [BinningOption(**o) for o in d["options"]], d.get("provenance") or {}, d.get("held_out"))
 
     def save(self, path: str) -> None:
         from ._io import write_json_atomic
@@ -789,6 +803,7 @@ class FittedPolicy(Policy):
         self._round_s = 0.0                           # seconds of the rounds observed
         self._time_used: Dict[int, float] = {}
         self._plain_used: Dict[int, float] = {}
+        self._start_from_held_out()
         # Where the online state is kept between processes (None: not kept).
         self.state_path = state_path
         if state_path is not None and os.path.exists(state_path):
@@ -1388,19 +1403,44 @@ class FittedPolicy(Policy):
             return cached
         prev = 1.0
         for j in range(len(self._pos_used)):
-            obs, pred = self._pos_obs[j], self._pos_pred[j]
-            if j == 0:
-                r = obs / pred if pred >= self.MIN_OBSERVED else None
-            else:
-                r = prev * (obs + self.POSITION_PRIOR) / (pred * prev + self.POSITION_PRIOR)
+            r = self._position_ratio(j, prev)
             if r is None:
                 self._pos_used[j] = prev
-            else:
-                r = min(2.0, max(0.05, r))
-                if abs(r - self._pos_used[j]) >= self.HYSTERESIS:
-                    self._pos_used[j] = round(r / 0.05) * 0.05
+            elif abs(r - self._pos_used[j]) >= self.HYSTERESIS:
+                self._pos_used[j] = round(r / 0.05) * 0.05
             prev = self._pos_used[j]
         return self._remember("position_scale", tuple(self._pos_used))
+
+    def _position_ratio(self, j: int, prev: float) -> Optional[float]:
+        """Position ``j``'s measured scale given the scale in use at ``j - 1`` (``position_scale``),
+        within [0.05, 2]; None for a first position measured less than ``MIN_OBSERVED``."""
+        obs, pred = self._pos_obs[j], self._pos_pred[j]
+        if j == 0:
+            if pred < self.MIN_OBSERVED:
+                return None
+            r = obs / pred
+        else:
+            r = prev * (obs + self.POSITION_PRIOR) / (pred * prev + self.POSITION_PRIOR)
+        return min(2.0, max(0.05, r))
+
+    # What the tables' plans accepted on prompts held out from the calibration (tables.held_out)
+    # counts as this many predicted acceptances per position of a fresh workload's evidence: the
+    # policy starts from it rather than from the tables as they are, and forgets it as the
+    # workload's own rounds come in (FORGET). The tables are fitted on traces of the prompts they
+    # are then judged by, and the fit picks the actions whose estimates came out high.
+    HELD_OUT_WEIGHT = 16.0
+
+    def _start_from_held_out(self) -> None:
+        held = self.tables.held_out
+        if not held:
+            return
+        prev = 1.0
+        for j, r in enumerate(held["position_scale"][:len(self._pos_obs)]):
+            self._pos_obs[j], self._pos_pred[j] = float(r) * self.HELD_OUT_WEIGHT, self.HELD_OUT_WEIGHT
+        for j in range(len(self._pos_used)):         # in use at once (no hysteresis from 1)
+            r = self._position_ratio(j, prev)
+            self._pos_used[j] = prev if r is None else round(r / 0.05) * 0.05
+            prev = self._pos_used[j]
 
     POSITION_PRIOR = 8.0      # predicted acceptances behind "as the position before it"
     HYSTERESIS = 0.1          # a scale in use changes only when the measurement moved this much

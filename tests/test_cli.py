@@ -337,6 +337,9 @@ def _usage_error(argv, capsys, prog):
     (["calibrate", "--n", "-1"], "argument --n: must be an integer >= 1, got -1"),
     (["calibrate", "--n", "0"], "argument --n: must be an integer >= 1"),
     (["calibrate", "--max-new-tokens", "0"], "argument --max-new-tokens: must be an integer >= 1"),
+    (["calibrate", "--held-out", "-2"], "argument --held-out:"),
+    (["calibrate", "--held-out-only"], "argument --held-out-only: needs --held-out N"),
+    (["calibrate", "--held-out", "3", "--label", "pstar_rank"], "argument --held-out: checks the fitted policy's"),
     (["generate", "x", "--max-new-tokens", "-1"], "argument --max-new-tokens: must be an integer >= 1"),
     (["generate", "x", "--temperature", "-1"], "argument --temperature: must be a finite number >= 0"),
     (["generate", "x", "--temperature", "nan"], "argument --temperature: must be a finite number, got nan"),
@@ -474,6 +477,54 @@ def test_calibrate_reads_prompts_file_and_honours_n(tmp_path, monkeypatch, capsy
     assert seen["prompts"] == ["first prompt", "second prompt"] and seen["max_new_tokens"] == 3
     assert seen["source"] == str(pf) and seen["out_dir"] == str(tmp_path / "o")
     assert "acceptance_tables.json" in capsys.readouterr().out
+
+
+def test_calibrate_held_out_checks_the_tables_and_saves_the_check(tmp_path, monkeypatch, capsys):
+    """--held-out N --held-out-only: the tables already in --out are checked on the prompts-file's
+    first N lines and the check is saved into them; with --n, a calibration then the next N lines;
+    without tables, one line says so; a prompts-file too short is a usage error."""
+    from heterospec.policy import AcceptanceTables, BinningOption
+
+    seen = []
+
+    class FakeEngine:
+        draft_dir = None
+        config = heterospec.SpecConfig(top_k=2, depth=1, total_tokens=3)
+
+    def fake_measure(engine, tables, prompts, max_new_tokens=128, source="", **kw):
+        seen.append(list(prompts))
+        return {"position_scale": [0.8, 0.7], "predicted": [50.0, 20.0], "prompt_source": source,
+                "prompts": len(prompts), "max_new_tokens": max_new_tokens}
+
+    def tables():
+        return AcceptanceTables(2, [0], [1], [BinningOption(0, 2, "accept", [], [1], [[[0.0]]])],
+                                {"options": [{"decide_depth": 0}]})
+
+    def fake_calibrate_policy(engine, prompts, out_dir=None, **kw):
+        t = tables()
+        t.path = os.path.join(out_dir, "acceptance_tables.json")
+        t.save(t.path)
+        return t, None
+    monkeypatch.setattr(heterospec.engine.Engine, "from_pretrained", classmethod(lambda cls, *a, **k: FakeEngine()))
+    monkeypatch.setattr(importlib.import_module("heterospec.calibrate"), "measure_held_out", fake_measure)
+    monkeypatch.setattr(importlib.import_module("heterospec.calibrate"), "calibrate_policy", fake_calibrate_policy)
+    out = tmp_path / "o"
+    out.mkdir()
+    pf = tmp_path / "p.txt"
+    pf.write_text("a\nb\nc\nd\n")
+    assert main(["calibrate", "--held-out", "2", "--held-out-only", "--prompts-file", str(pf), "--out", str(out)]) == 1
+    assert "no acceptance tables for tree top_k 2" in capsys.readouterr().err
+    tables().save(str(out / "acceptance_tables.json"))
+    assert main(["calibrate", "--held-out", "2", "--held-out-only", "--prompts-file", str(pf), "--out", str(out)]) == 0
+    saved = AcceptanceTables.load(str(out / "acceptance_tables.json")).held_out
+    assert seen[-1] == ["a", "b"] and saved["position_scale"] == [0.8, 0.7] and saved["prompts"] == 2
+    assert "held-out check" in capsys.readouterr().out
+    (out / "acceptance_tables.json").unlink()
+    assert main(["calibrate", "--n", "2", "--held-out", "2", "--prompts-file", str(pf), "--out", str(out)]) == 0
+    assert seen[-1] == ["c", "d"] and AcceptanceTables.load(str(out / "acceptance_tables.json")).held_out["prompts"] == 2
+    line = _usage_error(["calibrate", "--n", "3", "--held-out", "2", "--prompts-file", str(pf), "--out", str(out)],
+                        capsys, "calibrate")
+    assert "--prompts-file has 4 prompts; the held-out check takes 2 after the 3 calibration prompts" in line
 
 
 @pytest.mark.parametrize("exc", [KeyError("/m: missing weights ['fc.weight']"), RuntimeError("r"), OSError("o"),

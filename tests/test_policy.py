@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from heterospec import Engine, SpecConfig, costmodel
-from heterospec.calibrate import calibrate_policy
+from heterospec.calibrate import calibrate_policy, measure_held_out
 from heterospec.entropy import EntropyBins
 from heterospec.policy import (AcceptanceTables, BinningOption, FittedPolicy, PaperPolicy, Plan, Policy,
                                action_survival,
@@ -627,6 +627,20 @@ def test_fitted_policy_from_calibration_is_greedy_lossless(tmp_path):
         hs = engine.generate(p, max_new_tokens=20, method="heterospec", chat=False)
         assert hs.token_ids == ar.token_ids
         assert all(not r.plain for r in hs.stats.records)
+    # The held-out check: the tables' plans on other prompts, every round speculative, without
+    # touching the tables; what they accepted over what they predicted, per position.
+    others = [[40 + i, 9, 61 + i, 33, 2] for i in range(6)]
+    before = tables.to_dict()
+    held = measure_held_out(engine, tables, others, max_new_tokens=24, progress=False, chat=False)
+    assert tables.to_dict() == before and held["prompts"] == 6 and held["max_new_tokens"] == 24
+    scale, predicted = held["position_scale"], held["predicted"]
+    assert scale and len(scale) == len(predicted) and all(p >= FittedPolicy.MIN_OBSERVED for p in predicted)
+    assert all(x >= 0.0 for x in scale)
+    held_tables = AcceptanceTables.from_dict({**tables.to_dict(), "held_out": held})
+    assert FittedPolicy(held_tables, engine.cost_model, engine.config).position_scale()[0] == \
+        pytest.approx(round(scale[0] / 0.05) * 0.05)
+    with pytest.raises(ValueError, match="no held-out prompts"):
+        measure_held_out(engine, tables, [], progress=False)
 
 
 class _Scripted(Policy):
@@ -1212,6 +1226,54 @@ def test_fitted_policy_shortens_drafts_when_deep_positions_fail():
     other = FittedPolicy(tables, cost, SpecConfig(top_k=4, depth=1, total_tokens=4))
     other.load_state(policy.state())
     assert other.position_scale() == scale and other.plan(1).depth == later.depth
+
+
+def test_held_out_check_is_where_a_fresh_workload_starts(tmp_path):
+    """Tables that carry a held-out check (observed / predicted acceptance per position on prompts
+    they were not fitted on) start a fresh policy's position scale there, as that much evidence:
+    the policy's own rounds then move it as they would move any. The check survives a save and
+    load of the tables; a malformed one is refused by name."""
+    import dataclasses
+
+    tables, cost = _tables(easy_accept=0.7), StepCost(verify_two=14.0, draft=(0.5, 0.5))
+    cfg = SpecConfig(top_k=4, depth=1, total_tokens=4)
+    plain_start = FittedPolicy(tables, cost, cfg)
+    assert plain_start.position_scale() == (1.0,) * len(plain_start.position_scale())
+    held = dataclasses.replace(tables, held_out={"position_scale": [0.6, 0.9], "predicted": [400.0, 120.0]})
+    policy = FittedPolicy(held, cost, cfg)
+    scale = policy.position_scale()
+    assert scale[0] == pytest.approx(0.6)
+    # deeper positions as the position scale reads evidence: from the one before, towards 0.9 of the tables
+    assert 0.6 < scale[1] < 0.9 and all(x == scale[1] for x in scale[2:])
+    # the prior lowers the drafts the speculative plans expect accepted (tokens of a round less the root's)
+    def drafts(p):
+        p = p if p.speculate else p.alternative
+        return p.expected["speculative"]["tokens"] - 1.0
+    assert drafts(policy.plan(1)) < 0.8 * drafts(plain_start.plan(1))
+    # the workload's own rounds, accepted exactly as the tables predict, take it back to 1
+    first = plain_start.plan(1)
+    easy = [b for b in range(first.num_bins) if first.budget[b] > 0][0]
+    for r in range(400):
+        policy.observe(first, [easy], [_as_predicted(first, easy, r % 10, 10)])
+    assert policy.position_scale()[0] == pytest.approx(1.0, abs=0.1)
+    # saved and loaded with the tables
+    path = tmp_path / "acceptance_tables.json"
+    held.save(str(path))
+    assert AcceptanceTables.load(str(path)).held_out == held.held_out
+    assert "held_out" not in tables.to_dict()
+    for bad in ([], [0.0], [1.2, -1], ["x"], [True], None):
+        with pytest.raises(ValueError, match="held_out.position_scale"):
+            dataclasses.replace(tables, held_out={"position_scale": bad})
+
+
+def test_shipped_tables_carry_a_held_out_check_a_fresh_policy_starts_from():
+    from heterospec.defaults import default_draft_dir
+
+    tables = AcceptanceTables.find(str(default_draft_dir()), 4)
+    held = tables.held_out
+    assert held is not None and held["prompts"] >= 32 and "ChatterBot" in held["prompt_source"]
+    policy = FittedPolicy(tables, LinearCost(a=10.0, b=1.0, c=0.5, e=0.5), SpecConfig(top_k=4, depth=3, total_tokens=8))
+    assert policy.position_scale()[0] == pytest.approx(round(held["position_scale"][0] / 0.05) * 0.05)
 
 
 def _chain_plan(survival):

@@ -288,6 +288,10 @@ def test_shipped_draft_has_chain_tables():
     assert tables.provenance.get("shape") == "chain"
     assert all(o.decide_depth == 0 for o in tables.options)
     assert max(tables.depths) + 1 >= 6      # chains up to the longest K the docs suggest
+    # the held-out check travels with the options kept: the proposer's policy starts from it
+    held = tables.held_out
+    assert held is not None and "ChatterBot" in held["prompt_source"]
+    assert 0.0 < held["position_scale"][0] <= 2.0 and len(held["predicted"]) == len(held["position_scale"])
 
 
 def test_step_costs_save_load_and_frozen_borrowing(tmp_path):

@@ -54,7 +54,7 @@ from pathlib import Path
 
 from ..datasets import MissingDataError, Prompt, doc_files, doc_passages, doc_sources_root, doc_split
 
-__all__ = ["build_training_prompts", "calibration_prompts", "DEFAULT_MIX", "DISTILL_MIX",
+__all__ = ["build_training_prompts", "calibration_prompts", "held_out_prompts", "DEFAULT_MIX", "DISTILL_MIX",
            "DISTILL_NUM_PROMPTS", "SOURCES", "SOURCE_INFO", "source_info", "chat_corpus_dir"]
 
 DEFAULT_MIX = {"instruct": 0.45, "code": 0.2, "docs": 0.15, "math": 0.2}
@@ -587,3 +587,15 @@ def calibration_prompts(n: int = 64, seed: int = 0,
     return texts, (f"heterospec.train.prompts calibration split (seed {1_000 + seed}, {len(texts)} "
                    f"prompts, disjoint from the first {train_prompts} training prompts and from "
                    f"the benchmark sets)")
+
+
+def held_out_prompts(n: int = 32, seed: int = 0) -> tuple[list[str], str]:
+    """Prompts for ``heterospec calibrate --held-out``: user turns of a real chat corpus (the
+    ``chat`` source, ChatterBot), which the calibration mix (templates, code, docs, math) lacks.
+    The acceptance tables fitted on the calibration split are judged on them: how much less a
+    draft is accepted on people's own requests than on prompts like its training data. Disjoint
+    from the calibration split and from every benchmark set (not from the training prompts:
+    the shipped draft was distilled on answers sampled for these turns)."""
+    texts = [p.text for p in build_training_prompts(n, seed=1_001 + seed, mix={"chat": 1.0})]
+    return texts, (f"heterospec.train.prompts chat source: {len(texts)} ChatterBot user turns (seed "
+                   f"{1_001 + seed}; none in the calibration split or a benchmark set)")

@@ -83,4 +83,4 @@ def load_chain_tables(draft_dir: Optional[str], options: dict) -> AcceptanceTabl
     first = [o for o in tables.options if o.decide_depth == 0]
     if not first:
         raise HeteroSpecSetupError(f"HeteroSpec: {path} has no binning option read after the first draft forward")
-    return AcceptanceTables(tables.top_k, tables.depths, tables.nodes, first, tables.provenance)
+    return AcceptanceTables(tables.top_k, tables.depths, tables.nodes, first, tables.provenance, tables.held_out)
