@@ -243,7 +243,7 @@ def cmd_generate(args) -> int:
 
 def _held_out_prompts(args):
     """The held-out check's prompts: the --prompts-file lines after the calibration's (all of them
-    with --held-out-only), else the held-out split of heterospec.train.prompts."""
+    with --held-out-only), else user turns of a real chat corpus (train.prompts.held_out_prompts)."""
     if args.prompts is not None:
         first = 0 if args.held_out_only else args.n
         return args.prompts[first:first + args.held_out], os.path.abspath(args.prompts_file) + f" (lines after {first})"
