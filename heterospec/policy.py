@@ -1426,8 +1426,10 @@ class FittedPolicy(Policy):
     # What the tables' plans accepted on prompts held out from the calibration (tables.held_out)
     # counts as this many predicted acceptances per position of a fresh workload's evidence: the
     # policy starts from it rather than from the tables as they are, and forgets it as the
-    # workload's own rounds come in (FORGET). The tables are fitted on traces of the prompts they
-    # are then judged by, and the fit picks the actions whose estimates came out high.
+    # workload's own rounds come in (FORGET): more than MIN_OBSERVED, so it is in use from the
+    # first round, and a few dozen rounds' worth at the first position, so a prompt's own rounds
+    # outweigh it. (The calibration prompts resemble the draft's training data; real requests
+    # accept less.)
     HELD_OUT_WEIGHT = 16.0
 
     def _start_from_held_out(self) -> None:
