@@ -527,6 +527,38 @@ def test_calibrate_held_out_checks_the_tables_and_saves_the_check(tmp_path, monk
     assert "--prompts-file has 4 prompts; the held-out check takes 2 after the 3 calibration prompts" in line
 
 
+def test_calibrate_held_out_of_chain_tables(tmp_path, monkeypatch, capsys):
+    """--chain --held-out N --held-out-only: the chain tables (top_k 1, the engine drafting chains)
+    are checked and the check lands in acceptance_tables_chain.json, not in the tree tables."""
+    from heterospec.policy import CHAIN_TABLES_FILENAME, AcceptanceTables, BinningOption
+
+    class FakeEngine:
+        draft_dir = None
+
+        def __init__(self, config):
+            self.config = config
+
+    seen = {}
+
+    def fake_measure(engine, tables, prompts, max_new_tokens=128, source="", **kw):
+        seen.update(top_k=engine.config.top_k, tables_top_k=tables.top_k, prompts=list(prompts))
+        return {"position_scale": [0.9], "predicted": [30.0], "prompts": len(prompts)}
+    monkeypatch.setattr(heterospec.engine.Engine, "from_pretrained",
+                        classmethod(lambda cls, *a, **k: FakeEngine(k["config"])))
+    monkeypatch.setattr(importlib.import_module("heterospec.calibrate"), "measure_held_out", fake_measure)
+    out = tmp_path / "o"
+    out.mkdir()
+    pf = tmp_path / "p.txt"
+    pf.write_text("x\ny\n")
+    chain = AcceptanceTables(1, [0], [1], [BinningOption(0, 4, "accept", [], [1], [[[0.0]]])], {})
+    chain.save(str(out / CHAIN_TABLES_FILENAME))
+    assert main(["calibrate", "--chain", "--held-out", "2", "--held-out-only", "--prompts-file", str(pf),
+                 "--out", str(out)]) == 0
+    assert seen == {"top_k": 1, "tables_top_k": 1, "prompts": ["x", "y"]}
+    assert AcceptanceTables.load(str(out / CHAIN_TABLES_FILENAME)).held_out["position_scale"] == [0.9]
+    assert not (out / "acceptance_tables.json").exists()
+
+
 @pytest.mark.parametrize("exc", [KeyError("/m: missing weights ['fc.weight']"), RuntimeError("r"), OSError("o"),
                                  FileNotFoundError("f"), ValueError("two\nlines")])
 def test_errors_while_running_are_one_line(exc, monkeypatch, capsys):
