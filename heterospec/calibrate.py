@@ -421,6 +421,78 @@ def measure_held_out(engine, tables, prompts: Sequence, max_new_tokens: int = 12
 
 
 # ---------------------------------------------------------------------------------------------
+# Lookup prior: how often chains copied from the context, earlier requests and the lookup
+# corpus are accepted, for a fresh lookup gate to start from
+# ---------------------------------------------------------------------------------------------
+def measure_lookup_prior(engine, prompts: Sequence, max_new_tokens: int = 128, source: str = "user prompts",
+                         progress: bool = True, chat: bool = True) -> dict:
+    """Decode ``prompts`` greedily (autoregressive: the target's own tokens) and replay every step
+    of each as the lookup gate would see it: the chain each source proposes there - the request's
+    own context (:class:`~heterospec.lookup.ContextIndex`), the earlier prompts' requests
+    (:class:`~heterospec.lookup.OutputHistory`, as ``engine.lookup_history`` and the vLLM plugin
+    keep them) and the engine's lookup corpus where the own match is shorter than
+    :data:`~heterospec.lookup.CORPUS_BELOW` - against the tokens the target went on to emit.
+    Counted as :meth:`LookupGate.observe` counts a verified chain: per gate row and position,
+    tokens verified (their predecessors accepted) and accepted. Every source's chain counts, not
+    only the one a gate would pick: the prior is each row's own acceptance. Greedy: a sampled
+    target accepts less. Returns :data:`~heterospec.lookup.LOOKUP_PRIOR_FILE`'s content."""
+    from tqdm.auto import tqdm
+
+    from .lookup import (CORPUS_BELOW, CORPUS_SOURCE, LOOKUP_KMAX, LOOKUP_PRIOR_FORMAT, MATCH_BUCKETS, SOURCES,
+                         ContextIndex, OutputHistory, proposal_row)
+
+    if not prompts:
+        raise ValueError("measure_lookup_prior: no prompts given")
+    K = LOOKUP_KMAX
+    rows = len(MATCH_BUCKETS) * len(SOURCES)
+    tried, hit = [[0] * K for _ in range(rows)], [[0] * K for _ in range(rows)]
+    history, corpus = OutputHistory(), engine.lookup_corpus
+    for p in tqdm(prompts, desc="lookup prior", disable=not progress, unit="prompt"):
+        ids = engine._encode(p, chat)
+        out = engine.generate(ids, max_new_tokens=max_new_tokens, method="autoregressive", chat=False).token_ids
+        index, key = ContextIndex(ids), OutputHistory.key(ids)
+        for t in range(len(out)):
+            index.extend(out[t:t + 1])              # the step after out[t]: it continues out[t + 1:]
+            ahead = out[t + 1:]
+            if not ahead:
+                break
+            own = index.propose(K)
+            proposals = [own, (*history.propose(index.tokens, K, prompt_key=key), True)]
+            if corpus is not None and own[1] < CORPUS_BELOW:
+                proposals.append((*corpus.propose(index.tokens, K), CORPUS_SOURCE))
+            for prop in proposals:
+                chain = prop[0][:len(ahead)]        # (the output's end: what is left of it to compare)
+                if not chain:
+                    continue
+                row, a = proposal_row(prop), 0
+                while a < len(chain) and chain[a] == ahead[a]:
+                    a += 1
+                for j in range(min(a + 1, len(chain))):
+                    tried[row][j] += 1
+                    hit[row][j] += int(j < a)
+        history.add(ids, out)
+    vocab = getattr(getattr(engine.target, "config", None), "vocab_size", None)
+    return {"format": LOOKUP_PRIOR_FORMAT, "kmax": K, "buckets": list(MATCH_BUCKETS), "sources": list(SOURCES),
+            "tried": tried, "hit": hit, "prompt_source": source, "prompts": len(prompts),
+            "max_new_tokens": max_new_tokens, "temperature": 0.0, "vocab_size": vocab,
+            "corpus": corpus is not None,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def save_lookup_prior(prior: dict, out_dir: str) -> str:
+    """Write a lookup prior (:func:`measure_lookup_prior`) as ``out_dir``/lookup_prior.json (checked
+    first); returns the path."""
+    from ._io import write_json_atomic
+    from .lookup import LOOKUP_PRIOR_FILE, check_lookup_prior
+
+    check_lookup_prior(prior)
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, LOOKUP_PRIOR_FILE)
+    write_json_atomic(path, prior, indent=1)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
 # Chain tables: the same traces for engines that draft a chain (vLLM's EAGLE-3 proposer)
 # ---------------------------------------------------------------------------------------------
 CHAIN_ENTROPY_KS = (4, 8)

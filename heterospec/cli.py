@@ -175,6 +175,16 @@ def _validate(parser: argparse.ArgumentParser, args) -> None:
         if (args.held_out or args.held_out_only) and args.label != "tcr":
             parser.error("argument --held-out: checks the fitted policy's acceptance tables; not with "
                          "--label pstar_rank")
+        if args.lookup_prior and (args.held_out or args.held_out_only or args.chain or args.label != "tcr"):
+            parser.error("argument --lookup-prior: measures the lookup prior alone (the target's acceptance of "
+                         "copied chains); not with --held-out, --held-out-only, --chain or --label")
+        if args.lookup_prior and args.prompts is None:
+            parser.error("argument --lookup-prior: needs --prompts-file (prompts whose answers the lookup corpus "
+                         "does not hold and that no benchmark set holds: the draft's own training prompts would "
+                         "find their answers in the corpus)")
+        if args.prompts is not None and args.lookup_prior and len(args.prompts) < args.lookup_prior:
+            parser.error(f"argument --lookup-prior: --prompts-file has {len(args.prompts)} prompts, fewer than "
+                         f"{args.lookup_prior}")
         if args.prompts is not None and args.held_out:
             first = 0 if args.held_out_only else args.n
             if len(args.prompts) < first + args.held_out:
@@ -264,7 +274,30 @@ def _check_held_out(args, engine, tables, path: Optional[str]) -> None:
     print(json.dumps({"held_out": tables.held_out}))
 
 
+def _measure_lookup_prior(args) -> int:
+    """calibrate --lookup-prior N: the lookup gate's prior (heterospec.calibrate.measure_lookup_prior)
+    on the first N prompts of --prompts-file, written next to the draft (or into --out)."""
+    from .calibrate import measure_lookup_prior, save_lookup_prior
+    from .lookup import MATCH_BUCKETS, SOURCES
+
+    prompts, source = args.prompts[:args.lookup_prior], os.path.basename(args.prompts_file)
+    engine = _engine(args)
+    prior = measure_lookup_prior(engine, prompts, max_new_tokens=args.max_new_tokens, source=source)
+    out_dir = args.out if args.out is not None else engine.draft_dir
+    if out_dir:
+        print(f"wrote {save_lookup_prior(prior, out_dir)}")
+    for row, (t, h) in enumerate(zip(prior["tried"], prior["hit"])):
+        if t[0]:
+            src, b = SOURCES[row // len(MATCH_BUCKETS)], row % len(MATCH_BUCKETS)
+            what = f"grade {b + 1}" if src == "corpus" else f"match >= {MATCH_BUCKETS[b]}"
+            print(json.dumps({"source": src, "row": what, "first_tokens": t[0],
+                              "accepted": [round(hh / tt, 3) if tt else None for tt, hh in zip(t, h)]}))
+    return 0
+
+
 def cmd_calibrate(args) -> int:
+    if args.lookup_prior:
+        return _measure_lookup_prior(args)
     if args.chain:
         from .config import SpecConfig
         args.tree_config = SpecConfig(top_k=1, depth=3, total_tokens=5)   # the chains vLLM's proposer drafts
@@ -509,6 +542,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "plans accepted against their prediction in the tables: the fitted policy starts from it")
     c.add_argument("--held-out-only", action="store_true",
                    help="with --held-out N: check the tables already next to the draft (or in --out), fit nothing")
+    c.add_argument("--lookup-prior", type=_nonneg_int, default=0, metavar="N",
+                   help="instead: measure how often the target accepts chains copied from the context, earlier "
+                        "requests and the lookup corpus on the first N prompts of --prompts-file (prompts whose "
+                        "answers the corpus does not hold) and write lookup_prior.json next to the draft: a "
+                        "fresh lookup gate starts from it")
     _add_model_args(c)
     c.set_defaults(func=cmd_calibrate)
 

@@ -38,7 +38,8 @@ from .config import SamplingParams, SpecConfig, _as_int, default_config
 from .entropy import EntropyBins
 from .graphs import RoundGraphs
 from .datastore import CORPUS_FILE, CorpusIndex, corpus_for
-from .lookup import CORPUS_ROW, HISTORY_ROW, ContextIndex, LookupGate, LookupRound, OutputHistory
+from .lookup import (CORPUS_ROW, HISTORY_ROW, ContextIndex, LookupGate, LookupRound, OutputHistory,
+                     load_lookup_prior)
 from .models.linear import settled_weights, weights_may_change
 from .policy import POLICIES, AcceptanceTables, Eagle3Policy, FittedPolicy, PaperPolicy, Plan, Policy
 from .sampling import greedy_tokens, make_generator, processed_probs, sample
@@ -472,7 +473,10 @@ class Engine:
         # copied from the request's own context instead of a drafted tree, when the gate's
         # measured acceptance and the cost model say it is faster. Eager rounds only (a chain's
         # length varies round by round; CUDA graphs are captured per shape).
-        self.lookup_gate: Optional[LookupGate] = LookupGate() if lookup else None
+        # A fresh gate starts from the lookup prior shipped next to the draft, where there is one.
+        vocab = getattr(getattr(target, "config", None), "vocab_size", None)
+        self._lookup_prior = load_lookup_prior(draft_dir, vocab)
+        self.lookup_gate: Optional[LookupGate] = self._new_gate() if lookup else None
         # ... and, opted into with `engine.lookup_history = heterospec.OutputHistory()`, from earlier requests:
         # the prompts and outputs of the calls that look up are kept for the lookups of the calls
         # after them. Off by default: on the five benchmark sets it was level with own-context
@@ -481,7 +485,6 @@ class Engine:
         # ... and from the lookup corpus shipped next to the draft (heterospec.datastore: the
         # target's own greedy answers to the draft's training prompts, REST-style retrieval),
         # for every call that looks up; `engine.lookup_corpus = None` turns it off.
-        vocab = getattr(getattr(target, "config", None), "vocab_size", None)
         self.lookup_corpus: Optional[CorpusIndex] = corpus_for(draft_dir, vocab) if lookup else None
         self._lookup_state_read: Optional[str] = None     # the gate's saved state taken up (path)
         self._call_gate: Optional[LookupGate] = None       # generate(lookup=True) on such an engine
@@ -499,6 +502,13 @@ class Engine:
         for model, what in ((target, "target"), (draft, "draft")):
             if hasattr(getattr(model, "rotary", None), "check_length"):
                 model.rotary.check_length(self.max_length, f"Engine {what}")
+
+    def _new_gate(self) -> LookupGate:
+        """A lookup gate, seeded from the draft's lookup prior where it ships one."""
+        gate = LookupGate()
+        if self._lookup_prior is not None:
+            gate.seed(self._lookup_prior)
+        return gate
 
     @property
     def draft_window(self) -> Optional[int]:
@@ -709,7 +719,7 @@ class Engine:
         if isinstance(pol, FittedPolicy) and not self.static_rounds and lookup is not False:
             gate = self.lookup_gate
             if gate is None and lookup:      # asked for by this call on an engine built without it
-                gate = self._call_gate = self._call_gate or LookupGate()
+                gate = self._call_gate = self._call_gate or self._new_gate()
         gate_path = _lookup_state_path(pol) if gate is not None else None
         if gate_path is not None and self._lookup_state_read != gate_path:
             self._lookup_state_read = gate_path       # what an earlier process learned here, once

@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import warnings
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -53,6 +55,64 @@ CORPUS_SOURCE = 2
 # (15 % after a one-token match, 36 % without a match), and a query is ~60 us of a 6 ms step.
 CORPUS_BELOW = 3
 CORPUS_ROW = CORPUS_SOURCE * len(MATCH_BUCKETS)
+
+
+# The lookup prior shipped next to a lookup corpus (:func:`load_lookup_prior`): per gate row and
+# chain position, lookup tokens verified and accepted on held-out prompts, for a fresh gate to
+# start from (:meth:`LookupGate.seed`; measured by ``heterospec.calibrate.measure_lookup_prior``).
+LOOKUP_PRIOR_FILE = "lookup_prior.json"
+LOOKUP_PRIOR_FORMAT = 1
+
+
+def check_lookup_prior(prior, what: str = "lookup prior") -> Tuple[List[List[float]], List[List[float]]]:
+    """``(tried, hit)`` of a lookup prior (:data:`LOOKUP_PRIOR_FILE`'s content), or a ValueError
+    naming what is wrong: its format, match buckets and sources must be this version's, and every
+    row holds per chain position the tokens verified and, at most as many, accepted."""
+    if not isinstance(prior, dict):
+        raise ValueError(f"{what}: expected a JSON object, got {type(prior).__name__}")
+    if prior.get("format") != LOOKUP_PRIOR_FORMAT:
+        raise ValueError(f"{what}: format {prior.get('format')!r}, expected {LOOKUP_PRIOR_FORMAT}")
+    if list(prior.get("buckets", ())) != list(MATCH_BUCKETS) or list(prior.get("sources", ())) != list(SOURCES):
+        raise ValueError(f"{what}: match buckets {prior.get('buckets')} and sources {prior.get('sources')} "
+                         f"must be {list(MATCH_BUCKETS)} and {list(SOURCES)}")
+    rows = len(MATCH_BUCKETS) * len(SOURCES)
+    try:
+        tried = [[float(x) for x in r] for r in prior["tried"]]
+        hit = [[float(x) for x in r] for r in prior["hit"]]
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"{what}: 'tried' and 'hit' must be lists of {rows} rows of numbers") from None
+    if len(tried) != rows or len(hit) != rows or any(len(t) != len(h) or not t for t, h in zip(tried, hit)):
+        raise ValueError(f"{what}: 'tried' and 'hit' must be {rows} rows of equal, non-zero lengths")
+    for i, (rt, rh) in enumerate(zip(tried, hit)):
+        for j, (t, h) in enumerate(zip(rt, rh)):
+            if not (math.isfinite(t) and math.isfinite(h) and 0 <= h <= t):
+                raise ValueError(f"{what}: row {i}, position {j}: accepted {h} of {t} verified")
+    return tried, hit
+
+
+def load_lookup_prior(directory: Optional[str], vocab_size: Optional[int] = None) -> Optional[dict]:
+    """The lookup prior in ``directory`` (a draft's, beside its lookup corpus), or None where there
+    is none, where it was measured with a target of another vocabulary, or where it cannot be read
+    or is malformed (both with a warning: a damaged file costs the gate its head start, not the
+    engine)."""
+    if not directory:
+        return None
+    path = os.path.join(str(directory), LOOKUP_PRIOR_FILE)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as f:
+            prior = json.load(f)
+        check_lookup_prior(prior, path)
+    except (OSError, ValueError) as exc:
+        warnings.warn(f"{path} is not used: {exc}", stacklevel=2)
+        return None
+    want = prior.get("vocab_size")
+    if vocab_size is not None and want is not None and int(want) != int(vocab_size):
+        warnings.warn(f"{path} was measured with a vocabulary of {want} tokens, the target has {vocab_size}: "
+                      f"it is not used", stacklevel=2)
+        return None
+    return prior
 
 
 def match_bucket(n: int) -> int:
@@ -243,6 +303,13 @@ class LookupGate:
 
     PRIOR = 0.5
     PRIOR_WEIGHT = 2.0
+    # A fresh gate seeded from a lookup prior (:meth:`seed`) holds, per row, this many verified
+    # first tokens of evidence (later positions in the measured proportion): in use at once,
+    # outweighed by a workload's own first rounds and forgotten like them, so a row the prior
+    # prices low is still retried as IDLE_FORGET fades it. Rows measured on fewer than
+    # PRIOR_MIN_TRIED first tokens are not seeded.
+    PRIOR_EVIDENCE = 8.0
+    PRIOR_MIN_TRIED = 8.0
     FORGET = 0.995
     TIME_FORGET = 0.9
     # A lookup round must beat the alternative by this factor (the model's prices are estimates).
@@ -280,6 +347,21 @@ class LookupGate:
         self.near_miss = False                        # the last choice declined a round close to paying
         self._declined: Dict[int, int] = {}          # per batch-size bucket: choices declined in a row
         self._asked: Dict[int, int] = {}             # ... and rounds since it declined DECLINED_RUN
+
+    def seed(self, prior: dict) -> None:
+        """Start from a lookup prior (:func:`load_lookup_prior`) instead of :data:`PRIOR` alone:
+        each row measured on at least :data:`PRIOR_MIN_TRIED` first tokens takes its counts
+        scaled to :data:`PRIOR_EVIDENCE` first tokens (positions past the prior's chains, or past
+        ``kmax``, as before). A saved state taken up later (:meth:`load_state`) replaces it."""
+        tried, hit = check_lookup_prior(prior)
+        for row, (rt, rh) in enumerate(zip(tried, hit)):
+            if rt[0] < self.PRIOR_MIN_TRIED:
+                continue
+            f = self.PRIOR_EVIDENCE / rt[0]
+            n = min(len(rt), self.kmax)
+            self._tried[row] = [x * f for x in rt[:n]] + [0.0] * (self.kmax - n)
+            self._hit[row] = [x * f for x in rh[:n]] + [0.0] * (self.kmax - n)
+        self._accept = {}
 
     # -- how often to ask ----------------------------------------------------------------------
     def due(self, batch_bucket: int = 1) -> bool:

@@ -44,8 +44,10 @@ from ..lookup import ContextIndex, LookupGate, LookupRound, OutputHistory
 class LookupSteps:
     """The running requests' context indices and the gate that decides lookup steps."""
 
-    def __init__(self, kmax: int, history: bool = True, corpus=None) -> None:
+    def __init__(self, kmax: int, history: bool = True, corpus=None, prior: Optional[dict] = None) -> None:
         self.gate = LookupGate(kmax)
+        if prior is not None:        # (heterospec.lookup.load_lookup_prior; a saved state replaces it)
+            self.gate.seed(prior)
         self.corpus = corpus          # a heterospec.datastore.CorpusIndex, or None
         self._index: Dict[str, ContextIndex] = {}
         self._prompt: Dict[str, Tuple[int, int]] = {}     # per indexed request: its prompt's tokens, key

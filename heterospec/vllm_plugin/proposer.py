@@ -146,12 +146,15 @@ class HeteroSpecProposer(EagleProposer):
         # context lookup (.lookup): chains copied from each request's tokens, when they pay (with
         # TP, rank 0's choice: a lookup step skips the draft loop on every rank)
         # ... and from the lookup corpus shipped next to the draft (heterospec.datastore), unless
-        # 'corpus': false
-        corpus = None
-        if options.get("lookup", True) and options.get("corpus", True):
+        # 'corpus': false; the gate starts from the lookup prior shipped there
+        corpus = prior = None
+        if options.get("lookup", True):
             from ..datastore import corpus_for
-            corpus = corpus_for(spec.model, getattr(self.vllm_config.model_config.hf_config, "vocab_size", None))
-        self.lookup = (LookupSteps(self.max_draft, history=options.get("history", True), corpus=corpus)
+            from ..lookup import load_lookup_prior
+            vocab = getattr(self.vllm_config.model_config.hf_config, "vocab_size", None)
+            corpus = corpus_for(spec.model, vocab) if options.get("corpus", True) else None
+            prior = load_lookup_prior(spec.model, vocab)
+        self.lookup = (LookupSteps(self.max_draft, history=options.get("history", True), corpus=corpus, prior=prior)
                        if options.get("lookup", True) else None)
         self._sampled = None                          # this step's sampled rows and discard mask
         self._lookup_plan = self._chain_plan("lookup", 1)   # what a lookup step leaves as the previous plan
