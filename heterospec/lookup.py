@@ -312,6 +312,15 @@ class LookupGate:
     PRIOR_MIN_TRIED = 8.0
     FORGET = 0.995
     TIME_FORGET = 0.9
+    # Lookup rounds' time evidence at a batch-size bucket also fades by TIME_IDLE_FORGET at every
+    # plain step timed there, and their scale is shrunk towards the plain steps' with the weight
+    # of TIME_PRIOR_STEPS plain steps' predictions: lookup rounds timed during a stall of the
+    # machine once priced every later chain ~2.5x too high, so no chain was taken again and the
+    # scale was never measured again (five rounds of 92-187 ms where 11-31 ms were usual, then
+    # ~500 plain rounds of a bench run: bench/RESULTS.md, seventy-seventh session). Now a scale
+    # nothing refreshes returns to the plain steps' within about a prompt.
+    TIME_IDLE_FORGET = 0.93
+    TIME_PRIOR_STEPS = 0.5
     # A lookup round must beat the alternative by this factor (the model's prices are estimates).
     MARGIN = 1.02
     # A bucket's counts also fade by this factor in every round in which it proposed and was not
@@ -408,14 +417,20 @@ class LookupGate:
         return out
 
     def time_scale(self, batch_bucket: int = 1, kind: str = "lookup") -> float:
-        """At a batch-size bucket: lookup rounds' (``kind="plain"``: plain steps') measured /
-        predicted time; a lookup round before any was measured there is priced at the plain
-        steps' scale (the cost model's level error); 1 without either."""
-        for k in ((kind, "plain") if kind == "lookup" else ("plain",)):
-            m, p = self._time[k].get(batch_bucket, (0.0, 0.0))
-            if p > 0 and m > 0:
-                return m / p
-        return 1.0
+        """At a batch-size bucket: plain steps' measured / predicted time (``kind="plain"``; 1
+        before any was measured), or lookup rounds', shrunk towards the plain steps' scale with
+        the weight of :data:`TIME_PRIOR_STEPS` plain steps (a lookup round before any was measured
+        there is priced at the plain steps' scale: the cost model's level error)."""
+        mp, pp = self._time["plain"].get(batch_bucket, (0.0, 0.0))
+        plain = mp / pp if pp > 0 and mp > 0 else 1.0
+        if kind != "lookup":
+            return plain
+        m, p = self._time["lookup"].get(batch_bucket, (0.0, 0.0))
+        if not (p > 0 and m > 0):
+            return plain
+        # (the plain sums hold ~1 / (1 - TIME_FORGET) steps' predictions)
+        w = self.TIME_PRIOR_STEPS * pp * (1.0 - self.TIME_FORGET)
+        return (m + w * plain) / (p + w)
 
     # -- decision ----------------------------------------------------------------------------
     def better(self, own: Tuple[List[int], int], history: Tuple[List[int], int] = ([], 0),
@@ -590,6 +605,9 @@ class LookupGate:
         """A plain step's wall time against the cost model's prediction for it."""
         if seconds is not None and predicted_ms > 0 and math.isfinite(seconds):
             self._add_time("plain", batch_bucket, 1e3 * seconds, predicted_ms)
+            lookup = self._time["lookup"].get(batch_bucket)
+            if lookup is not None:                  # (TIME_IDLE_FORGET)
+                self._time["lookup"][batch_bucket] = [x * self.TIME_IDLE_FORGET for x in lookup]
 
     # -- between processes -------------------------------------------------------------------
     def state(self) -> dict:

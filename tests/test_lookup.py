@@ -259,11 +259,36 @@ def test_gate_prices_lookup_rounds_by_what_they_measured():
         gate.observe_plain(0.010, 10.0)
         gate.observe(LookupRound([[1]], [0], 12.0, 2.0), [1], 0.018)   # lookup: 1.5x its prediction
         gate.observe(LookupRound([[1]], [0], 12.0, 2.0, batch_bucket=8), [1], 0.024)
-    assert gate.time_scale() == pytest.approx(1.5, rel=0.01)
+    # (shrunk a little towards the plain steps' 1.0: TIME_PRIOR_STEPS)
+    assert gate.time_scale() == pytest.approx(1.5, rel=0.03) and gate.time_scale() < 1.5
     assert gate.time_scale(8) == pytest.approx(2.0, rel=0.01) and gate.time_scale(4) == 1.0
     # the price of the next round includes it
     chosen = gate.choose([([1, 2], 8)], lambda mean, most: 10.0 + 0.1 * (mean - 1), 0.0, batch_bucket=8)
     assert chosen.predicted_ms == pytest.approx(2.0 * chosen.model_ms, rel=0.01)
+
+
+def test_a_lookup_scale_a_stall_inflated_returns_to_the_plain_steps():
+    """Lookup rounds timed during a stall of the machine (at the stall cap, round after round)
+    price later chains high; with no lookup round taken since, the plain steps that run instead
+    fade that evidence, and the scale returns to the plain steps' within about a prompt
+    (TIME_IDLE_FORGET), so chains are tried, and measured, again."""
+    gate = LookupGate()
+    for _ in range(30):                                  # a steady run: lookup rounds 1.2x, plain 1.0x
+        gate.observe_plain(0.010, 10.0)
+        gate.observe_plain(0.010, 10.0)
+        gate.observe(LookupRound([[1, 2]], [0], 15.0, 15.0), [2], 0.018)
+    assert gate.time_scale() == pytest.approx(1.2, rel=0.03)
+    for _ in range(5):                                   # a stall: 6-12x, each counted at the cap
+        gate.observe(LookupRound([[1, 2]], [0], 15.0, 15.0), [2], 0.150)
+    stalled = gate.time_scale()
+    assert stalled > 2.5
+    assert gate.choose([([1, 2, 3], 8)], lambda mean, most: 10.0 + 2.5 * (mean - 1), 1e3 / 10.0) is None
+    steps = 0
+    while gate.time_scale() > 1.1 and steps < 1000:
+        gate.observe_plain(0.010, 10.0)
+        steps += 1
+    assert steps < 100
+    assert gate.choose([([1, 2, 3], 8)], lambda mean, most: 10.0 + 2.5 * (mean - 1), 1e3 / 10.0) is not None
 
 
 # ---------------------------------------------------------------------------------------------
