@@ -1401,15 +1401,20 @@ class FittedPolicy(Policy):
         cached = self._unchanged("position_scale")
         if cached is not None:
             return cached
+        self._set_positions_used()
+        return self._remember("position_scale", tuple(self._pos_used))
+
+    def _set_positions_used(self, hysteresis: bool = True) -> None:
+        """The scales in use (``_pos_used``) from the sums, position by position; a scale moves
+        only by ``HYSTERESIS`` or more unless ``hysteresis`` is False."""
         prev = 1.0
         for j in range(len(self._pos_used)):
             r = self._position_ratio(j, prev)
             if r is None:
                 self._pos_used[j] = prev
-            elif abs(r - self._pos_used[j]) >= self.HYSTERESIS:
+            elif not hysteresis or abs(r - self._pos_used[j]) >= self.HYSTERESIS:
                 self._pos_used[j] = round(r / 0.05) * 0.05
             prev = self._pos_used[j]
-        return self._remember("position_scale", tuple(self._pos_used))
 
     def _position_ratio(self, j: int, prev: float) -> Optional[float]:
         """Position ``j``'s measured scale given the scale in use at ``j - 1`` (``position_scale``),
@@ -1436,13 +1441,9 @@ class FittedPolicy(Policy):
         held = self.tables.held_out
         if not held:
             return
-        prev = 1.0
         for j, r in enumerate(held["position_scale"][:len(self._pos_obs)]):
             self._pos_obs[j], self._pos_pred[j] = float(r) * self.HELD_OUT_WEIGHT, self.HELD_OUT_WEIGHT
-        for j in range(len(self._pos_used)):         # in use at once (no hysteresis from 1)
-            r = self._position_ratio(j, prev)
-            self._pos_used[j] = prev if r is None else round(r / 0.05) * 0.05
-            prev = self._pos_used[j]
+        self._set_positions_used(hysteresis=False)   # in use at once (no hysteresis from 1)
 
     POSITION_PRIOR = 8.0      # predicted acceptances behind "as the position before it"
     HYSTERESIS = 0.1          # a scale in use changes only when the measurement moved this much

@@ -594,8 +594,10 @@ def held_out_prompts(n: int = 32, seed: int = 0) -> tuple[list[str], str]:
     ``chat`` source, ChatterBot), which the calibration mix (templates, code, docs, math) lacks.
     The acceptance tables fitted on the calibration split are judged on them: how much less a
     draft is accepted on people's own requests than on prompts like its training data. Disjoint
-    from the calibration split and from every benchmark set (not from the training prompts:
-    the shipped draft was distilled on answers sampled for these turns)."""
+    from the calibration split and from every benchmark set, not from the training prompts: the
+    shipped draft was distilled on answers to nearly all of these turns (853 of 855 drawn), and
+    the lookup corpus holds the target's greedy answers to them, so they measure the draft, not
+    the corpus (``calibrate --lookup-prior`` needs prompts of its own)."""
     texts = [p.text for p in build_training_prompts(n, seed=1_001 + seed, mix={"chat": 1.0})]
     return texts, (f"heterospec.train.prompts chat source: {len(texts)} ChatterBot user turns (seed "
                    f"{1_001 + seed}; none in the calibration split or a benchmark set)")
