@@ -1276,6 +1276,26 @@ def test_shipped_tables_carry_a_held_out_check_a_fresh_policy_starts_from():
     assert policy.position_scale()[0] == pytest.approx(round(held["position_scale"][0] / 0.05) * 0.05)
 
 
+def test_shipped_k10_tables_start_a_fresh_policy_at_their_deep_plans_check():
+    """The GPU default tree's tables (10, 7, 60) carry a held-out check of deep plans (a GPU drafts
+    5-7 positions; bench/results/cpu-emr-s78/k10_deep_held_out.py): a fresh policy there starts
+    every measured position near it, not from the tables as fitted."""
+    from heterospec.defaults import default_draft_dir
+
+    tables = AcceptanceTables.find(str(default_draft_dir()), 10)
+    assert tables is not None and tables.top_k == 10
+    held = tables.held_out
+    assert held is not None and held["prompts"] >= 32 and len(held["position_scale"]) >= 5, held
+    scale = held["position_scale"]
+    assert all(0.05 < s <= 2.0 for s in scale)
+    policy = FittedPolicy(tables, LinearCost(a=10.0, b=1.0, c=0.5, e=0.5), SpecConfig(top_k=10, depth=7, total_tokens=60))
+    used = policy.position_scale()
+    assert used[0] == pytest.approx(round(scale[0] / 0.05) * 0.05)
+    # deeper positions: the check, shrunk a little towards the position before (POSITION_PRIOR)
+    for j, s in enumerate(scale):
+        assert abs(used[j] - s) <= 0.1 and (s >= 0.95 or used[j] < 1.0), (j, used, scale)
+
+
 def _chain_plan(survival):
     """A one-bin speculative plan whose tables predict ``survival`` (P(accepted >= j))."""
     d = len(survival) - 1
