@@ -3,7 +3,7 @@
 `heterospec calibrate --held-out-only` runs the tables' own plans, and the plans follow the
 engine's cost model: on this CPU (10, 7, 60) trees are priced so that the fitted plans reach two
 draft positions, and the shipped k10 check (seventy-sixth session) measured only those. A GPU
-plans 5-6 positions deep (the sixty-fourth session's H100 e2e run: decide depth 2, depths
+plans 5-7 positions deep (the sixty-fourth session's H100 e2e run: decide depth 2, depths
 6/6/5/5/4/3/2/2, budget 95). Which plan runs changes what is predicted, not what the target
 accepts, so the CPU can measure the deep plans' acceptance if its policy plans with a GPU-shaped
 cost model. This script builds one from that run's fitted plan (plain step 3.47 ms, a 7-forward
@@ -15,15 +15,17 @@ Usage: python k10_deep_held_out.py PROMPTS.jsonl FIRST N OUT.json SOURCE [--writ
 (prompts: lines FIRST..FIRST+N-1 of a {"text": ...} JSON-lines file; SOURCE: what they are, for
 the check's prompt_source). --write-tables also writes the check into the shipped
 acceptance_tables_k10.json (its `held_out`)."""
+import dataclasses
 import json
 import os
 import sys
 
 from heterospec import Engine
+from heterospec._io import find_tree_file
 from heterospec.calibrate import measure_held_out
 from heterospec.config import SpecConfig
 from heterospec.costmodel import CostModel
-from heterospec.policy import FittedPolicy
+from heterospec.policy import TABLES_FILENAME, AcceptanceTables, FittedPolicy
 
 path, first, n, out, what = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
 prompts = [json.loads(line)["text"] for line in open(path)][first:first + n]
@@ -38,11 +40,8 @@ gpu = CostModel(
     nodes=[1, 8, 16, 32, 64, 96, 128], verify=[[3.5, 3.55, 3.6, 3.8, 4.1, 4.3, 4.6]],
     tree_top_k=10, provenance={"date": "synthetic H100 shape", "source": "bench/results/gpu-h100-s64/e2e.json.gz meta"})
 engine.cost_model = gpu
-from heterospec._io import find_tree_file
-from heterospec.policy import TABLES_FILENAME, AcceptanceTables
 tables_path = find_tree_file(engine.draft_dir, TABLES_FILENAME, "k10")
 tables = AcceptanceTables.load(tables_path)
-import dataclasses
 plan = FittedPolicy(dataclasses.replace(tables, held_out=None), gpu, engine.config).fitted_plan(1)
 print(json.dumps({"tables": tables_path, "plan": {"decide_depth": plan.decide_depth, "entropy_k": plan.entropy_k,
                                                   "depth": plan.depth, "budget": plan.budget}}), flush=True)
