@@ -1,4 +1,4 @@
-"""``heterospec`` command line: generate, calibrate, bench, verify-curve, train-draft, fetch."""
+"""``heterospec`` command line: generate, calibrate, bench, batch-sweep, costs, verify-curve, fetch, train-draft."""
 
 from __future__ import annotations
 
