@@ -314,10 +314,9 @@ class LookupGate:
     TIME_FORGET = 0.9
     # Lookup rounds' time evidence at a batch-size bucket also fades by TIME_IDLE_FORGET at every
     # plain step timed there, and their scale is shrunk towards the plain steps' with the weight
-    # of TIME_PRIOR_STEPS plain steps' predictions: lookup rounds timed during a stall of the
-    # machine once priced every later chain ~2.5x too high, so no chain was taken again and the
-    # scale was never measured again (five rounds of 92-187 ms where 11-31 ms were usual, then
-    # ~500 plain rounds of a bench run: bench/RESULTS.md, seventy-seventh session). Now a scale
+    # of TIME_PRIOR_STEPS plain steps' predictions. Without that, a few lookup rounds timed during
+    # a stall of the machine priced every later chain too high, so no chain was taken and the
+    # scale was never measured again (bench/RESULTS.md, seventy-seventh session). Now a scale
     # nothing refreshes returns to the plain steps' within about a prompt.
     TIME_IDLE_FORGET = 0.93
     TIME_PRIOR_STEPS = 0.5
