@@ -318,7 +318,11 @@ _DTYPE_NAMES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": 
 
 
 def _is_int(x) -> bool:
-    """An integer token id or count (numpy integers included), not a bool or a float."""
+    """An integer token id or count (numpy integers and 0-d integer tensors included), not a bool
+    or a float. A tensor of any shape has ``__index__`` (it raises unless the tensor is a 0-d
+    integer), so tensors are judged by their shape and dtype: a 1-D tensor is a prompt, not a token."""
+    if isinstance(x, torch.Tensor):
+        return x.dim() == 0 and not x.dtype.is_floating_point and not x.dtype.is_complex and x.dtype != torch.bool
     return not isinstance(x, bool) and hasattr(x, "__index__")
 
 
@@ -671,6 +675,8 @@ class Engine:
         cb = (lambda b, toks: stream(toks)) if stream is not None else None
         if not isinstance(prompt, (str, list, tuple, torch.Tensor)):
             raise ValueError(f"{_PROMPT_KINDS}; got {type(prompt).__name__}")
+        if isinstance(prompt, torch.Tensor) and prompt.dim() != 1:   # (a 0-d one would read as a batch of ids)
+            raise ValueError(f"a tensor prompt must be 1-D token ids, got shape {tuple(prompt.shape)}")
         return self.generate_batch([prompt], max_new_tokens, method, temperature, top_p, top_k, seed,
                                    chat, cb, config, policy, lookup, corpus)[0]
 

@@ -263,6 +263,36 @@ def test_wrong_types_get_clear_errors():
     assert len(out.token_ids) == 2
 
 
+def test_tensor_prompts_are_prompts_and_bad_ones_are_named():
+    """A 1-D integer tensor is a prompt (README), alone or in a batch, and decodes as its list does;
+    a tensor of another shape or dtype is named as such. (Every tensor has ``__index__``, so a
+    check for integers by that attribute once took a 1-D tensor prompt for a batch of token ids.)"""
+    engine, draft = _pair("eagle3-random", seed=13)
+    ids = [5, 6, 7, 9]
+    want = engine.generate(ids, max_new_tokens=6, method="heterospec").token_ids
+    for dtype in (torch.int64, torch.int32):
+        assert engine.generate(torch.tensor(ids, dtype=dtype), max_new_tokens=6,
+                               method="heterospec").token_ids == want
+    assert engine.generate(torch.tensor([5]), max_new_tokens=3, method="autoregressive").token_ids == \
+        engine.generate([5], max_new_tokens=3, method="autoregressive").token_ids
+    assert engine.generate([torch.tensor(i) for i in ids], max_new_tokens=6, method="heterospec").token_ids == want
+    outs = engine.generate_batch([torch.tensor(ids), ids, torch.tensor([5])], max_new_tokens=6, method="heterospec")
+    assert outs[0].token_ids == outs[1].token_ids == want and len(outs[2].token_ids) == 6
+    cases = [
+        (lambda: engine.generate(torch.tensor(7)), r"must be 1-D token ids, got shape \(\)"),
+        (lambda: engine.generate(torch.tensor([[5, 6]])), r"must be 1-D token ids, got shape \(1, 2\)"),
+        (lambda: engine.generate(torch.tensor([5.0, 6.0])), "integer token ids, got torch.float32"),
+        (lambda: engine.generate(torch.tensor([True, False])), "integer token ids, got torch.bool"),
+        (lambda: engine.generate([torch.tensor(5), torch.tensor(6.0)]), "list prompt must hold integer token ids"),
+        (lambda: engine.generate([torch.tensor([5, 6])]), "list prompt must hold integer token ids"),
+        (lambda: engine.generate_batch([torch.tensor([[5, 6]])]), r"got shape \(1, 2\)"),
+        (lambda: engine.generate_batch([torch.tensor(5), torch.tensor(6)]), "list of prompts"),
+    ]
+    for call, msg in cases:
+        with pytest.raises(ValueError, match=msg):
+            call()
+
+
 def test_tiny_temperature_is_near_greedy_not_garbage():
     """T -> 0 approaches greedy: logits / T used to overflow to inf and sample token 0."""
     engine, draft = _pair("eagle3-random", seed=11)
