@@ -23,10 +23,13 @@ def _as_int(owner: str, name: str, value, *, optional: bool = False):
     than being truncated or compared later in some unrelated place."""
     if value is None and optional:
         return None
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise ValueError(f"{owner}: {name} must be an int{' or None' if optional else ''}, "
-                         f"got {type(value).__name__} {value!r}")
-    return operator.index(value)
+    if not isinstance(value, bool) and hasattr(value, "__index__"):
+        try:
+            return operator.index(value)
+        except TypeError:       # e.g. a tensor of several elements, or a float one
+            pass
+    raise ValueError(f"{owner}: {name} must be an int{' or None' if optional else ''}, "
+                     f"got {type(value).__name__} {value!r}")
 
 
 def _as_float(owner: str, name: str, value) -> float:

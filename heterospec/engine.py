@@ -500,12 +500,7 @@ class Engine:
         rotary = getattr(target, "rotary", None)
         if getattr(rotary, "exact_length", None):
             limit = min(limit, rotary.exact_length)       # longrope: its original (short) context
-        self.max_length = int(max_length) if max_length is not None else limit
-        if self.max_length < 2:
-            raise ValueError(f"max_length must be >= 2, got {self.max_length}")
-        for model, what in ((target, "target"), (draft, "draft")):
-            if hasattr(getattr(model, "rotary", None), "check_length"):
-                model.rotary.check_length(self.max_length, f"Engine {what}")
+        self.max_length = max_length if max_length is not None else limit
 
     def _new_gate(self) -> LookupGate:
         """A lookup gate, seeded from the draft's lookup prior where it ships one."""
@@ -513,6 +508,61 @@ class Engine:
         if self._lookup_prior is not None:
             gate.seed(self._lookup_prior)
         return gate
+
+    # Settings a user may change on a built engine (README: ``engine.lookup_history = ...``) are
+    # checked when set, as the constructor checks them: a wrong value named at once, not met as an
+    # AttributeError inside a round or, for the policy, silently read as another one.
+    @property
+    def policy(self):
+        """HeteroSpec's per-bin actions for calls that name none: "fitted", "paper" or a
+        :class:`heterospec.policy.Policy`."""
+        return self._policy_name
+
+    @policy.setter
+    def policy(self, value) -> None:
+        if not isinstance(value, Policy) and value not in POLICIES:
+            raise ValueError(f"Engine.policy must be one of {', '.join(POLICIES)} or a heterospec Policy, "
+                             f"got {value!r}")
+        self._policy_name = value
+
+    @property
+    def lookup_history(self) -> Optional[OutputHistory]:
+        """Earlier requests' prompts and outputs that lookups may copy from (None: off)."""
+        return self._lookup_history
+
+    @lookup_history.setter
+    def lookup_history(self, value: Optional[OutputHistory]) -> None:
+        if value is not None and not isinstance(value, OutputHistory):
+            raise ValueError(f"Engine.lookup_history must be a heterospec.OutputHistory or None, "
+                             f"got {type(value).__name__}")
+        self._lookup_history = value
+
+    @property
+    def lookup_corpus(self) -> Optional[CorpusIndex]:
+        """The lookup corpus lookups may retrieve chains from (None: off)."""
+        return self._lookup_corpus
+
+    @lookup_corpus.setter
+    def lookup_corpus(self, value: Optional[CorpusIndex]) -> None:
+        if value is not None and not isinstance(value, CorpusIndex):
+            raise ValueError(f"Engine.lookup_corpus must be a heterospec.datastore.CorpusIndex or None, "
+                             f"got {type(value).__name__}")
+        self._lookup_corpus = value
+
+    @property
+    def max_length(self) -> int:
+        """The longest prompt + output a call may hold (its KV caches' length)."""
+        return self._max_length
+
+    @max_length.setter
+    def max_length(self, value: int) -> None:
+        value = _as_int("Engine", "max_length", value)
+        if value < 2:
+            raise ValueError(f"max_length must be >= 2, got {value}")
+        for model, what in ((self.target, "target"), (self.draft, "draft")):
+            if hasattr(getattr(model, "rotary", None), "check_length"):
+                model.rotary.check_length(value, f"Engine {what}")
+        self._max_length = value
 
     @property
     def draft_window(self) -> Optional[int]:
@@ -651,6 +701,10 @@ class Engine:
 
     @cost_model.setter
     def cost_model(self, value) -> None:
+        from .costmodel import CostModel
+        if value is not None and not isinstance(value, (CostModel, str, os.PathLike)):
+            raise ValueError(f"Engine.cost_model must be a heterospec CostModel, the path of a cost file or None, "
+                             f"got {type(value).__name__}")
         self._cost_model = value
         self._persist_online = False
         self._fitted = {}

@@ -238,6 +238,15 @@ def test_wrong_types_get_clear_errors():
         (lambda: Engine(hf, device="meta"), "device must be cpu or cuda"),
         (lambda: Engine(hf, max_length=2.7), "max_length must be an int"),
         (lambda: setattr(engine, "bins", [0.5]), "bins must be heterospec EntropyBins"),
+        # settings changed on a built engine are checked when set (a wrong policy name was once
+        # read as the paper's policy, a wrong history or corpus met as an AttributeError mid-round)
+        (lambda: setattr(engine, "policy", "fited"), "Engine.policy must be one of fitted, paper"),
+        (lambda: setattr(engine, "lookup_history", 5), "lookup_history must be a heterospec.OutputHistory"),
+        (lambda: setattr(engine, "lookup_corpus", "corpus.npz"), "lookup_corpus must be a heterospec.datastore"),
+        (lambda: setattr(engine, "cost_model", 3), "cost_model must be a heterospec CostModel"),
+        (lambda: setattr(engine, "max_length", 2.7), "max_length must be an int"),
+        (lambda: setattr(engine, "max_length", 1), "max_length must be >= 2"),
+        (lambda: engine.generate([5, 6], max_new_tokens=torch.tensor([3, 4])), "max_new_tokens must be an int"),
         (lambda: engine.generate(None), "a prompt must be"),
         (lambda: engine.generate(7), "a prompt must be"),
         (lambda: engine.generate({7, 5, 6}), "a prompt must be"),
@@ -261,6 +270,13 @@ def test_wrong_types_get_clear_errors():
     assert Engine(hf, dtype="float64").target.dtype == torch.float64
     out = engine.generate([np.int64(5), 6], max_new_tokens=np.int64(2), method="autoregressive")
     assert len(out.token_ids) == 2
+    # ... and the settings' right values, including the ones that turn a feature off
+    from heterospec.lookup import OutputHistory
+    engine.policy, engine.lookup_history, engine.lookup_corpus = "paper", OutputHistory(), None
+    engine.max_length = np.int64(64)
+    assert (engine.policy, engine.lookup_corpus, engine.max_length) == ("paper", None, 64)
+    engine.lookup_history = None
+    assert len(engine.generate([5, 6], max_new_tokens=torch.tensor(3), method="autoregressive").token_ids) == 3
 
 
 def test_tensor_prompts_are_prompts_and_bad_ones_are_named():
