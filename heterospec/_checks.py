@@ -89,6 +89,27 @@ def check_int(op: str, name: str, value: object, *, minimum: Optional[int] = Non
 _SYNC_FREE = [0]
 
 
+def usable_device(device, owner: str) -> torch.device:
+    """``device`` parsed, where this process can run: the CPU, or a CUDA device this torch build
+    can see. Anything else is a ``ValueError`` that says why (the CLI's ``--device`` words the same
+    reasons as usage errors), not torch's list of every device type or an assertion inside it."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        raise ValueError(f"{owner}: unknown device {device!r}; use cpu, cuda or cuda:N") from None
+    if dev.type == "cpu":
+        return dev
+    if dev.type != "cuda":
+        raise ValueError(f"{owner}: unsupported device {device!r}; use cpu, cuda or cuda:N")
+    if not torch.cuda.is_available():
+        why = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA device is visible"
+        raise ValueError(f"{owner}: {device!r} requested but {why}")
+    count = torch.cuda.device_count()
+    if dev.index is not None and dev.index >= count:
+        raise ValueError(f"{owner}: {device!r} requested but only {count} CUDA device(s) are visible")
+    return dev
+
+
 class sync_free:
     """Inside this context the models skip their host-side validation reads (KV-cache bounds,
     tree slots, the CPU attention width): a capture-ready round, whose shapes and bounds the

@@ -10,6 +10,19 @@ import time
 from typing import Callable, Dict, Optional
 
 
+def read_json_object(path: str, what: str) -> dict:
+    """The JSON object in ``path``; a file that is not one is a ``ValueError`` naming it and
+    ``what`` it is (e.g. "target config"), not a bare ``JSONDecodeError``."""
+    with open(path) as f:
+        try:
+            obj = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{what} {path} is not valid JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{what} {path} must hold a JSON object, got {type(obj).__name__}")
+    return obj
+
+
 def write_json_atomic(path: str, obj, indent: Optional[int] = None) -> None:
     """Write ``obj`` as JSON to ``path`` (its directory created if missing) through a temporary
     file and a rename: a reader never sees half a file, and a failed write leaves neither a half

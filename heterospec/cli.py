@@ -35,22 +35,13 @@ def _prompt_set(s: str) -> str:
 
 
 def _device(s: str) -> str:
-    import torch
+    from ._checks import usable_device
 
     try:
-        dev = torch.device(s)
-    except (RuntimeError, ValueError, TypeError):
-        raise argparse.ArgumentTypeError(f"unknown device {s!r}; use cpu, cuda or cuda:N") from None
-    if dev.type == "cpu":
-        return s
-    if dev.type != "cuda":
-        raise argparse.ArgumentTypeError(f"unsupported device {s!r}; use cpu, cuda or cuda:N")
-    if not torch.cuda.is_available():
-        why = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA device is visible"
-        raise argparse.ArgumentTypeError(f"{s!r} requested but {why}; use --device cpu")
-    count = torch.cuda.device_count()
-    if dev.index is not None and dev.index >= count:
-        raise argparse.ArgumentTypeError(f"{s!r} requested but only {count} CUDA device(s) are visible")
+        usable_device(s, "--device")
+    except ValueError as e:
+        why = str(e).removeprefix("--device: ")
+        raise argparse.ArgumentTypeError(why + ("; use --device cpu" if "requested but" in why else "")) from None
     return s
 
 

@@ -32,7 +32,7 @@ from typing import Callable, List, Optional, Sequence, Tuple, Union
 import torch
 
 from . import ops
-from ._checks import sync_free
+from ._checks import sync_free, usable_device
 from ._io import save_throttled
 from .config import SamplingParams, SpecConfig, _as_int, default_config
 from .entropy import EntropyBins
@@ -371,8 +371,8 @@ class Engine:
             raise ValueError(f"Engine(target): expected a heterospec TargetModel or a transformers Llama model, "
                              f"got {type(target).__name__}")
         dtype = _float_dtype("dtype", dtype)
-        if device is not None and torch.device(device).type not in ("cpu", "cuda"):
-            raise ValueError(f"Engine: device must be cpu or cuda, got {device!r}")
+        if device is not None:
+            usable_device(device, "Engine")
         if config is not None and not isinstance(config, SpecConfig):
             raise ValueError(f"Engine: config must be a heterospec.SpecConfig, got {type(config).__name__}")
         if bins is not None and not isinstance(bins, EntropyBins):
@@ -545,7 +545,7 @@ class Engine:
     @lookup_corpus.setter
     def lookup_corpus(self, value: Optional[CorpusIndex]) -> None:
         if value is not None and not isinstance(value, CorpusIndex):
-            raise ValueError(f"Engine.lookup_corpus must be a heterospec.datastore.CorpusIndex or None, "
+            raise ValueError(f"Engine.lookup_corpus must be a heterospec.CorpusIndex or None, "
                              f"got {type(value).__name__}")
         self._lookup_corpus = value
 
@@ -600,6 +600,7 @@ class Engine:
         from .models.target import TargetModel
 
         dtype, draft_dtype = _float_dtype("dtype", dtype), _float_dtype("draft_dtype", draft_dtype, ("q8_0",))
+        usable_device(device, "Engine.from_pretrained")
         freeze_gc = kwargs.pop("freeze_gc", True)
         if not isinstance(freeze_gc, bool):
             raise ValueError(f"freeze_gc must be True or False, got {freeze_gc!r}")

@@ -235,14 +235,16 @@ def test_wrong_types_get_clear_errors():
         (lambda: Engine(hf, bins=[0.5, 1.0]), "bins must be heterospec EntropyBins"),
         (lambda: Engine(hf, dtype=torch.int64), "dtype must be a floating-point dtype"),
         (lambda: Engine(hf, dtype="float8"), "dtype must be one of"),
-        (lambda: Engine(hf, device="meta"), "device must be cpu or cuda"),
+        (lambda: Engine(hf, device="meta"), "Engine: unsupported device 'meta'"),
+        (lambda: Engine(hf, device="tpu"), "Engine: unknown device 'tpu'"),
+        (lambda: Engine.from_pretrained(device="tpu"), "Engine.from_pretrained: unknown device 'tpu'"),
         (lambda: Engine(hf, max_length=2.7), "max_length must be an int"),
         (lambda: setattr(engine, "bins", [0.5]), "bins must be heterospec EntropyBins"),
         # settings changed on a built engine are checked when set (a wrong policy name was once
         # read as the paper's policy, a wrong history or corpus met as an AttributeError mid-round)
         (lambda: setattr(engine, "policy", "fited"), "Engine.policy must be one of fitted, paper"),
         (lambda: setattr(engine, "lookup_history", 5), "lookup_history must be a heterospec.OutputHistory"),
-        (lambda: setattr(engine, "lookup_corpus", "corpus.npz"), "lookup_corpus must be a heterospec.datastore"),
+        (lambda: setattr(engine, "lookup_corpus", "corpus.npz"), "lookup_corpus must be a heterospec.CorpusIndex"),
         (lambda: setattr(engine, "cost_model", 3), "cost_model must be a heterospec CostModel"),
         (lambda: setattr(engine, "max_length", 2.7), "max_length must be an int"),
         (lambda: setattr(engine, "max_length", 1), "max_length must be >= 2"),

@@ -477,6 +477,9 @@ def test_bad_inputs(tmp_path, target, draft):
         Eagle3Draft.from_pretrained(tmp_path / "nope")
     with pytest.raises(FileNotFoundError, match="config.json"):
         Eagle3Draft.from_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(draft.config.to_dict())[:-2])
+    with pytest.raises(ValueError, match=r"EAGLE-3 draft config .*config.json is not valid JSON"):
+        Eagle3Draft.from_pretrained(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps(draft.config.to_dict()))
     with pytest.raises(FileNotFoundError, match="model.safetensors or pytorch_model.bin"):
         Eagle3Draft.from_pretrained(tmp_path)

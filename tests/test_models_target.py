@@ -311,6 +311,29 @@ def test_missing_dir_and_files(tmp_path):
         TargetModel.from_pretrained(tmp_path)
 
 
+def test_malformed_json_files_are_named(tmp_path):
+    """A config, generation config or shard index that is not a JSON object: a ValueError naming
+    the file, not a bare JSONDecodeError (or a KeyError for an index without its weight_map)."""
+    hf = tiny_llama(**CONFIGS["gqa4_untied"])
+    hf.save_pretrained(tmp_path)
+    cfg = tmp_path / "config.json"
+    good = cfg.read_text()
+    cfg.write_text(good[:-5])
+    with pytest.raises(ValueError, match=r"target config .*config.json is not valid JSON"):
+        TargetModel.from_pretrained(tmp_path)
+    cfg.write_text("[1, 2]")
+    with pytest.raises(ValueError, match=r"config.json must hold a JSON object, got list"):
+        TargetModel.from_pretrained(tmp_path)
+    cfg.write_text(good)
+    (tmp_path / "generation_config.json").write_text("{eos")
+    with pytest.raises(ValueError, match=r"target generation config .*generation_config.json is not valid JSON"):
+        TargetModel.from_pretrained(tmp_path)
+    (tmp_path / "generation_config.json").unlink()
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}}))
+    with pytest.raises(ValueError, match="has no weight_map of tensor names to shard files"):
+        TargetModel.from_pretrained(tmp_path)
+
+
 def test_unsupported_architecture(tmp_path):
     from transformers import MistralConfig, MistralForCausalLM
 

@@ -48,6 +48,7 @@ import torch
 from torch import nn
 
 from .._checks import host_reads_allowed
+from .._io import read_json_object
 from .attention import causal_tree_mask, tree_op_serves
 from .kv_cache import KVCache
 from .layers import (MLP, QKVO, RMSNorm, Rotary, _glue, additive_mask, assign_weights, expand_kv_heads,
@@ -527,8 +528,7 @@ class Eagle3Draft(nn.Module):
         cfg_path = os.path.join(path, "config.json")
         if not os.path.isfile(cfg_path):
             raise FileNotFoundError(f"EAGLE-3 draft directory {path} has no config.json")
-        with open(cfg_path) as f:
-            config = DraftConfig.from_dict(json.load(f))
+        config = DraftConfig.from_dict(read_json_object(cfg_path, "EAGLE-3 draft config"))
         tensors = _load_state_dict(path)
         if target is not None:
             t = _target_spec(target)

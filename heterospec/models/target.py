@@ -13,7 +13,6 @@ untied lm_head, optional attention / mlp biases).
 from __future__ import annotations
 
 import glob
-import json
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ import torch
 from torch import nn
 
 from .._checks import host_reads_allowed
+from .._io import read_json_object
 from .attention import TreeOpPlan, causal_tree_mask, make_backend
 from .kv_cache import KVCache
 from .layers import (MLP, QKVO, RMSNorm, Rotary, _glue, assign_weights, load_weight_file, rope_exact_length,
@@ -298,16 +298,14 @@ class TargetModel(nn.Module):
         cfg_file = os.path.join(path, "config.json")
         if not os.path.isfile(cfg_file):
             raise FileNotFoundError(f"target model directory {path} has no config.json")
-        with open(cfg_file) as f:
-            model_type = json.load(f).get("model_type")
+        model_type = read_json_object(cfg_file, "target config").get("model_type")
         if model_type != "llama":
             raise ValueError(f"unsupported architecture: {model_type}")
         hf_config = AutoConfig.from_pretrained(path, local_files_only=True)
         gen_eos = None
         gen_file = os.path.join(path, "generation_config.json")
         if os.path.isfile(gen_file):
-            with open(gen_file) as f:
-                gen_eos = json.load(f).get("eos_token_id")
+            gen_eos = read_json_object(gen_file, "target generation config").get("eos_token_id")
         config = TargetConfig.from_hf(hf_config, gen_eos)
         tensors = _read_weights(path)
         known = ("lm_head.weight", "embed_tokens.weight", "norm.weight")
@@ -484,8 +482,10 @@ def _indexed_shards(path: str, index_name: str) -> list[str] | None:
     index = os.path.join(path, index_name)
     if not os.path.isfile(index):
         return None
-    with open(index) as f:
-        files = sorted({os.path.join(path, v) for v in json.load(f)["weight_map"].values()})
+    weight_map = read_json_object(index, "checkpoint index").get("weight_map")
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise ValueError(f"checkpoint index {index} has no weight_map of tensor names to shard files")
+    files = sorted({os.path.join(path, v) for v in weight_map.values()})
     missing = [os.path.basename(f) for f in files if not os.path.isfile(f)]
     if missing:
         raise FileNotFoundError(f"target model directory {path}: missing weight shards {missing} (named in {index_name})")
