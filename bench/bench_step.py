@@ -14,7 +14,6 @@ import torch
 import heterospec
 from heterospec import Engine, SpecConfig
 from heterospec.entropy import EntropyBins
-from heterospec.sampling import make_generator
 from tests.engine_util import tiny_hf_llama
 
 CFG = SpecConfig(top_k=4, depth=4, total_tokens=16)
@@ -46,9 +45,8 @@ def _state(engine, method):
     # plain step on this device, which test_autoregressive_step times).
     pol = engine._policy(method, CFG, "paper")
     policy = pol.plan(1) if pol is not None else None
-    gen = make_generator(0, engine.device)
-    st = engine._prefill([prompt], method, SamplingParams(), gen, 64 + 4096, 4096, None)
-    return st, policy, gen
+    st = engine._prefill([prompt], method, SamplingParams(), None, 64 + 4096, 4096, None)   # greedy: no keys
+    return st, policy
 
 
 @pytest.mark.parametrize("method", ["eagle3", "heterospec"])
@@ -56,11 +54,11 @@ def test_speculative_round(benchmark, engine, method):
     from heterospec.config import SamplingParams
 
     _check_against_autoregressive(engine, method)
-    st, policy, gen = _state(engine, method)
+    st, policy = _state(engine, method)
 
     def one_round():
         tree = engine._draft_tree(st, CFG, policy)
-        verdict = engine._verify(st, tree, policy, SamplingParams(), gen)
+        verdict = engine._verify(st, tree, policy, SamplingParams())
         engine._commit(st, tree, verdict, 4096, None, 0.0, 0.0)
 
     with torch.inference_mode():
@@ -71,8 +69,8 @@ def test_speculative_round(benchmark, engine, method):
 def test_autoregressive_step(benchmark, engine):
     from heterospec.config import SamplingParams
 
-    st, _, gen = _state(engine, "autoregressive")
+    st, _ = _state(engine, "autoregressive")
     with torch.inference_mode():
-        benchmark.pedantic(lambda: engine._decode_one(st, SamplingParams(), gen, 4096, None),
+        benchmark.pedantic(lambda: engine._decode_one(st, SamplingParams(), 4096, None),
                            rounds=20, iterations=1, warmup_rounds=2)
     assert st.stats[0].target_calls >= 1

@@ -267,8 +267,6 @@ def forced_bins(i: int) -> EntropyBins:
 
 def step_split(engine, prompt, rounds=10, warmup=2, configs=None) -> list:
     """Rows {config, depth, nodes, round_ms, draft_ms, verify_ms, ops_ms, python_ms, python_frac}."""
-    from heterospec.sampling import make_generator
-
     dev, cfg, params = engine.device, engine.config, SamplingParams()
     engine.target.config.eos_token_ids = ()      # random models must not stop early
     extra, nodes = cfg.bin_actions(NUM_BINS)
@@ -279,17 +277,16 @@ def step_split(engine, prompt, rounds=10, warmup=2, configs=None) -> list:
         engine.bins = forced_bins(b if b >= 0 else NUM_BINS - 1)
         pol = engine._policy(method, cfg, "paper")          # forced bins: the paper's per-bin actions
         policy = pol.plan(1) if pol is not None else None
-        gen = make_generator(0, dev)
         n_tok = 2 * (rounds + warmup) * (policy.max_nodes + 2 if policy else 1) + 8
         with torch.inference_mode():
-            st = engine._prefill([prompt], method, params, gen, len(prompt) + n_tok, n_tok, None)
+            st = engine._prefill([prompt], method, params, None, len(prompt) + n_tok, n_tok, None)
 
             def one_round():
                 if policy is None:
-                    engine._decode_one(st, params, gen, n_tok, None)
+                    engine._decode_one(st, params, n_tok, None)
                     return
                 tree = engine._draft_tree(st, cfg, policy)
-                verdict = engine._verify(st, tree, policy, params, gen)
+                verdict = engine._verify(st, tree, policy, params)
                 engine._commit(st, tree, verdict, n_tok, None, 0.0, 0.0)
 
             for _ in range(warmup):
@@ -314,11 +311,11 @@ def step_split(engine, prompt, rounds=10, warmup=2, configs=None) -> list:
             if engine.round_graphs is not None and engine.static_rounds:
                 def graph_round():
                     if policy is None:                   # plain steps replay their own graph
-                        engine._decode_one(st, params, gen, n_tok, None)
+                        engine._decode_one(st, params, n_tok, None)
                         return
                     with sync_free():
                         tree = engine._draft_half(st, cfg, policy)
-                        verdict = engine._verify_half(st, tree, policy, params, gen)
+                        verdict = engine._verify_half(st, tree, policy, params)
                     engine._commit(st, tree, verdict, n_tok, None, 0.0, 0.0)
 
                 def timed(out):
@@ -380,8 +377,6 @@ def plain_anatomy(engine, prompt, steps=20, warmup=3) -> dict:
     (``Engine._plain_step``), the device's time for it (CUDA events around it), the whole step with
     its one host read (``Engine._decode_one``), and the top kernels of the steps (torch.profiler).
     On an H200 a replayed step of the 135M pair took 5.1 ms (second GPU run): this says why."""
-    from heterospec.sampling import make_generator
-
     dev, params = engine.device, SamplingParams()
     engine.target.config.eos_token_ids = ()
     modes = ["sdpa", "split"] if engine.target.backend.name == "flashinfer" else [engine.graph_attention]
@@ -389,7 +384,6 @@ def plain_anatomy(engine, prompt, steps=20, warmup=3) -> dict:
     out = {}
     for mode in modes:
         engine.graph_attention = mode
-        gen = make_generator(0, dev)
         issue, device_ms = [], []
         inner = engine._plain_step
 
@@ -406,16 +400,16 @@ def plain_anatomy(engine, prompt, steps=20, warmup=3) -> dict:
             return res
 
         with torch.inference_mode():
-            st = engine._prefill([prompt], "autoregressive", params, gen, len(prompt) + n_tok, n_tok, None)
+            st = engine._prefill([prompt], "autoregressive", params, None, len(prompt) + n_tok, n_tok, None)
             for _ in range(warmup):
-                engine._decode_one(st, params, gen, n_tok, None)
+                engine._decode_one(st, params, n_tok, None)
             _sync(dev)
             engine._plain_step = timed_plain_step
             whole = []
             try:
                 for _ in range(steps):
                     t0 = time.perf_counter()
-                    engine._decode_one(st, params, gen, n_tok, None)
+                    engine._decode_one(st, params, n_tok, None)
                     whole.append(time.perf_counter() - t0)
                 _sync(dev)
                 acts = [torch.profiler.ProfilerActivity.CPU]
@@ -423,7 +417,7 @@ def plain_anatomy(engine, prompt, steps=20, warmup=3) -> dict:
                     acts.append(torch.profiler.ProfilerActivity.CUDA)
                 with torch.profiler.profile(activities=acts) as prof:
                     for _ in range(min(steps, 10)):
-                        engine._decode_one(st, params, gen, n_tok, None)
+                        engine._decode_one(st, params, n_tok, None)
                     _sync(dev)
             finally:
                 del engine._plain_step          # back to the class's method

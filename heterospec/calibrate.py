@@ -246,7 +246,7 @@ def collect_traces(engine, prompts: Sequence, max_new_tokens: int = 128, depths:
                 tree.scores = torch.where(union, tree.scores, torch.full_like(tree.scores, -math.inf))
                 tree.budget = union.sum(1)
                 verdict = engine._verify(st, tree, Plan("trace", decide_depth=0, entropy_k=k, edges=[], depth=[0],
-                                                        budget=[C], binned=False), params, None)
+                                                        budget=[C], binned=False), params)
                 cand = verdict.tree_cand.tolist()
                 top1 = verdict.target_top1.tolist()
                 toks = tree.tokens.tolist()

@@ -593,7 +593,7 @@ def _measure_pass(engine, quick: bool, batch_sizes: Sequence[int], tokens: Optio
 
             def plain_step():
                 restore(s0)
-                engine._decode_one(st, params, None, 10 ** 9, None)
+                engine._decode_one(st, params, 10 ** 9, None)
                 restore(s0)
 
             def draft_at(depth, n):
@@ -618,9 +618,9 @@ def _measure_pass(engine, quick: bool, batch_sizes: Sequence[int], tokens: Optio
                     restore(s1)
                     tree.budget = torch.full((B,), n - 1, dtype=torch.int64, device=dev)
                     if graphed:
-                        verdict = engine._verify_half(st, tree, plan, params, None)
+                        verdict = engine._verify_half(st, tree, plan, params)
                     else:
-                        verdict = engine._verify(st, tree, plan, params, None)
+                        verdict = engine._verify(st, tree, plan, params)
                     engine._commit(st, tree, verdict, 10 ** 9, None, 0.0, 0.0)
                     restore(s1)
                 return one

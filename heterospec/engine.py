@@ -42,7 +42,7 @@ from .lookup import (CORPUS_ROW, HISTORY_ROW, ContextIndex, LookupGate, LookupRo
                      load_lookup_prior)
 from .models.linear import settled_weights, weights_may_change
 from .policy import POLICIES, AcceptanceTables, Eagle3Policy, FittedPolicy, PaperPolicy, Plan, Policy
-from .sampling import greedy_tokens, make_generator, processed_probs, sample
+from .sampling import greedy_tokens, position_uniforms, processed_probs, request_keys, sample_at, sample_rows
 from .timing import StageTimer, timestamp
 
 METHODS = ("heterospec", "eagle3", "autoregressive")
@@ -146,6 +146,9 @@ class _Batch:
     # hole's end.
     cold_tail: Optional[tuple] = field(default=None, repr=False)
     host_lens: List[int] = field(default_factory=list)   # prefix_lens as the host knows them
+    # [B, 2] int64 sampling keys (sampling.request_keys), None when greedy: the token at sequence
+    # position s of request b is drawn with the uniform keyed to (its key, s), in any method.
+    sample_keys: Optional[torch.Tensor] = None
     outputs: List[List[int]] = field(default_factory=list)
     finished: List[Optional[str]] = field(default_factory=list)
     stats: List[GenerationStats] = field(default_factory=list)
@@ -173,7 +176,7 @@ class _Batch:
             self._done = (key, torch.tensor(key, dtype=torch.bool, device=device))
         return self._done[1]
 
-    _PER_ROW = ("prefix_lens", "root", "draft_lens", "ext_tokens", "ext_feats", "ext_num", "draft_hole")
+    _PER_ROW = ("prefix_lens", "root", "draft_lens", "ext_tokens", "ext_feats", "ext_num", "draft_hole", "sample_keys")
 
     def drop_finished(self) -> None:
         """Keep only the rows of requests still running, in every per-request tensor and both
@@ -203,8 +206,8 @@ class _Verdict:
     accept_path: torch.Tensor   # [B, T] positions of root + accepted nodes, -1 padded
     accept_len: torch.Tensor    # [B] accepted draft nodes
     bonus: torch.Tensor         # [B] the target's token after the last accepted node
-    target_top1: Optional[torch.Tensor] = None   # [B, T] the target's argmax at each position (greedy)
-    invalid: Optional[torch.Tensor] = None       # [B] CUDA sampling: tree position of an invalid row, or -1
+    target_top1: Optional[torch.Tensor] = None   # [B, T] the target's token at each position (greedy: argmax)
+    invalid: Optional[torch.Tensor] = None       # [B] sampling: tree position of an invalid row on the path, or -1
 
 
 @dataclass
@@ -795,7 +798,7 @@ class Engine:
         # A request that finishes inside an accepted path has moved past max_new_tokens by up to
         # a tree, and a later round still writes a (root-only, padded) tree after it: two trees.
         cache_len = max(len(p) for p in ids) + max_new_tokens + 2 * tree_cap + 1
-        gen = make_generator(params.seed, self.device)
+        keys = None if params.greedy else request_keys(params.seed, len(ids), self.device)
 
         policy_s = 0.0
         # settled_weights: the models' weights are checked at the call's first forward and after
@@ -805,7 +808,7 @@ class Engine:
             # A call that starts plain defers the draft's prompt pass to its first drafted round
             # (none, if it stays plain; fewer rows, if requests finished by then).
             defer = self.cold_plain and speculative and not self.static_rounds and not pol.plan(B).speculate
-            st = self._prefill(ids, method, params, gen, cache_len, max_new_tokens, stream, speculative,
+            st = self._prefill(ids, method, params, keys, cache_len, max_new_tokens, stream, speculative,
                                defer_prompt=defer)
             index = [ContextIndex(p) for p in ids] if gate is not None else None
             # The engine's output history, with the engine's gate (a call's own gate has none).
@@ -849,7 +852,7 @@ class Engine:
                     # Verify the copied chains (a chain-shaped tree); the draft, if any, catches up later.
                     t_round = time.perf_counter()
                     tree = self._lookup_tree(st, chosen)
-                    verdict = self._verify(st, tree, None, params, gen, max_nodes=int(tree.budget.max()),
+                    verdict = self._verify(st, tree, None, params, max_nodes=int(tree.budget.max()),
                                            append_pending=True)
                     self._commit(st, tree, verdict, max_new_tokens, stream, 0.0,
                                  time.perf_counter() - t_round, lookup=True)
@@ -881,7 +884,7 @@ class Engine:
                     # rounds: no catch-up queued that the window would drop before it is used.
                     cold = (self.cold_plain and speculative and plan is not None and not self.static_rounds
                             and self.draft_window is not None and pol.plain_rounds_ahead(len(active)) >= self.draft_window)
-                    self._decode_one(st, params, gen, max_new_tokens, stream, record=method != "autoregressive",
+                    self._decode_one(st, params, max_new_tokens, stream, record=method != "autoregressive",
                                      cold=cold)
                     if plan is not None and hasattr(pol, "observe"):     # plain steps are timed too
                         seconds = None if switched else self._round_seconds(t_plain, one_offs, riding)
@@ -904,7 +907,7 @@ class Engine:
                     with sync_free() if self.static_rounds else contextlib.nullcontext():
                         tree = self._draft_half(st, cfg, plan)
                         timer.mark("draft")
-                        verdict = self._verify_half(st, tree, plan, params, gen)
+                        verdict = self._verify_half(st, tree, plan, params)
                         timer.mark("verify")
                     self._commit(st, tree, verdict, max_new_tokens, stream, timer)
                     switched = True
@@ -1025,7 +1028,7 @@ class Engine:
         return costmodel.online_state_path(costmodel.cache_path(cm.fingerprint), key)
 
     # -- prefill --------------------------------------------------------------------------------
-    def _prefill(self, ids: List[List[int]], method: str, params: SamplingParams, gen, cache_len: int,
+    def _prefill(self, ids: List[List[int]], method: str, params: SamplingParams, keys, cache_len: int,
                  max_new_tokens: int, stream, speculative: Optional[bool] = None,
                  draft_prompt: bool = True, defer_prompt: bool = False) -> _Batch:
         """Prefill the target (and, speculating with ``draft_prompt``, the draft over the prompt:
@@ -1049,10 +1052,11 @@ class Engine:
         logits, feats = self.target(tokens, positions, tcache, zeros, None, lens, return_features=speculative,
                                     logits_index=(lens - 1)[:, None], taps=self._taps, ragged=self.ragged_verify)
         last = logits[:, 0]                                                      # [B, V]
-        first = self._pick(last, params, gen)                                     # [B]
+        first = self._pick(last, params, keys, lens)                              # [B], at position lens
 
         outputs, stats = [[] for _ in range(B)], [GenerationStats(method, prompt_tokens=len(p)) for p in ids]
         st = _Batch(prefix_lens=lens.clone(), root=first, target_cache=tcache, host_lens=[len(p) for p in ids],
+                    sample_keys=keys,
                     outputs=list(outputs),
                     finished=[None] * B, stats=list(stats), rows=list(range(B)), all_outputs=outputs,
                     all_stats=stats, all_finished=[None] * B)
@@ -1111,13 +1115,16 @@ class Engine:
         self._kept_caches[id(model)] = (cache, cache.k, cache.v)
         return cache
 
-    def _pick(self, logits: torch.Tensor, params: SamplingParams, gen) -> torch.Tensor:
+    def _pick(self, logits: torch.Tensor, params: SamplingParams, keys: Optional[torch.Tensor],
+              positions: torch.Tensor) -> torch.Tensor:
+        """The token of each row of ``logits [B, V]``, which sits at sequence ``positions [B]``:
+        the argmax (greedy), or the draw with the requests' keyed uniforms for those positions."""
         if params.greedy:
             return greedy_tokens(logits)
-        return sample(processed_probs(logits, params), gen)
+        return sample_at(processed_probs(logits, params), position_uniforms(keys, positions))
 
     # -- autoregressive ---------------------------------------------------------------------------
-    def _decode_one(self, st: _Batch, params: SamplingParams, gen, max_new_tokens: int, stream,
+    def _decode_one(self, st: _Batch, params: SamplingParams, max_new_tokens: int, stream,
                     record: bool = False, cold: bool = False) -> None:
         """One plain target step. With a draft in use (a plain round chosen by the policy) the
         root's features join the draft's pending extend, so a later round drafts from there.
@@ -1125,7 +1132,7 @@ class Engine:
         join the request's hole, as the draft window would drop them before any round used them."""
         t0 = time.perf_counter()
         drafting = st.ext_tokens is not None
-        root, feat = self._plain_step(st, params, gen, drafting)
+        root, feat = self._plain_step(st, params, drafting)
         if drafting and cold:      # (the old lengths: the new entry's position)
             stepped, st.prefix_lens = st.prefix_lens, st.prefix_lens + 1
         else:
@@ -1325,7 +1332,7 @@ class Engine:
         attn.host_plan(st.host_lens, T, c.num_heads, st.target_cache, c.head_dim ** -0.5)
         return graphs, attn
 
-    def _plain_step(self, st: _Batch, params: SamplingParams, gen, drafting: bool):
+    def _plain_step(self, st: _Batch, params: SamplingParams, drafting: bool):
         """The target forward of one plain step and the token it picks -> ``(root [B], feature
         [B, F] or None)``; with CUDA graphs replayed per (batch, sampling, drafting): an eager
         one-token step of a GPU is launch-bound (an 8B-shaped one took 24 ms eagerly and 7.4 ms
@@ -1333,19 +1340,21 @@ class Engine:
         taps = self._taps if drafting else None
         tcache = st.target_cache
 
-        def step(root, prefix_lens, attn=None):
+        def step(root, prefix_lens, keys=None, attn=None):
             logits, feats = self.target(root[:, None], prefix_lens[:, None], tcache, prefix_lens, None, None,
                                         return_features=drafting, taps=taps, attn=attn)
-            return [self._pick(logits[:, 0], params, gen), feats[:, 0] if drafting else None]
+            # the root sits at prefix_lens: its logits draw the token at prefix_lens + 1
+            return [self._pick(logits[:, 0], params, keys, prefix_lens + 1), feats[:, 0] if drafting else None]
 
         graphs, attn = self._target_graphs(st, 1)
         if graphs is None:
-            return tuple(step(st.root, st.prefix_lens))
+            return tuple(step(st.root, st.prefix_lens, st.sample_keys))
         self._bind_graph_storage(graphs, st)
-        rng = None if params.greedy else gen
-        key = ("plain", drafting, params.greedy, params.temperature, params.top_p, params.top_k, id(rng), id(attn))
-        out = graphs.run(key, lambda root, lens: step(root, lens, attn), [st.root, st.prefix_lens],
-                         generator=rng, keep=(rng, attn))
+        # Sampling draws nothing from a generator: the keys are an input like the lengths, so one
+        # graph serves every call with these sampling settings.
+        key = ("plain", drafting, params.greedy, params.temperature, params.top_p, params.top_k, id(attn))
+        inputs = [st.root, st.prefix_lens] + ([] if params.greedy else [st.sample_keys])
+        out = graphs.run(key, lambda root, lens, keys=None: step(root, lens, keys, attn), inputs, keep=(attn,))
         return out[0], out[1]
 
     # -- context lookup (heterospec.lookup) --------------------------------------------------------
@@ -1510,7 +1519,7 @@ class Engine:
         kf = self.draft.kernel_friendly_attention
         return self.device.type == "cuda" if kf is None else bool(kf)
 
-    def _verify_half(self, st: _Batch, tree: _Tree, plan: Plan, params: SamplingParams, gen) -> "_Verdict":
+    def _verify_half(self, st: _Batch, tree: _Tree, plan: Plan, params: SamplingParams) -> "_Verdict":
         """The verification half of a round (:meth:`_verify`); with CUDA graphs, replayed per
         configuration (the target forward's attention: :meth:`_target_graphs`)."""
         done = st.done_mask(self.device)
@@ -1522,24 +1531,23 @@ class Engine:
             if self.static_rounds else None
         graphs, attn = self._target_graphs(st, nodes + 1)
         if graphs is None:
-            return self._verify(st, tree, plan, params, gen, done, max_nodes=nodes, path_cap=path_cap)
+            return self._verify(st, tree, plan, params, done, max_nodes=nodes, path_cap=path_cap)
         tcache = st.target_cache
+        n_tree = len(_TREE_TENSORS)
 
         def verify(*args):
-            *tree_args, root, prefix_lens, done_ = args
-            half = _Batch(prefix_lens=prefix_lens, root=root, target_cache=tcache)
-            v = self._verify(half, _Tree(**dict(zip(_TREE_TENSORS, tree_args))), plan, params, gen, done_, attn,
+            tree_args, (root, prefix_lens, done_), keys = args[:n_tree], args[n_tree:n_tree + 3], args[n_tree + 3:]
+            half = _Batch(prefix_lens=prefix_lens, root=root, target_cache=tcache, sample_keys=keys[0] if keys else None)
+            v = self._verify(half, _Tree(**dict(zip(_TREE_TENSORS, tree_args))), plan, params, done_, attn,
                              max_nodes=nodes, path_cap=path_cap)
             return ([getattr(v, f) for f in _VERDICT_TENSORS] +
                     [half.ext_tokens, half.ext_feats, half.ext_num, half.draft_lens])
 
-        # A greedy verification draws nothing: its graphs serve every call (a sampling one is
-        # captured with the call's generator).
-        rng = None if params.greedy else gen
-        key = ("verify", nodes, path_cap, params.greedy, params.temperature, params.top_p, params.top_k, id(rng),
-               id(attn))
-        out = graphs.run(key, verify, [getattr(tree, f) for f in _TREE_TENSORS] + [st.root, st.prefix_lens, done],
-                         generator=rng, keep=(plan, rng, attn))
+        # Nothing is drawn from a generator (a sampling round's keys are an input): the graphs of
+        # a configuration serve every call.
+        key = ("verify", nodes, path_cap, params.greedy, params.temperature, params.top_p, params.top_k, id(attn))
+        inputs = [getattr(tree, f) for f in _TREE_TENSORS] + [st.root, st.prefix_lens, done]
+        out = graphs.run(key, verify, inputs + ([] if params.greedy else [st.sample_keys]), keep=(plan, attn))
         nv = len(_VERDICT_TENSORS)
         st.ext_tokens, st.ext_feats, st.ext_num, st.draft_lens = out[nv:]
         return _Verdict(**dict(zip(_VERDICT_TENSORS, out[:nv])))
@@ -1726,7 +1734,7 @@ class Engine:
         return base + layer_local.argmax(dim=1)
 
     # -- verify -----------------------------------------------------------------------------------
-    def _verify(self, st: _Batch, tree: _Tree, plan: Optional[Plan], params: SamplingParams, gen,
+    def _verify(self, st: _Batch, tree: _Tree, plan: Optional[Plan], params: SamplingParams,
                 done: Optional[torch.Tensor] = None, attn=None, max_nodes: Optional[int] = None,
                 path_cap: Optional[int] = None, append_pending: bool = False):
         """Verify ``tree`` with the target and compact its accepted path into the cache. The
@@ -1752,30 +1760,23 @@ class Engine:
         logits, feats = self.target(tree_tokens, positions, st.target_cache, st.prefix_lens, tree_mask,
                                     num_nodes, return_features=keep, taps=self._taps if keep else None,
                                     ragged=self.ragged_verify and not self.static_rounds, attn=attn)
-        top1, invalid = None, None
+        # The target's token at every node: its argmax (greedy), or its draw with the keyed uniform
+        # of the position the node's row predicts (sampling.py: the same draw a plain step makes
+        # there, so the walk below emits exactly the target's sample). A draft token is accepted
+        # where it equals the target's token; the bonus is the target's token after the path.
+        invalid = None
         if params.greedy:
             top1 = greedy_tokens(logits)
-            accept_path, accept_len, bonus = ops.verify_greedy(
-                tree_tokens, top1, first_child, next_sibling, num_nodes)
         else:
-            probs = processed_probs(logits, params)
-            T = tree_tokens.shape[1]
-            coins = torch.rand((B, T), generator=gen, device=dev)
-            final_coins = torch.rand((B,), generator=gen, device=dev)
-            try:
-                accept_path, accept_len, bonus = ops.verify_sampling(
-                    tree_tokens, probs, first_child, next_sibling, num_nodes, coins, final_coins)
-            except ValueError as e:
-                # Only on the error path (no sync otherwise): name the target as the cause when it is.
-                if bool(torch.isfinite(logits).all()):
-                    raise
-                raise ValueError("sampling: the target's distribution at a draft-tree node is not valid (NaN, inf "
-                                 f"or no mass): the target model produced non-finite logits ({e})") from e
-            if dev.type == "cuda":
-                # CUDA flags an invalid row with bonus = -1 instead of raising (no sync here): keep
-                # -1 out of the next embedding lookup, and raise in _commit's host read.
-                invalid = ops.verify_sampling_invalid(accept_path, accept_len, bonus)
-                bonus = bonus.clamp(min=0)
+            top1, ok = sample_rows(processed_probs(logits, params), position_uniforms(st.sample_keys, positions + 1))
+        accept_path, accept_len, bonus = ops.verify_greedy(tree_tokens, top1, first_child, next_sibling, num_nodes)
+        if not params.greedy:
+            # A row that is not a distribution (non-finite logits) matters where the walk read it:
+            # the first such position on the path, raised in _commit's host read (no sync here).
+            on_path = torch.arange(accept_path.shape[1], device=dev)[None, :] <= accept_len[:, None]
+            bad = on_path & ~ok.gather(1, accept_path.clamp(min=0))
+            invalid = torch.where(bad.any(1), accept_path.gather(1, bad.to(torch.int64).argmax(1, keepdim=True))[:, 0],
+                                  torch.full_like(accept_len, -1))
         st.target_cache.compact(accept_path, accept_len, st.prefix_lens)
         if keep:
             # Next extend: the draft sees root + accepted nodes with their target features, each
@@ -1814,11 +1815,10 @@ class Engine:
         paths, toks, cands = ([rest[(j * B + b) * T:(j * B + b + 1) * T] for b in range(B)] for j in range(3))
         entropy, sel_scores = floats[:B], [floats[B + b * T:B + (b + 1) * T] for b in range(B)]
         if any(i >= 0 for i in bad):
-            try:
-                ops.raise_verify_sampling_errors(bad)
-            except ValueError as e:
-                raise ValueError("sampling: the target's distribution at a draft-tree node is not valid (NaN, "
-                                 f"inf or no mass): the target model produced non-finite logits ({e})") from e
+            b = next(b for b, i in enumerate(bad) if i >= 0)
+            raise ValueError(f"sampling: the target's distribution at a draft-tree node is not valid (NaN, inf or "
+                             f"no mass): the target model produced non-finite logits (request {b}, tree position "
+                             f"{bad[b]})")
         new = []
         active = set(st.active())
         for b in range(st.size):

@@ -1,10 +1,23 @@
-"""The target's processed distribution (temperature, top-k, top-p), shared by every method.
+"""The target's processed distribution (temperature, top-k, top-p) and how every method samples it.
 
-Plain sampling and speculative verification must draw from exactly the same distribution, so both
-go through :func:`processed_probs`.
+Plain sampling and speculative verification draw from exactly the same distribution: both go
+through :func:`processed_probs`, and both draw the token at sequence position ``s`` of request
+``b`` by inverse CDF with one uniform keyed to ``(seed, b, s)`` (:func:`position_uniforms`).
+Keyed draws make a sample a function of the seed and the target alone: the token at ``s`` is
+the target's draw from its distribution given the tokens before ``s``, whichever tree, chain or
+plain step evaluated that row, so every method (and every policy, batch and timing) gives the
+same sample for the same seed, and speculation verifies a draft token by comparing it with the
+target's own draw at that node (:meth:`heterospec.Engine._verify`). Each position's uniform is
+independent of the tokens before it, so the output is an exact sample of the target: as plain
+sampling with a fresh uniform per step. A deterministic top-k draft child is accepted exactly
+when the target's draw equals it, with probability ``p(child)``: what multi-candidate rejection
+sampling over one-hot drafts (:func:`heterospec.ops.verify_sampling`) accepts.
 """
 
 from __future__ import annotations
+
+import secrets
+from typing import Optional, Tuple
 
 import torch
 
@@ -66,20 +79,81 @@ def make_generator(seed, device) -> torch.Generator:
 
 
 def sample(probs: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    """One token per row of ``probs [B, V]`` (inverse CDF with a uniform from ``gen``).
+    """One token per row of ``probs [..., V]``, by inverse CDF with a uniform from ``gen``
+    (tooling that samples without keys; the engine samples with :func:`sample_at`)."""
+    u = torch.rand(probs.shape[:-1], generator=gen, device=probs.device, dtype=torch.float64)
+    return sample_at(probs, u)
 
-    A row that is not a distribution (NaN, inf or no mass: the target produced non-finite
-    logits) is an error, never a token."""
-    u = torch.rand(probs.shape[:-1] + (1,), generator=gen, device=probs.device, dtype=torch.float64)
-    cdf = torch.cumsum(probs.double(), dim=-1)
-    total = cdf[..., -1:]
-    bad = ~(torch.isfinite(total) & (total > 0))
-    if bool(bad.any()):
-        row = int(bad.flatten().nonzero()[0, 0])
+
+def sample_at(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """One token per row of ``probs [..., V]`` by inverse CDF with the uniforms ``u [...]``
+    (float64 in ``[0, 1)``). A row that is not a distribution (NaN, inf or no mass: the target
+    produced non-finite logits) is an error, never a token; inside a CUDA graph capture, where
+    nothing may be read on the host, :func:`sample_rows`' flags are the caller's to check."""
+    tokens, ok = sample_rows(probs, u)
+    from ._checks import host_reads_allowed
+    if host_reads_allowed(ok) and not bool(ok.all()):
+        row = int((~ok).flatten().nonzero()[0, 0])
         raise ValueError(f"sampling: the target's distribution for request {row} is not valid (NaN, inf or no "
                          "mass): the target model produced non-finite logits")
-    idx = torch.searchsorted(cdf, u * total, right=True)
+    return tokens
+
+
+def sample_rows(probs: torch.Tensor, u: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(tokens [...], ok [...])``: each row's inverse-CDF token for its uniform, and whether the
+    row was a distribution (finite, with mass). No host read. A row's token depends on that row
+    and its uniform alone (a float64 running sum over the vocabulary in order), so a tree's row
+    and a one-token step's row with the same values and uniform give the same token."""
+    cdf = torch.cumsum(probs.double(), dim=-1)
+    total = cdf[..., -1:]
+    ok = (torch.isfinite(total) & (total > 0))[..., 0]
+    idx = torch.searchsorted(cdf, u[..., None].double() * total, right=True)
     # Rounding can push u * total onto the last cumulative value: take the last token with mass.
     last_nonzero = (probs > 0).to(torch.int64).cumsum(-1).argmax(-1, keepdim=True)
     idx = torch.minimum(idx, last_nonzero)
-    return idx.squeeze(-1)
+    return idx.squeeze(-1), ok
+
+
+# -- keyed uniforms -----------------------------------------------------------------------------
+# A request's key is two 32-bit lanes from its call's seed and its index in the call (host
+# integers, splitmix64); a position's uniform mixes the position into them on the device with a
+# 32-bit integer hash whose products stay below 2**59, so int64 tensor arithmetic is exact (no
+# wrapping multiply) on every device, inside CUDA graphs, with no generator state.
+_MASK32, _MASK64 = 0xFFFFFFFF, (1 << 64) - 1
+_HASH_MUL = 0x45D9F3B
+
+
+def _splitmix64(z: int) -> int:
+    z = (z + 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def request_keys(seed: Optional[int], batch_size: int, device) -> torch.Tensor:
+    """``[batch_size, 2]`` int64 keys, one per request of a call: from ``seed`` and the request's
+    index (request ``b`` of any call with this seed samples alike), or from fresh entropy."""
+    base = secrets.randbits(63) if seed is None else int(seed)
+    lanes = []
+    for b in range(batch_size):
+        z = _splitmix64(_splitmix64(base) ^ b)
+        lanes.append([z & _MASK32, z >> 32])
+    return torch.tensor(lanes, dtype=torch.int64, device=device).reshape(batch_size, 2)
+
+
+def _hash32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash of int64 values in ``[0, 2**32)`` (two xorshift-multiply rounds)."""
+    x = (((x >> 16) ^ x) * _HASH_MUL) & _MASK32
+    x = (((x >> 16) ^ x) * _HASH_MUL) & _MASK32
+    return (x >> 16) ^ x
+
+
+def position_uniforms(keys: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """float64 uniforms in ``[0, 1)`` (53 random bits) for ``positions [B, ...]`` (int64 sequence
+    positions of the tokens to draw) of the requests with ``keys [B, 2]``."""
+    view = (keys.shape[0],) + (1,) * (positions.dim() - 1)
+    k0, k1 = keys[:, 0].view(view), keys[:, 1].view(view)
+    p = positions.to(torch.int64) & _MASK32
+    hi = _hash32(_hash32(p ^ k0) ^ k1)
+    lo = _hash32(_hash32(p ^ k1 ^ 0x9E3779B9) ^ k0)
+    return ((hi << 21) | (lo >> 11)).to(torch.float64) * 2.0 ** -53

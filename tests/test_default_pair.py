@@ -63,6 +63,26 @@ def test_greedy_default_pair_is_lossless(engine):
             assert out.text == ref.text
 
 
+def test_sampled_default_pair_is_the_same_sample_in_every_method_call_and_batch(engine):
+    """Sampling draws the token at each position with a uniform keyed to (seed, request,
+    position): with the fitted policy, the lookup gate and the output history learning and
+    timing round by round (trees, chains and plain steps differ from call to call), a seed still
+    gives one sample, autoregressive's, in every method and every call. (With one stream of
+    draws consumed per round, two heterospec calls with one seed once gave different samples.)"""
+    engine.lookup_history = heterospec.OutputHistory()
+    try:
+        kw = dict(max_new_tokens=32, temperature=0.8, top_p=0.95, seed=11)
+        ref = [r.token_ids for r in engine.generate_batch(PROMPTS, method="autoregressive", **kw)]
+        for method in ("heterospec", "eagle3", "heterospec"):
+            assert [r.token_ids for r in engine.generate_batch(PROMPTS, method=method, **kw)] == ref, method
+        # request b of a call draws with key (seed, b): the first request alone is the batch's first
+        assert engine.generate(PROMPTS[0], method="heterospec", **kw).token_ids == ref[0]
+        other = engine.generate(PROMPTS[0], method="heterospec", **{**kw, "seed": 12}).token_ids
+        assert other != ref[0], "another seed, another sample"
+    finally:
+        engine.lookup_history = None
+
+
 def test_default_pair_accepts_drafts(engine):
     res = engine.generate(PROMPTS[1], max_new_tokens=48, method="eagle3")
     assert res.stats.tau > 1.2, "the shipped draft should get some drafts accepted"

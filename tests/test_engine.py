@@ -193,6 +193,26 @@ def test_same_seed_same_sample(method):
     assert a.token_ids == b.token_ids
 
 
+@pytest.mark.parametrize("draft_kind", ["noisy", "eagle3-random"])
+def test_sampling_is_autoregressive_sampling_token_for_token(draft_kind):
+    """Keyed draws (heterospec/sampling.py): every method samples what autoregressive sampling
+    samples with the same seed, request by request, whatever the trees; request b of a call
+    draws with key (seed, b)."""
+    engine, draft = _pair(draft_kind, seed=14)
+    prompts = _prompts(engine.target.config.vocab_size, 4, seed=14)
+    if isinstance(draft, OracleDraft):
+        draft.set_prompts(prompts)
+    kw = dict(max_new_tokens=20, temperature=0.9, top_k=40, top_p=0.95, seed=99)
+    ref = [r.token_ids for r in engine.generate_batch(prompts, method="autoregressive", **kw)]
+    for method in ("eagle3", "heterospec"):
+        out = engine.generate_batch(prompts, method=method, **kw)
+        assert [r.token_ids for r in out] == ref, method
+        assert any(rec.accept_len > 0 for r in out for rec in r.stats.records), "no draft accepted"
+    if isinstance(draft, OracleDraft):
+        draft.set_prompts(prompts[:1])
+    assert _gen(engine, draft, prompts[0], method="heterospec", **kw).token_ids == ref[0]
+
+
 def test_bad_input_errors():
     engine, draft = _pair("oracle", seed=8)
     with pytest.raises(ValueError, match="empty prompt"):

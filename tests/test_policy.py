@@ -800,7 +800,7 @@ def test_a_chain_of_cold_steps_leaves_the_draft_state_a_full_cold_step_would():
             hole_before = chain.draft_hole
             full.cold_tail = None
             for st in (chain, full):
-                engine._decode_one(st, params, None, 100, None, cold=True)
+                engine._decode_one(st, params, 100, None, cold=True)
             assert (chain.draft_hole is hole_before) == (step not in (0, 5))
             for name in names:
                 assert torch.equal(getattr(chain, name), getattr(full, name)), (step, name)

