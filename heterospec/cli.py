@@ -501,8 +501,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="decoding method; all = each in turn on the same prompt")
     g.add_argument("--max-new-tokens", type=_positive_int, default=128, help="generate at most this many tokens")
     g.add_argument("--temperature", type=_nonneg_float, default=0.0,
-                   help="sampling temperature of the target; 0 = greedy (default). With sampling every method "
-                        "gives a different valid sample of the target, so their texts differ")
+                   help="sampling temperature of the target; 0 = greedy (default). With --seed every method "
+                        "writes the same sample (each draws the target's token at each position with the uniform "
+                        "keyed to the seed and the position); unseeded, each draws its own")
     g.add_argument("--top-p", type=_probability, default=1.0, help="nucleus mass in (0, 1] (1 = off)")
     g.add_argument("--top-k", type=_nonneg_int, default=0, help="sampling top-k of the target (0 = off)")
     g.add_argument("--seed", type=_seed, default=None,
