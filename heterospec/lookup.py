@@ -13,8 +13,8 @@ lookup draft is accepted on this workload, prices a chain of ``k`` tokens with t
 model (a verify of ``k + 1`` nodes), and runs a lookup round only when its expected tokens per
 second beat what the fitted policy would do instead (a plain step or a draft tree). The chain is
 verified as a tree (each node's parent is the one before), so greedy output stays the target's
-and sampling keeps its law (a copied token is a deterministic proposal:
-:func:`heterospec.ops.verify_sampling` treats every tree node as one).
+and sampling keeps its law (a copied token is a deterministic proposal, accepted where it equals
+the target's own keyed draw at its parent: :mod:`heterospec.sampling`).
 
 A request also copies from the requests before it (:class:`OutputHistory`, as suffix decoding
 does across requests): a small model answers like requests alike (a greeting, the steps of a
