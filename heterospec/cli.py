@@ -363,7 +363,7 @@ def cmd_bench(args) -> int:
     prompt_sets = load_prompt_sets(args.sets, args.n, args.seed)   # missing data: reported before loading
     engine = _engine(args)
     run_e2e(engine, sets=prompt_sets, n=args.n, max_new_tokens=args.max_new_tokens, out_dir=args.out,
-            methods=args.methods, seed=args.seed)
+            methods=args.methods, seed=args.seed, temperature=args.temperature, top_p=args.top_p)
     return 0
 
 
@@ -552,7 +552,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "the paper's formulas")
     b.add_argument("--n", type=_positive_int, default=8, help="prompts per set")
     b.add_argument("--max-new-tokens", type=_positive_int, default=128)
-    b.add_argument("--seed", type=_seed, default=0)
+    b.add_argument("--seed", type=_seed, default=0,
+                   help="prompt sampling seed; with --temperature > 0 also the first prompt's sampling seed (the "
+                        "k-th prompt of the run samples with seed + k, in every method)")
+    b.add_argument("--temperature", type=_nonneg_float, default=0.0,
+                   help="0 = greedy (default); > 0 samples, and every method's text is checked against "
+                        "autoregressive sampling's (keyed draws make them equal)")
+    b.add_argument("--top-p", type=_probability, default=1.0, help="nucleus mass in (0, 1] with --temperature > 0")
     b.add_argument("--out", default="bench/out",
                    help="directory for the JSON, Markdown table and plots (created if missing)")
     _add_model_args(b)

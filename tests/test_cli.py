@@ -630,7 +630,9 @@ def test_bench_api_validates_arguments():
     eng = types.SimpleNamespace(max_length=64)      # never used: every call fails its checks first
     for kw, msg in (({"n": 0}, "n must be an integer >= 1"), ({"n": -1}, "n must be an integer >= 1"),
                     ({"max_new_tokens": 0}, "max_new_tokens must be an integer >= 1"),
-                    ({"methods": ["nosuch"]}, "unknown methods"), ({"sets": []}, "at least one")):
+                    ({"methods": ["nosuch"]}, "unknown methods"), ({"sets": []}, "at least one"),
+                    ({"temperature": -1.0}, "temperature must be a finite number >= 0"),
+                    ({"temperature": 1.0, "top_p": 0.0}, "top_p must be in")):
         args = {"sets": ["mtbench"], "n": 1, "max_new_tokens": 1, **kw}
         with pytest.raises(ValueError, match=msg):
             run_e2e(eng, out_dir=None, progress=False, **args)

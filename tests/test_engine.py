@@ -213,6 +213,35 @@ def test_sampling_is_autoregressive_sampling_token_for_token(draft_kind):
     assert _gen(engine, draft, prompts[0], method="heterospec", **kw).token_ids == ref[0]
 
 
+def test_bench_samples_every_method_with_one_seed_and_checks_their_texts(tmp_path, monkeypatch):
+    """`heterospec bench --temperature`: every method samples a prompt with the same seed, so
+    their texts must be autoregressive sampling's (keyed draws), and a verifier that departs from
+    the target's draws is reported as a sampled mismatch."""
+    from heterospec import ops as hops
+    from heterospec.bench import run_e2e
+    from heterospec.datasets import Prompt
+
+    engine, draft = _pair("eagle3-random", seed=15)
+    prompts = _prompts(engine.target.config.vocab_size, 3, seed=15)
+    sets = {"toy": [Prompt(id=str(i), text=p, source="toy") for i, p in enumerate(prompts)]}
+    kw = dict(n=3, max_new_tokens=16, methods=("autoregressive", "eagle3", "heterospec"), progress=False,
+              temperature=0.9, top_p=0.95, seed=4)
+    res = run_e2e(engine, sets, out_dir=str(tmp_path), **kw)
+    assert res["meta"]["greedy_mismatches"] == [] and res["meta"]["temperature"] == 0.9
+    for r in res["runs"]:
+        assert r["new_tokens"] == 16 or r["finish"] == "eos"
+    md = (tmp_path / "e2e.md").read_text()
+    assert "sampled (temperature 0.9, top-p 0.95, seed 4" in md and "Sampled outputs differing from autoregressive: 0" in md
+    real = hops.verify_greedy
+
+    def first_child_always(tree_tokens, target, first_child, next_sibling, num_nodes):
+        child = tree_tokens.gather(1, first_child.clamp(min=0))
+        return real(tree_tokens, torch.where(first_child >= 0, child, target), first_child, next_sibling, num_nodes)
+    monkeypatch.setattr(hops, "verify_greedy", first_child_always)
+    res = run_e2e(engine, sets, out_dir=str(tmp_path / "biased"), **kw)
+    assert res["meta"]["greedy_mismatches"] and all(m["sampled"] for m in res["meta"]["greedy_mismatches"])
+
+
 def test_bad_input_errors():
     engine, draft = _pair("oracle", seed=8)
     with pytest.raises(ValueError, match="empty prompt"):
