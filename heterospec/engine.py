@@ -343,6 +343,25 @@ def _float_dtype(name: str, dtype, forms: tuple = ()):
     return dtype
 
 
+class _OptionalSetting:
+    """An engine setting that is None or a ``kind``, checked when set (a descriptor: the value
+    lives in the engine's ``_<name>``)."""
+
+    def __init__(self, kind: type, kind_name: str, doc: str):
+        self.kind, self.kind_name, self.__doc__ = kind, kind_name, doc
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, engine, owner=None):
+        return self if engine is None else getattr(engine, "_" + self.name)
+
+    def __set__(self, engine, value) -> None:
+        if value is not None and not isinstance(value, self.kind):
+            raise ValueError(f"Engine.{self.name} must be a {self.kind_name} or None, got {type(value).__name__}")
+        setattr(engine, "_" + self.name, value)
+
+
 class Engine:
     """Three decoding methods on one target (and one EAGLE-3 draft for the speculative ones).
 
@@ -528,29 +547,10 @@ class Engine:
                              f"got {value!r}")
         self._policy_name = value
 
-    @property
-    def lookup_history(self) -> Optional[OutputHistory]:
-        """Earlier requests' prompts and outputs that lookups may copy from (None: off)."""
-        return self._lookup_history
-
-    @lookup_history.setter
-    def lookup_history(self, value: Optional[OutputHistory]) -> None:
-        if value is not None and not isinstance(value, OutputHistory):
-            raise ValueError(f"Engine.lookup_history must be a heterospec.OutputHistory or None, "
-                             f"got {type(value).__name__}")
-        self._lookup_history = value
-
-    @property
-    def lookup_corpus(self) -> Optional[CorpusIndex]:
-        """The lookup corpus lookups may retrieve chains from (None: off)."""
-        return self._lookup_corpus
-
-    @lookup_corpus.setter
-    def lookup_corpus(self, value: Optional[CorpusIndex]) -> None:
-        if value is not None and not isinstance(value, CorpusIndex):
-            raise ValueError(f"Engine.lookup_corpus must be a heterospec.CorpusIndex or None, "
-                             f"got {type(value).__name__}")
-        self._lookup_corpus = value
+    lookup_history = _OptionalSetting(OutputHistory, "heterospec.OutputHistory",
+                                      "Earlier requests' prompts and outputs that lookups may copy from (None: off).")
+    lookup_corpus = _OptionalSetting(CorpusIndex, "heterospec.CorpusIndex",
+                                     "The lookup corpus lookups may retrieve chains from (None: off).")
 
     @property
     def max_length(self) -> int:
