@@ -68,16 +68,6 @@ def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     return probs
 
 
-def make_generator(seed, device) -> torch.Generator:
-    """A generator on ``device``: seeded when ``seed`` is given, else from fresh entropy."""
-    gen = torch.Generator(device=device)
-    if seed is None:
-        gen.seed()
-    else:
-        gen.manual_seed(int(seed))
-    return gen
-
-
 def sample(probs: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     """One token per row of ``probs [..., V]``, by inverse CDF with a uniform from ``gen``
     (tooling that samples without keys; the engine samples with :func:`sample_at`)."""
