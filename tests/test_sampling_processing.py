@@ -122,3 +122,43 @@ def test_greedy_tokens_is_argmax(dtype):
     assert torch.equal(got, want)
     assert got[0, 0] == 7 and got[0, 1] == 11 and got[1, 0] == 0 and got[1, 1] == 5
     assert torch.equal(greedy_tokens(x[:, 0]), torch.argmax(x[:, 0], dim=-1))     # non-contiguous rows
+
+
+def _full_sort_drop(probs, top_p):
+    """The top-p rule by a full stable sort of each row (what nucleus_drop decides among its
+    candidates first)."""
+    sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    mass_before = torch.cumsum(sorted_p, dim=-1) - sorted_p
+    return torch.zeros_like(mass_before, dtype=torch.bool).scatter(-1, order, mass_before >= top_p)
+
+
+@pytest.mark.parametrize("scale", [0.05, 0.5, 2.0, 8.0])
+def test_nucleus_from_candidates_is_the_full_sort_rule(scale):
+    """nucleus_drop decides a row among its top 256 / 4,096 tokens when that settles it, else by
+    a full sort: the same tokens either way (peaked rows: the first tier; flat ones: the sort),
+    ties by lower id included, and a row's nucleus does not depend on the rows beside it."""
+    from heterospec.sampling import NUCLEUS_TIERS, nucleus_drop
+
+    g = torch.Generator().manual_seed(int(scale * 100))
+    V = 8 * NUCLEUS_TIERS[-1]
+    x = torch.randn(12, V, generator=g) * scale
+    x[::3] = (x[::3] * 2).round() / 2              # many exact ties
+    x[1, :300] = x[1, 0]                            # a tie across the first tier's boundary
+    probs = torch.softmax(x, dim=-1)
+    for top_p in (0.3, 0.9, 0.95, 0.999):
+        want = _full_sort_drop(probs, top_p)
+        got = nucleus_drop(probs, top_p)
+        assert torch.equal(got, want), top_p
+        assert torch.equal(nucleus_drop(probs[5:6], top_p), want[5:6])
+        assert not got.gather(1, probs.argmax(-1, keepdim=True)).any(), "the most likely token is kept"
+
+
+def test_sample_rows_takes_the_inverse_cdf_token_and_never_one_without_mass():
+    from heterospec.sampling import sample_rows
+
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0], [0.2, 0.2, 0.2, 0.2, 0.2], [0.0, 0.0, 1.0, 0.0, 0.0]])
+    for u, want in ((0.0, [1, 0, 2]), (0.49, [1, 2, 2]), (0.5, [3, 2, 2]), (1.0 - 2 ** -53, [3, 4, 2])):
+        tokens, ok = sample_rows(probs, torch.full((3,), u, dtype=torch.float64))
+        assert tokens.tolist() == want and ok.all(), u
+    tokens, ok = sample_rows(torch.tensor([[float("nan"), 1.0], [0.0, 0.0]]), torch.tensor([0.3, 0.3], dtype=torch.float64))
+    assert ok.tolist() == [False, False] and tokens.min() >= 0 and tokens.max() <= 1
