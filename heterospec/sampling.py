@@ -64,9 +64,11 @@ def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     return probs
 
 
-# Candidate counts the nucleus is looked for in before a row's whole vocabulary is sorted: a
-# stable sort of 49,152 probabilities takes ~5 ms on a 2-core CPU, a top-256 a small part of that,
-# and a sampled step pays it for every row it draws (a verified tree, for each node).
+# Candidate counts a CPU looks for the nucleus in before it sorts a row's whole vocabulary: a
+# stable sort of a large vocabulary costs milliseconds a row there, a top-256 a small part of
+# that, and a sampled step pays it for every row it draws (a verified tree, for each node;
+# bench/RESULTS.md, seventy-ninth session). A GPU sorts every row (fast there, and of static
+# shape, as a captured CUDA graph needs).
 NUCLEUS_TIERS = (256, 4096)
 
 
@@ -80,12 +82,13 @@ def nucleus_drop(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     ``top_p`` before it: every token ranked from there on is dropped, and every one ranked before
     it is a candidate, in the same order and with the same running sums as in a full sort (a tie
     at the ``K``-th probability cannot change them). Rows are decided alone: a row's nucleus does
-    not depend on the rows beside it."""
+    not depend on the rows beside it. Off the CPU every row is sorted whole (no data-dependent
+    shapes)."""
     shape, V = probs.shape, probs.shape[-1]
     flat = probs.reshape(-1, V)
     drop = torch.ones_like(flat, dtype=torch.bool)
     todo = torch.arange(flat.shape[0], device=flat.device)
-    for K in NUCLEUS_TIERS:
+    for K in NUCLEUS_TIERS if flat.device.type == "cpu" else ():
         if K >= V or todo.numel() == 0:
             break
         rows = flat.index_select(0, todo)
