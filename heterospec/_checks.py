@@ -89,24 +89,26 @@ def check_int(op: str, name: str, value: object, *, minimum: Optional[int] = Non
 _SYNC_FREE = [0]
 
 
-def usable_device(device, owner: str) -> torch.device:
+def usable_device(device, owner: str = "", unavailable_hint: str = "") -> torch.device:
     """``device`` parsed, where this process can run: the CPU, or a CUDA device this torch build
-    can see. Anything else is a ``ValueError`` that says why (the CLI's ``--device`` words the same
-    reasons as usage errors), not torch's list of every device type or an assertion inside it."""
+    can see. Anything else is a ``ValueError`` that says why (prefixed ``owner: ``; a CUDA device
+    that cannot be used ends with ``unavailable_hint``), not torch's list of every device type or
+    an assertion inside it. The CLI's ``--device`` reports the same reasons as usage errors."""
+    at = f"{owner}: " if owner else ""
     try:
         dev = torch.device(device)
     except (RuntimeError, ValueError, TypeError):
-        raise ValueError(f"{owner}: unknown device {device!r}; use cpu, cuda or cuda:N") from None
+        raise ValueError(f"{at}unknown device {device!r}; use cpu, cuda or cuda:N") from None
     if dev.type == "cpu":
         return dev
     if dev.type != "cuda":
-        raise ValueError(f"{owner}: unsupported device {device!r}; use cpu, cuda or cuda:N")
+        raise ValueError(f"{at}unsupported device {device!r}; use cpu, cuda or cuda:N")
     if not torch.cuda.is_available():
         why = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA device is visible"
-        raise ValueError(f"{owner}: {device!r} requested but {why}")
+        raise ValueError(f"{at}{device!r} requested but {why}{unavailable_hint}")
     count = torch.cuda.device_count()
     if dev.index is not None and dev.index >= count:
-        raise ValueError(f"{owner}: {device!r} requested but only {count} CUDA device(s) are visible")
+        raise ValueError(f"{at}{device!r} requested but only {count} CUDA device(s) are visible{unavailable_hint}")
     return dev
 
 

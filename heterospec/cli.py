@@ -38,10 +38,9 @@ def _device(s: str) -> str:
     from ._checks import usable_device
 
     try:
-        usable_device(s, "--device")
+        usable_device(s, unavailable_hint="; use --device cpu")
     except ValueError as e:
-        why = str(e).removeprefix("--device: ")
-        raise argparse.ArgumentTypeError(why + ("; use --device cpu" if "requested but" in why else "")) from None
+        raise argparse.ArgumentTypeError(str(e)) from None
     return s
 
 

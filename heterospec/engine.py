@@ -343,6 +343,15 @@ def _float_dtype(name: str, dtype, forms: tuple = ()):
     return dtype
 
 
+def _check_tensor_prompt(prompt: torch.Tensor) -> torch.Tensor:
+    """A tensor prompt: 1-D integer token ids, else a ValueError naming its shape or dtype."""
+    if prompt.dim() != 1:
+        raise ValueError(f"a tensor prompt must be 1-D token ids, got shape {tuple(prompt.shape)}")
+    if prompt.dtype.is_floating_point or prompt.dtype == torch.bool:
+        raise ValueError(f"a tensor prompt must hold integer token ids, got {prompt.dtype}")
+    return prompt
+
+
 class _OptionalSetting:
     """An engine setting that is None or a ``kind``, checked when set (a descriptor: the value
     lives in the engine's ``_<name>``)."""
@@ -733,8 +742,8 @@ class Engine:
         cb = (lambda b, toks: stream(toks)) if stream is not None else None
         if not isinstance(prompt, (str, list, tuple, torch.Tensor)):
             raise ValueError(f"{_PROMPT_KINDS}; got {type(prompt).__name__}")
-        if isinstance(prompt, torch.Tensor) and prompt.dim() != 1:   # (a 0-d one would read as a batch of ids)
-            raise ValueError(f"a tensor prompt must be 1-D token ids, got shape {tuple(prompt.shape)}")
+        if isinstance(prompt, torch.Tensor):      # here: a 0-d one would read as a batch of token ids
+            _check_tensor_prompt(prompt)
         return self.generate_batch([prompt], max_new_tokens, method, temperature, top_p, top_k, seed,
                                    chat, cb, config, policy, lookup, corpus)[0]
 
@@ -971,11 +980,7 @@ class Engine:
             else:
                 ids = self.tokenizer.encode(prompt)
         elif isinstance(prompt, torch.Tensor):
-            if prompt.dim() != 1:
-                raise ValueError(f"a tensor prompt must be 1-D token ids, got shape {tuple(prompt.shape)}")
-            if prompt.dtype.is_floating_point or prompt.dtype == torch.bool:
-                raise ValueError(f"a tensor prompt must hold integer token ids, got {prompt.dtype}")
-            ids = prompt.tolist()
+            ids = _check_tensor_prompt(prompt).tolist()
         elif isinstance(prompt, (list, tuple)):
             ids = list(prompt)
             if not all(_is_int(t) for t in ids):

@@ -21,6 +21,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from ._checks import host_reads_allowed
 from .config import SamplingParams
 
 
@@ -128,7 +129,6 @@ def sample_at(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     produced non-finite logits) is an error, never a token; inside a CUDA graph capture, where
     nothing may be read on the host, :func:`sample_rows`' flags are the caller's to check."""
     tokens, ok = sample_rows(probs, u)
-    from ._checks import host_reads_allowed
     if host_reads_allowed(ok) and not bool(ok.all()):
         row = int((~ok).flatten().nonzero()[0, 0])
         raise ValueError(f"sampling: the target's distribution for request {row} is not valid (NaN, inf or no "
