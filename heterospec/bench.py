@@ -421,8 +421,7 @@ def run_e2e(engine, sets: Sequence[str], n: int = 8, max_new_tokens: int = 128, 
             for m, toks in outputs.items():
                 if ref is not None and toks != ref:
                     where = (first_divergence(engine, engine._encode(prompt.text, True), ref, toks) if sampling.greedy
-                             else {"diverge_at": next((j for j, (a, b) in enumerate(zip(toks, ref)) if a != b),
-                                                      min(len(toks), len(ref))), "sampled": True})
+                             else {"diverge_at": _divergence_index(ref, toks), "sampled": True})
                     mismatches.append({"set": name, "prompt_id": prompt.id, "method": m, **where})
     bar.close()
     summary = summarize(runs)
@@ -469,11 +468,16 @@ def run_e2e(engine, sets: Sequence[str], n: int = 8, max_new_tokens: int = 128, 
 TIE_ULPS = 8
 
 
+def _divergence_index(ref: List[int], out: List[int]) -> int:
+    """The first position where ``out`` leaves ``ref`` (the shorter length if one is a prefix)."""
+    return next((j for j, (a, b) in enumerate(zip(out, ref)) if a != b), min(len(out), len(ref)))
+
+
 def first_divergence(engine, prompt_ids: List[int], ref: List[int], out: List[int]) -> dict:
     """Where ``out`` leaves the autoregressive output ``ref``, and how close the target's choice
     was there: its top-1 minus top-2 logit after ``prompt + ref[:i]`` (one prefill-shaped forward,
     the model's own dtype), also in units in the last place of the top logit."""
-    i = next((j for j, (a, b) in enumerate(zip(out, ref)) if a != b), min(len(out), len(ref)))
+    i = _divergence_index(ref, out)
     seq = list(prompt_ids) + list(ref[:i])
     t, dev = engine.target, engine.device
     with torch.inference_mode():
