@@ -250,6 +250,29 @@ def test_bench_compact_kv(benchmark, device, impl):
     _run(benchmark, device, fn, k, v, *args)  # repeated calls move rows within the same caches
 
 
+@pytest.mark.parametrize("impl", ["fused", "composite"])
+@pytest.mark.parametrize("top_p", [1.0, 0.95])
+def test_bench_sample_tokens(benchmark, impl, top_p):
+    """The keyed draw of a 4-node sampled tree's rows (4 x 49,152 float32 logits, temperature
+    0.8): the op against processed_probs then sample_rows (CPU only: a GPU takes the composed path)."""
+    from heterospec.config import SamplingParams
+    from heterospec.sampling import processed_probs, sample_rows
+
+    benchmark.group = f"sample_tokens R=4 V=49152 T=0.8 top_p={top_p} cpu"
+    g = torch.Generator().manual_seed(0)
+    logits, u = torch.randn(4, 49152, generator=g) * 4, torch.rand(4, generator=g, dtype=torch.float64)
+    params = SamplingParams(temperature=0.8, top_p=top_p)
+
+    def composite():
+        return sample_rows(processed_probs(logits, params), u)
+
+    def fused():
+        return ops.sample_tokens(logits, u, 0.8, 0, top_p)
+
+    assert torch.equal(fused()[0], composite()[0])
+    _run(benchmark, "cpu", fused if impl == "fused" else composite)
+
+
 # ---------------------------------------------------------------- interleaved speedup table
 def test_topk_entropy_speedup_table():
     """Fused vs composite topk_entropy on [64, 49152], k = 8, measured interleaved (robust on a

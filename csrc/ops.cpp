@@ -84,4 +84,9 @@ TORCH_LIBRARY(heterospec, m) {
   // The greedy pick (CPU kernel only): per row of logits, the first index of the maximum (a NaN
   // counts as the maximum), as torch.argmax.
   m.def("greedy_tokens(Tensor logits) -> Tensor");
+  // The keyed draw (CPU kernel only): per row of logits, the token that inverse CDF with the row's
+  // uniform picks from softmax(logits / temperature) cut to top_k and the top_p nucleus, and
+  // whether the row was a distribution.
+  m.def("sample_tokens(Tensor logits, Tensor uniforms, float temperature, int top_k, float top_p) "
+        "-> (Tensor tokens, Tensor ok)");
 }

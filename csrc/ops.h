@@ -59,6 +59,8 @@ std::tuple<Tensor, Tensor> corpus_lookup_cpu(const Tensor& corpus, const Tensor&
                                              int64_t k, int64_t min_match, int64_t max_match, int64_t sample,
                                              double agree);
 Tensor greedy_tokens_cpu(const Tensor& logits);
+std::tuple<Tensor, Tensor> sample_tokens_cpu(const Tensor& logits, const Tensor& uniforms, double temperature,
+                                             int64_t top_k, double top_p);
 
 // ---- CUDA (compiled only when torch has CUDA) ----
 std::tuple<Tensor, Tensor, Tensor> topk_entropy_cuda(const Tensor& logits, int64_t k,

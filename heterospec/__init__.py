@@ -31,6 +31,7 @@ from .ops import (  # noqa: E402
     rms_norm,
     rope,
     rope_kv_write_,
+    sample_tokens,
     select_tree_nodes,
     stream_linear,
     stream_linear_blocks,

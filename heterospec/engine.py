@@ -42,7 +42,7 @@ from .lookup import (CORPUS_ROW, HISTORY_ROW, ContextIndex, LookupGate, LookupRo
                      load_lookup_prior)
 from .models.linear import settled_weights, weights_may_change
 from .policy import POLICIES, AcceptanceTables, Eagle3Policy, FittedPolicy, PaperPolicy, Plan, Policy
-from .sampling import greedy_tokens, position_uniforms, processed_probs, request_keys, sample_at, sample_rows
+from .sampling import draw, draw_rows, greedy_tokens, position_uniforms, request_keys
 from .timing import StageTimer, timestamp
 
 METHODS = ("heterospec", "eagle3", "autoregressive")
@@ -1126,7 +1126,7 @@ class Engine:
         the argmax (greedy), or the draw with the requests' keyed uniforms for those positions."""
         if params.greedy:
             return greedy_tokens(logits)
-        return sample_at(processed_probs(logits, params), position_uniforms(keys, positions))
+        return draw(logits, params, position_uniforms(keys, positions))
 
     # -- autoregressive ---------------------------------------------------------------------------
     def _decode_one(self, st: _Batch, params: SamplingParams, max_new_tokens: int, stream,
@@ -1773,7 +1773,7 @@ class Engine:
         if params.greedy:
             top1 = greedy_tokens(logits)
         else:
-            top1, ok = sample_rows(processed_probs(logits, params), position_uniforms(st.sample_keys, positions + 1))
+            top1, ok = draw_rows(logits, params, position_uniforms(st.sample_keys, positions + 1))
         accept_path, accept_len, bonus = ops.verify_greedy(tree_tokens, top1, first_child, next_sibling, num_nodes)
         if not params.greedy:
             # A row that is not a distribution (non-finite logits) matters where the walk read it:

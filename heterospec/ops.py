@@ -47,14 +47,17 @@ OP_NAMES = (
     "decoder_layers_",
     "corpus_lookup",
     "greedy_tokens",
+    "sample_tokens",
 )
 
 #: Ops with CPU kernels only (no CUDA kernel: on a GPU the stock linear is already flat, a
 #: replayed CUDA graph already runs the layer glue without per-op dispatch, and FlashInfer
 #: attends to a tree with its custom mask; corpus_lookup is a host op whatever the device; a GPU's
-#: argmax is already a bandwidth-bound reduction, where greedy_tokens fixes the CPU's).
+#: argmax is already a bandwidth-bound reduction, where greedy_tokens fixes the CPU's; a GPU
+#: samples with torch's sort and cumsum, which a captured CUDA graph replays at fixed shapes).
 CPU_ONLY_OPS = ("stream_linear_pack", "stream_linear", "stream_linear_blocks", "rms_norm", "rope", "rope_kv_write_",
-                "tree_attention", "decoder_layer_", "decoder_layers_", "corpus_lookup", "greedy_tokens")
+                "tree_attention", "decoder_layer_", "decoder_layers_", "corpus_lookup", "greedy_tokens",
+                "sample_tokens")
 
 #: Sync-free error flags of the CUDA ops and the host-side checks that raise the CPU ops' errors.
 ERROR_HELPERS = (
@@ -1445,6 +1448,74 @@ def greedy_tokens(logits: Tensor) -> Tensor:
 @_fake("greedy_tokens")
 def _(logits):
     return logits.new_empty(logits.shape[:-1], dtype=torch.int64)
+
+
+# ---------------------------------------------------------------------------------------------
+# 17. sample_tokens (CPU): the keyed draw
+# ---------------------------------------------------------------------------------------------
+def sample_tokens(logits: Tensor, uniforms: Tensor, temperature: float, top_k: int = 0,
+                  top_p: float = 1.0) -> Tuple[Tensor, Tensor]:
+    """Per row of ``logits``, the token that inverse CDF with the row's uniform draws from
+    ``softmax(logits / temperature)`` cut to the ``top_k`` most likely tokens (ties with the
+    k-th stay) and the ``top_p`` nucleus (tokens ranked by probability, ties by lower id, kept
+    while the mass before them is below ``top_p``), and whether the row was a distribution.
+
+    The same draw as :func:`heterospec.sampling.processed_probs` then
+    :func:`heterospec.sampling.sample_rows`, up to rounding where a uniform falls within ~1e-7 of
+    a boundary between two tokens; probabilities below ``exp(-87.3)`` of the row's largest count
+    as 0. The composed torch path takes about a millisecond a 49,152-entry row on a 2-core CPU
+    (a float64 running sum over the whole vocabulary); this kernel two vector passes, a sort of the
+    nucleus candidates and a scan that stops at the token.
+
+    Parameters
+    ----------
+    logits : Tensor
+        ``[..., V]`` float32 or bfloat16 on the CPU, ``V >= 1`` (any strides).
+    uniforms : Tensor
+        ``[...]`` float64 in ``[0, 1)`` on the CPU, one per row (keyed draws:
+        :func:`heterospec.sampling.position_uniforms`).
+    temperature : float
+        Finite, ``> 0`` (temperature 0 is greedy: :func:`greedy_tokens`).
+    top_k : int
+        ``>= 0``; 0 (or ``>= V``) keeps every token.
+    top_p : float
+        ``0 < top_p <= 1``; 1 keeps every token.
+
+    Returns
+    -------
+    tokens : Tensor
+        ``[...]`` int64: per row, the drawn token (0 for a row that is not a distribution).
+    ok : Tensor
+        ``[...]`` bool: False for a row holding a NaN or ``+inf``, or only ``-inf``.
+    """
+    op = "sample_tokens"
+    for name, t in (("logits", logits), ("uniforms", uniforms)):
+        if not isinstance(t, Tensor):
+            raise ValueError(f"{op}: expected {name} to be a tensor, got {type(t).__name__}")
+    if logits.dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"{op}: expected logits to be float32 or bfloat16, got {logits.dtype}")
+    if logits.dim() < 1 or logits.shape[-1] < 1:
+        raise ValueError(f"{op}: expected logits of shape [..., V] with V >= 1, got {tuple(logits.shape)}")
+    if uniforms.dtype != torch.float64 or uniforms.shape != logits.shape[:-1]:
+        raise ValueError(f"{op}: expected uniforms float64 of shape logits.shape[:-1] = {tuple(logits.shape[:-1])}, "
+                         f"got {uniforms.dtype} {tuple(uniforms.shape)}")
+    _cpu_only(op, "logits", logits, "heterospec.sampling.processed_probs and sample_rows on a GPU")
+    _cpu_only(op, "uniforms", uniforms, "heterospec.sampling.processed_probs and sample_rows on a GPU")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not math.isfinite(temperature) \
+            or temperature <= 0:
+        raise ValueError(f"{op}: expected a finite temperature > 0 (temperature 0 is greedy: use greedy_tokens), "
+                         f"got {temperature!r}")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        raise ValueError(f"{op}: expected top_k an int >= 0 (0: no top-k), got {top_k!r}")
+    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
+        raise ValueError(f"{op}: expected 0 < top_p <= 1, got {top_p!r}")
+    return _ops.sample_tokens.default(logits, uniforms, float(temperature), int(top_k), float(top_p))
+
+
+@_fake("sample_tokens")
+def _(logits, uniforms, temperature, top_k, top_p):
+    shape = logits.shape[:-1]
+    return logits.new_empty(shape, dtype=torch.int64), logits.new_empty(shape, dtype=torch.bool)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -128,12 +128,36 @@ def sample_at(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     (float64 in ``[0, 1)``). A row that is not a distribution (NaN, inf or no mass: the target
     produced non-finite logits) is an error, never a token; inside a CUDA graph capture, where
     nothing may be read on the host, :func:`sample_rows`' flags are the caller's to check."""
-    tokens, ok = sample_rows(probs, u)
+    return _valid_or_raise(*sample_rows(probs, u))
+
+
+def draw(logits: torch.Tensor, params: SamplingParams, u: torch.Tensor) -> torch.Tensor:
+    """The keyed draw of each row of ``logits [..., V]`` with its uniform ``u [...]``
+    (:func:`draw_rows`), a row that is not a distribution raised as in :func:`sample_at`."""
+    return _valid_or_raise(*draw_rows(logits, params, u))
+
+
+def _valid_or_raise(tokens: torch.Tensor, ok: torch.Tensor) -> torch.Tensor:
     if host_reads_allowed(ok) and not bool(ok.all()):
         row = int((~ok).flatten().nonzero()[0, 0])
         raise ValueError(f"sampling: the target's distribution for request {row} is not valid (NaN, inf or no "
                          "mass): the target model produced non-finite logits")
     return tokens
+
+
+def draw_rows(logits: torch.Tensor, params: SamplingParams, u: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(tokens [...], ok [...])``: each row of ``logits [..., V]`` drawn from its processed
+    distribution (:func:`processed_probs`) by inverse CDF with its uniform ``u [...]`` (float64),
+    and whether the row was a distribution. No host read. Float32 and bfloat16 CPU logits go to our
+    ``sample_tokens`` op (the same draw, a fraction of a millisecond a row where the composed path
+    below takes about a millisecond: bench/RESULTS.md, eightieth session), everything else to
+    :func:`processed_probs` then :func:`sample_rows` (fixed shapes, as a CUDA graph needs)."""
+    if (logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.bfloat16) and logits.dim() >= 1
+            and logits.shape[-1] > 0):
+        # the raw op: the caller's logits are a model's output, its params checked (SamplingParams)
+        return torch.ops.heterospec.sample_tokens.default(logits, u, float(params.temperature), int(params.top_k),
+                                                          float(params.top_p))
+    return sample_rows(processed_probs(logits, params), u)
 
 
 def sample_rows(probs: torch.Tensor, u: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -301,9 +301,38 @@ def test_float32_and_bfloat16_shapes_time_the_stream_path_and_others_do_not():
     t = L.time_shape(nn.Linear(64, 96, bias=True), rows=(1, 4), budget_s=0.01, copies=2)
     assert t["ok"] and len(t["stream_ms"]) == 2 and all(v > 0 for v in t["stream_ms"])
     t = L.time_shape(nn.Linear(64, 96, bias=False).to(torch.bfloat16), rows=(1,), budget_s=0.01, copies=2)
-    assert not t["ok"] or len(t["stream_ms"]) == 1     # (a CPU whose oneDNN lacks bf16 reports not ok)
+    assert t["ok"] and len(t["stream_ms"]) == 1 and len(t["stock_ms"]) == 1   # with or without oneDNN's bf16
     t = L.time_shape(nn.Linear(64, 96, bias=False).to(torch.float16), rows=(1,), budget_s=0.01, copies=2)
     assert "stream_ms" not in t
+
+
+@pytest.mark.parametrize("failure", ["raises", "wrong"])
+def test_a_reordered_path_that_cannot_run_here_leaves_the_stock_and_stream_paths_timed(monkeypatch, failure):
+    """oneDNN's bfloat16 reorder raises on an AVX2-only CPU (it needs AVX-512BW or AVX-NE-CONVERT):
+    the shape is still timed, its reordered path never chosen (infinite times), its stream path
+    chosen where faster, as on any CPU (before, the whole shape was 'not ok' there and a bfloat16
+    model never streamed)."""
+    def reorder(w):
+        if failure == "raises":
+            raise RuntimeError("mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx512bw\nmore")
+        return L.torch.zeros_like(w)             # a reorder whose forward is wrong
+    monkeypatch.setattr(L, "_reorder", reorder)
+    if failure == "wrong":
+        monkeypatch.setattr(L, "_packed_forward", lambda x, p, b: L.F.linear(x, p, b))
+    t = L.time_shape(nn.Linear(64, 96, bias=False), rows=L.TUNE_ROWS, budget_s=0.01, copies=1)
+    assert t["ok"] and len(t["stock_ms"]) == len(t["stream_ms"]) == len(L.TUNE_ROWS)
+    assert t["packed_ms"] == [float("inf")] * len(L.TUNE_ROWS)
+    assert t["packed_error"] == ("mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx512bw"
+                                 if failure == "raises" else "reordered result differs from F.linear")
+    assert L.decisions(t) == [False] * len(L.TUNE_ROWS) and L.pad_decisions(t) == [0] * len(L.TUNE_ROWS)
+    fast = {**t, "stream_ms": [min(v) * 1e-3 for v in zip(t["stock_ms"])]}
+    assert L.stream_decisions(fast) == [True] * len(L.TUNE_ROWS)
+
+
+def test_timings_of_the_old_format_are_not_reused():
+    """The saved timings' file is keyed by their format: files written before a reorder failure
+    stopped hiding a shape's stream times are timed again."""
+    assert L._machine_key()["timings"] == 2
 
 
 def _siblings(outs=(64, 32, 32), in_f=48, bias=False, seed=0):

@@ -103,6 +103,8 @@ def samples(device):
     logits = torch.randn(3, 40, generator=g)
     logits[1, 5] = logits[1, 9] = logits[1].max() + 1.0
     out.append(("greedy_tokens", (logits,)))
+    # sample_tokens: the same rows, a uniform each, temperature, top-k and top-p
+    out.append(("sample_tokens", (logits, torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64), 0.8, 5, 0.9)))
     return [(name, tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)) for name, args in out]
 
 
@@ -110,7 +112,7 @@ def test_samples_cover_every_op():
     assert {name for name, _ in samples("cpu")} == set(ops.OP_NAMES)
 
 
-@pytest.mark.parametrize("idx", range(24))
+@pytest.mark.parametrize("idx", range(25))
 def test_opcheck(devices, idx):
     if devices != "cpu" and samples("cpu")[idx][0] in ops.CPU_ONLY_OPS:
         pytest.skip("a CPU-only op (no CUDA kernel)")

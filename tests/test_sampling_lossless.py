@@ -131,12 +131,14 @@ def _biased(monkeypatch, kind):
         monkeypatch.setattr(engine_mod, "position_uniforms",
                             lambda keys, pos: real_u(keys, pos - 1 if pos.dim() == 2 else pos))
     elif kind == "accept*1.05":
-        real_rows, real_verify, seen = engine_mod.sample_rows, hops.verify_greedy, {}
+        from heterospec.sampling import processed_probs
+
+        real_rows, real_verify, seen = engine_mod.draw_rows, hops.verify_greedy, {}
         gen = torch.Generator().manual_seed(0)
 
-        def rows(probs, u):
-            seen["probs"] = probs
-            return real_rows(probs, u)
+        def rows(logits, params, u):
+            seen["probs"] = processed_probs(logits, params)
+            return real_rows(logits, params, u)
 
         def eager(tree_tokens, target, first_child, next_sibling, num_nodes):
             child = tree_tokens.gather(1, first_child.clamp(min=0))
@@ -144,7 +146,7 @@ def _biased(monkeypatch, kind):
             q = (0.05 * p1 / (1 - p1)).clamp(0, 1)        # P(accept) = p1 + q (1 - p1) = 1.05 p1
             push = (first_child >= 0) & (torch.rand(target.shape, generator=gen) < q)
             return real_verify(tree_tokens, torch.where(push, child, target), first_child, next_sibling, num_nodes)
-        monkeypatch.setattr(engine_mod, "sample_rows", rows)
+        monkeypatch.setattr(engine_mod, "draw_rows", rows)
         monkeypatch.setattr(hops, "verify_greedy", eager)
     else:
         raise ValueError(kind)

@@ -29,6 +29,7 @@
 
 #include "cpu/isa.h"
 #include "cpu/parallel.h"
+#include "cpu/simd.h"
 #include "op_checks.h"
 #include "ops.h"
 
@@ -74,21 +75,8 @@ float lanes_and_tail_max(const float* lanes, int n, const T* row, int64_t from, 
 }
 
 #ifdef HS_HAVE_X86_SIMD
-__attribute__((target("avx512f"), always_inline)) inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-__attribute__((target("avx512f"), always_inline)) inline __m512 load16(const c10::BFloat16* p) {
-  // (maskz forms: GCC 12 warns about the plain forms' undefined pass-through register)
-  constexpr __mmask16 all = 0xFFFF;
-  const __m512i wide = _mm512_maskz_cvtepu16_epi32(all, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(all, wide, 16));
-}
-__attribute__((target("avx2"), always_inline)) inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-__attribute__((target("avx2"), always_inline)) inline __m256 load8(const c10::BFloat16* p) {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
 template <typename T>
-__attribute__((target("avx512f"))) int64_t pick_avx512(const T* row, int64_t V) {
+__attribute__((target("avx512f,avx2,fma"))) int64_t pick_avx512(const T* row, int64_t V) {
   // Phase 1: two running maxima (two independent chains) and an unordered (NaN) mask.
   __m512 m0 = _mm512_set1_ps(-std::numeric_limits<float>::infinity()), m1 = m0;
   __mmask16 nan = 0;
@@ -114,7 +102,7 @@ __attribute__((target("avx512f"))) int64_t pick_avx512(const T* row, int64_t V) 
 }
 
 template <typename T>
-__attribute__((target("avx2"))) int64_t pick_avx2(const T* row, int64_t V) {
+__attribute__((target("avx2,fma"))) int64_t pick_avx2(const T* row, int64_t V) {
   __m256 m0 = _mm256_set1_ps(-std::numeric_limits<float>::infinity()), m1 = m0;
   __m256 nan = _mm256_setzero_ps();
   int64_t j = 0;
