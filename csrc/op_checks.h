@@ -43,6 +43,18 @@ inline void check_request_vector(Backend be, const char* op, const char* name, c
   check_size(op, name, t, 0, B, "B, the batch size");
 }
 
+// ---- greedy_tokens / sample_tokens (CPU) ----------------------------------------------------------
+// logits [..., V] float32 or bfloat16 on the CPU, V >= 1; returns V.
+inline int64_t check_cpu_logit_rows(const char* op, const at::Tensor& logits) {
+  check_cpu(op, "logits", logits);
+  HS_CHECK(logits.scalar_type() == at::kFloat || logits.scalar_type() == at::kBFloat16, op,
+           ": expected logits to be float32 or bfloat16, got ", dtype_name(logits.scalar_type()));
+  HS_CHECK(logits.dim() >= 1, op, ": expected logits of shape [..., V], got a 0-dimensional tensor");
+  const int64_t V = logits.size(-1);
+  HS_CHECK(V >= 1, op, ": expected at least one logit per row (V >= 1), got V = ", V);
+  return V;
+}
+
 // ---- topk_entropy --------------------------------------------------------------------------------
 // logits [M, V] float32 / float16 / bfloat16; 1 <= k <= min(V, max_k) (max_k: the kernel's limit).
 inline void check_topk_logits(Backend be, const char* op, const at::Tensor& logits, int64_t k, int64_t max_k) {

@@ -1434,15 +1434,19 @@ def greedy_tokens(logits: Tensor) -> Tensor:
     Tensor
         ``[...]`` int64: per row, the index of its greedy token.
     """
-    op = "greedy_tokens"
+    _check_cpu_logit_rows("greedy_tokens", logits, "logits.argmax(dim=-1) on a GPU")
+    return _ops.greedy_tokens.default(logits)
+
+
+def _check_cpu_logit_rows(op: str, logits, on_gpu: str) -> None:
+    """``logits [..., V]``: a float32 or bfloat16 CPU tensor with ``V >= 1`` (the row ops' input)."""
     if not isinstance(logits, Tensor):
         raise ValueError(f"{op}: expected logits to be a tensor, got {type(logits).__name__}")
     if logits.dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"{op}: expected logits to be float32 or bfloat16, got {logits.dtype}")
     if logits.dim() < 1 or logits.shape[-1] < 1:
         raise ValueError(f"{op}: expected logits of shape [..., V] with V >= 1, got {tuple(logits.shape)}")
-    _cpu_only(op, "logits", logits, "logits.argmax(dim=-1) on a GPU")
-    return _ops.greedy_tokens.default(logits)
+    _cpu_only(op, "logits", logits, on_gpu)
 
 
 @_fake("greedy_tokens")
@@ -1488,19 +1492,14 @@ def sample_tokens(logits: Tensor, uniforms: Tensor, temperature: float, top_k: i
     ok : Tensor
         ``[...]`` bool: False for a row holding a NaN or ``+inf``, or only ``-inf``.
     """
-    op = "sample_tokens"
-    for name, t in (("logits", logits), ("uniforms", uniforms)):
-        if not isinstance(t, Tensor):
-            raise ValueError(f"{op}: expected {name} to be a tensor, got {type(t).__name__}")
-    if logits.dtype not in (torch.float32, torch.bfloat16):
-        raise ValueError(f"{op}: expected logits to be float32 or bfloat16, got {logits.dtype}")
-    if logits.dim() < 1 or logits.shape[-1] < 1:
-        raise ValueError(f"{op}: expected logits of shape [..., V] with V >= 1, got {tuple(logits.shape)}")
+    op, on_gpu = "sample_tokens", "heterospec.sampling.processed_probs and sample_rows on a GPU"
+    _check_cpu_logit_rows(op, logits, on_gpu)
+    if not isinstance(uniforms, Tensor):
+        raise ValueError(f"{op}: expected uniforms to be a tensor, got {type(uniforms).__name__}")
     if uniforms.dtype != torch.float64 or uniforms.shape != logits.shape[:-1]:
         raise ValueError(f"{op}: expected uniforms float64 of shape logits.shape[:-1] = {tuple(logits.shape[:-1])}, "
                          f"got {uniforms.dtype} {tuple(uniforms.shape)}")
-    _cpu_only(op, "logits", logits, "heterospec.sampling.processed_probs and sample_rows on a GPU")
-    _cpu_only(op, "uniforms", uniforms, "heterospec.sampling.processed_probs and sample_rows on a GPU")
+    _cpu_only(op, "uniforms", uniforms, on_gpu)
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not math.isfinite(temperature) \
             or temperature <= 0:
         raise ValueError(f"{op}: expected a finite temperature > 0 (temperature 0 is greedy: use greedy_tokens), "

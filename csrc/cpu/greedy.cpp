@@ -151,12 +151,7 @@ void pick_rows(const T* x, int64_t R, int64_t V, int64_t* out) {
 
 Tensor greedy_tokens_cpu(const Tensor& logits) {
   constexpr const char* op = "greedy_tokens";
-  check_cpu(op, "logits", logits);
-  HS_CHECK(logits.scalar_type() == at::kFloat || logits.scalar_type() == at::kBFloat16, op,
-           ": expected logits to be float32 or bfloat16, got ", logits.scalar_type());
-  HS_CHECK(logits.dim() >= 1, op, ": expected logits of shape [..., V], got a 0-dimensional tensor");
-  const int64_t V = logits.size(-1);
-  HS_CHECK(V >= 1, op, ": expected at least one logit per row (V >= 1), got V = ", V);
+  const int64_t V = check_cpu_logit_rows(op, logits);
   // [..., V] -> rows [R, V] (contiguous) -> out [...]
   const Tensor x = logits.contiguous();
   const int64_t R = x.numel() / V;

@@ -285,13 +285,8 @@ void sample_rows(const T* x, const double* u, int64_t R, int64_t V, const Params
 std::tuple<Tensor, Tensor> sample_tokens_cpu(const Tensor& logits, const Tensor& uniforms, double temperature,
                                              int64_t top_k, double top_p) {
   constexpr const char* op = "sample_tokens";
-  check_cpu(op, "logits", logits);
+  const int64_t V = check_cpu_logit_rows(op, logits);
   check_cpu(op, "uniforms", uniforms);
-  HS_CHECK(logits.scalar_type() == at::kFloat || logits.scalar_type() == at::kBFloat16, op,
-           ": expected logits to be float32 or bfloat16, got ", logits.scalar_type());
-  HS_CHECK(logits.dim() >= 1, op, ": expected logits of shape [..., V], got a 0-dimensional tensor");
-  const int64_t V = logits.size(-1);
-  HS_CHECK(V >= 1, op, ": expected at least one logit per row (V >= 1), got V = ", V);
   check_dtype(op, "uniforms", uniforms, at::kDouble);
   HS_CHECK(uniforms.sizes() == logits.sizes().slice(0, logits.dim() - 1), op,
            ": expected uniforms of shape logits.shape[:-1] = ", logits.sizes().slice(0, logits.dim() - 1), ", got ",
