@@ -1467,9 +1467,9 @@ def sample_tokens(logits: Tensor, uniforms: Tensor, temperature: float, top_k: i
     The same draw as :func:`heterospec.sampling.processed_probs` then
     :func:`heterospec.sampling.sample_rows`, up to rounding where a uniform falls within ~1e-7 of
     a boundary between two tokens; probabilities below ``exp(-87.3)`` of the row's largest count
-    as 0. The composed torch path takes about a millisecond a 49,152-entry row on a 2-core CPU
-    (a float64 running sum over the whole vocabulary); this kernel two vector passes, a sort of the
-    nucleus candidates and a scan that stops at the token.
+    as 0. The composed torch path sums the whole vocabulary in float64 and masks it several
+    times; this kernel makes two vector passes, sorts the nucleus candidates only and scans to
+    the token (bench/RESULTS.md, eightieth session).
 
     Parameters
     ----------

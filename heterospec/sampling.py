@@ -1,8 +1,10 @@
 """The target's processed distribution (temperature, top-k, top-p) and how every method samples it.
 
 Plain sampling and speculative verification draw from exactly the same distribution: both go
-through :func:`processed_probs`, and both draw the token at sequence position ``s`` of request
-``b`` by inverse CDF with one uniform keyed to ``(seed, b, s)`` (:func:`position_uniforms`).
+through :func:`draw_rows` (:func:`processed_probs` then :func:`sample_rows`, or on the CPU the
+``sample_tokens`` op that computes the same draw), and both draw the token at sequence position
+``s`` of request ``b`` by inverse CDF with one uniform keyed to ``(seed, b, s)``
+(:func:`position_uniforms`).
 Keyed draws make a sample a function of the seed and the target alone: the token at ``s`` is
 the target's draw from its distribution given the tokens before ``s``, whichever tree, chain or
 plain step evaluated that row, so every method (and every policy, batch and timing) gives the
@@ -149,8 +151,8 @@ def draw_rows(logits: torch.Tensor, params: SamplingParams, u: torch.Tensor) -> 
     """``(tokens [...], ok [...])``: each row of ``logits [..., V]`` drawn from its processed
     distribution (:func:`processed_probs`) by inverse CDF with its uniform ``u [...]`` (float64),
     and whether the row was a distribution. No host read. Float32 and bfloat16 CPU logits go to our
-    ``sample_tokens`` op (the same draw, a fraction of a millisecond a row where the composed path
-    below takes about a millisecond: bench/RESULTS.md, eightieth session), everything else to
+    ``sample_tokens`` op (the same draw up to rounding at a token boundary, several times faster
+    than the composed path: bench/RESULTS.md, eightieth session), everything else to
     :func:`processed_probs` then :func:`sample_rows` (fixed shapes, as a CUDA graph needs)."""
     if (logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.bfloat16) and logits.dim() >= 1
             and logits.shape[-1] > 0):

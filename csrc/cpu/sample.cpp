@@ -3,10 +3,10 @@
 // Why this exists. A sampled step draws each row's token from softmax(logits / T), cut to the
 // top-k tokens and the top-p nucleus, by inverse CDF with the row's keyed uniform
 // (heterospec/sampling.py: processed_probs, then sample_rows). Composed from torch ops that is a
-// float64 cumulative sum over the whole vocabulary, a top-k, several masks and divides: about a
-// millisecond a 49,152-entry row on a 2-core CPU, paid once per plain step and, in a sampled
-// speculative round, once per verified tree node. Here a row is two vector passes, a sort of the
-// few nucleus candidates and a scan that stops at the drawn token.
+// float64 cumulative sum over the whole vocabulary, a top-k, several masks and divides, paid once
+// per sampled plain step and, in a sampled speculative round, once per verified tree node (timings:
+// bench/RESULTS.md, eightieth session). Here a row is two vector passes, a sort of the few nucleus
+// candidates and a scan that stops at the drawn token.
 //
 // Layout. logits [..., V] float32 or bfloat16 (made contiguous, read as R rows of V); uniforms
 // [...] float64 in [0, 1), one per row -> tokens [...] int64, ok [...] bool.
