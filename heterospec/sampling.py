@@ -36,11 +36,17 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     time there). tests/test_sampling_processing.py and tests/test_greedy_op.py check that they
     all agree with ``torch.argmax``."""
     if logits.device.type == "cpu":
-        if logits.dtype in (torch.float32, torch.bfloat16) and logits.dim() >= 1 and logits.shape[-1] > 0:
+        if _row_op_serves(logits):
             # the raw op: the caller's logits are a model's output (the op checks them again)
             return torch.ops.heterospec.greedy_tokens.default(logits)
         return torch.max(logits, dim=-1).indices
     return logits.argmax(dim=-1)
+
+
+def _row_op_serves(logits: torch.Tensor) -> bool:
+    """Whether our CPU row ops (greedy_tokens, sample_tokens) take these logits: float32 or
+    bfloat16, ``[..., V]`` with ``V >= 1``."""
+    return logits.dtype in (torch.float32, torch.bfloat16) and logits.dim() >= 1 and logits.shape[-1] > 0
 
 
 def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -154,8 +160,7 @@ def draw_rows(logits: torch.Tensor, params: SamplingParams, u: torch.Tensor) -> 
     ``sample_tokens`` op (the same draw up to rounding at a token boundary, several times faster
     than the composed path: bench/RESULTS.md, eightieth session), everything else to
     :func:`processed_probs` then :func:`sample_rows` (fixed shapes, as a CUDA graph needs)."""
-    if (logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.bfloat16) and logits.dim() >= 1
-            and logits.shape[-1] > 0):
+    if logits.device.type == "cpu" and _row_op_serves(logits):
         # the raw op: the caller's logits are a model's output, its params checked (SamplingParams)
         return torch.ops.heterospec.sample_tokens.default(logits, u, float(params.temperature), int(params.top_k),
                                                           float(params.top_p))
